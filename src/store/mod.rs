@@ -1,0 +1,515 @@
+//! The crash-safe on-disk buffer both fetchers write into and the reader drains.
+//!
+//! One sled database per consumer instance (a *buffer directory*), holding one tree:
+//!
+//! * records are stored in **chunks**, one sled entry per fetched batch of one lane of one
+//!   partition, keyed `(lane, topic id, partition, first offset)` big-endian, so a range
+//!   scan walks a partition's lane in offset order (see [`keys`](self) for the layout);
+//! * each partition has one **state** entry ([`PartitionState`]): split epoch, catch-up
+//!   ranges, boundary and, per lane, `fetched_next`, `committed_next` and `retained_from`;
+//! * topics are mapped to small ids.
+//!
+//! Every change to a partition is one sled batch — the chunks it adds or removes together
+//! with the state that describes them. sled applies a batch atomically, also across a crash,
+//! which a multi-tree transaction would give too but at several times the cost; keeping
+//! everything in one tree with key prefixes is what lets a single cheap batch carry it.
+//!
+//! A chunk rather than an entry per record: sled does about 100k single inserts per second
+//! here, librdkafka hands out far more; one entry per fetched batch amortises sled's
+//! per-entry cost over hundreds of records. A partly committed chunk stays until all of it
+//! is committed; the lane's `committed_next` is the cursor inside it.
+//!
+//! Durability: sled writes through its page cache and flushes every
+//! [`BufferOptions::flush_every_ms`]; only [`Buffer::sync`] is a durability point. After a
+//! crash the buffer holds a prefix of the batches applied, never a hole.
+
+mod codec;
+mod fsync;
+mod keys;
+mod read;
+mod record;
+mod state;
+mod verify;
+mod write;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard, RwLock};
+
+use bincode::{Decode, Encode};
+
+pub use codec::{CodecError, FORMAT_VERSION};
+pub use read::{BufferStats, LaneStats, PartitionStats, ReadBatch};
+pub use record::{Header, Record, Timestamp};
+pub use state::{LaneState, OffsetRange, PartitionLayout, PartitionState};
+pub use verify::Finding;
+pub use write::AppendOutcome;
+
+use keys::PartitionKey;
+
+/// The two lanes of a split partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Lane {
+    /// The backlog `[committed, boundary)`, fetched by the catch-up consumer.
+    Catchup,
+    /// Everything from the boundary on (or from the committed offset without a split).
+    Live,
+}
+
+impl Lane {
+    /// Both lanes, catch-up first.
+    pub const ALL: [Lane; 2] = [Lane::Catchup, Lane::Live];
+
+    /// The lane's name as the CLI and logs spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Lane::Catchup => "catchup",
+            Lane::Live => "live",
+        }
+    }
+}
+
+impl fmt::Display for Lane {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Tuning of the sled database under a buffer.
+#[derive(Debug, Clone)]
+pub struct BufferOptions {
+    /// Bytes of sled's page cache. The reader mostly reads chunks shortly after they were
+    /// written, so a modest cache serves it; 64 MiB by default.
+    pub cache_capacity: u64,
+    /// How often sled flushes in the background, in milliseconds (`None`: never). This bounds
+    /// what a crash can lose between explicit [`Buffer::sync`] calls, which are the only
+    /// durability points the consumer relies on; 500 ms by default.
+    pub flush_every_ms: Option<u64>,
+    /// Upper bound on the encoded size of one chunk. Values above a quarter of sled's
+    /// 512 KiB segment become separate blob files, which are slower; 64 KiB by default.
+    pub chunk_target_bytes: usize,
+}
+
+impl Default for BufferOptions {
+    fn default() -> Self {
+        Self {
+            cache_capacity: 64 << 20,
+            flush_every_ms: Some(500),
+            chunk_target_bytes: 64 << 10,
+        }
+    }
+}
+
+/// Errors of the buffer. Each names the directory and, where it applies, the partition.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The directory could not be created, read or synced.
+    #[error("buffer {dir}: {action}: {source}")]
+    Io {
+        /// The buffer directory.
+        dir: PathBuf,
+        /// What was being done.
+        action: String,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// Another process (or another handle in this one) holds the buffer open.
+    #[error("buffer {dir} is in use by another process (a running consumer holds its lock)")]
+    Locked {
+        /// The buffer directory.
+        dir: PathBuf,
+    },
+    /// The directory does not exist (for operations that never create one).
+    #[error("buffer {dir} does not exist")]
+    Missing {
+        /// The path given.
+        dir: PathBuf,
+    },
+    /// The directory exists but holds no catchup buffer.
+    #[error("{dir} is not a catchup buffer: {reason}")]
+    NotABuffer {
+        /// The directory.
+        dir: PathBuf,
+        /// What was found instead.
+        reason: String,
+    },
+    /// The buffer was written by a newer catchup.
+    #[error(
+        "buffer {dir} has format version {found}; this build reads up to {FORMAT_VERSION}: upgrade catchup or use a new buffer directory"
+    )]
+    NewerFormat {
+        /// The buffer directory.
+        dir: PathBuf,
+        /// The version found.
+        found: u8,
+    },
+    /// The buffer's files or values are damaged.
+    #[error("buffer {dir} is damaged: {reason}")]
+    Damaged {
+        /// The buffer directory.
+        dir: PathBuf,
+        /// What is wrong and where.
+        reason: String,
+    },
+    /// sled reported an error.
+    #[error("buffer {dir}: sled: {source}")]
+    Sled {
+        /// The buffer directory.
+        dir: PathBuf,
+        /// The underlying error.
+        source: sled::Error,
+    },
+    /// A call that does not fit the partition's state (a bug in the caller, reported rather
+    /// than written).
+    #[error("buffer {dir}, {topic}/{partition}: {reason}")]
+    Rejected {
+        /// The buffer directory.
+        dir: PathBuf,
+        /// Topic of the call.
+        topic: String,
+        /// Partition of the call.
+        partition: i32,
+        /// Why it was rejected.
+        reason: String,
+    },
+}
+
+/// Buffer-wide metadata, stored under key `M`.
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+struct BufferMeta {
+    /// The id the next new topic gets.
+    next_topic_id: u32,
+}
+
+/// Shards of the per-partition write lock: two writers of one partition (the two fetchers,
+/// the committer) must not interleave their read-modify-write of its state.
+const LOCK_SHARDS: usize = 64;
+
+/// A crash-safe buffer of Kafka records in a directory.
+///
+/// All methods take `&self`; a `Buffer` can be shared between the fetcher threads and the
+/// reader (`Arc<Buffer>`).
+pub struct Buffer {
+    dir: PathBuf,
+    db: sled::Db,
+    options: BufferOptions,
+    topics: RwLock<HashMap<String, u32>>,
+    topic_alloc: Mutex<()>,
+    partition_locks: Vec<Mutex<()>>,
+}
+
+impl fmt::Debug for Buffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Buffer")
+            .field("dir", &self.dir)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Buffer {
+    /// Opens the buffer in `dir`, creating the directory (mode 0700: it holds message
+    /// payloads) and an empty buffer if needed.
+    pub fn open(dir: impl AsRef<Path>, options: BufferOptions) -> Result<Self, StoreError> {
+        let dir = dir.as_ref().to_path_buf();
+        fsync::create_private_dir(&dir).map_err(|source| StoreError::Io {
+            dir: dir.clone(),
+            action: "creating the directory".into(),
+            source,
+        })?;
+        Self::open_dir(dir, options, true)
+    }
+
+    /// Opens an existing buffer; never creates one. For the inspector and tools.
+    pub fn open_existing(
+        dir: impl AsRef<Path>,
+        options: BufferOptions,
+    ) -> Result<Self, StoreError> {
+        let dir = dir.as_ref().to_path_buf();
+        match std::fs::metadata(&dir) {
+            Ok(meta) if meta.is_dir() => {}
+            Ok(_) => {
+                return Err(StoreError::NotABuffer {
+                    dir,
+                    reason: "it is not a directory".into(),
+                });
+            }
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+                return Err(StoreError::Missing { dir });
+            }
+            Err(source) => {
+                return Err(StoreError::Io {
+                    dir,
+                    action: "reading the directory".into(),
+                    source,
+                });
+            }
+        }
+        for file in ["conf", "db"] {
+            if !dir.join(file).is_file() {
+                return Err(StoreError::NotABuffer {
+                    dir,
+                    reason: format!("the database file '{file}' is missing"),
+                });
+            }
+        }
+        Self::open_dir(dir, options, false)
+    }
+
+    fn open_dir(dir: PathBuf, options: BufferOptions, create: bool) -> Result<Self, StoreError> {
+        let config = sled::Config::new()
+            .path(&dir)
+            .cache_capacity(options.cache_capacity)
+            .flush_every_ms(options.flush_every_ms)
+            .mode(sled::Mode::HighThroughput);
+        // sled 0.34 can panic on some damaged files instead of returning an error; a damaged
+        // buffer must be a typed error, so the panic is contained here and reported as one.
+        let db = match catch_unwind(AssertUnwindSafe(|| config.open())) {
+            Ok(Ok(db)) => db,
+            Ok(Err(err)) => return Err(classify_open_error(dir, err)),
+            Err(panic) => {
+                let reason = panic
+                    .downcast_ref::<String>()
+                    .map(String::as_str)
+                    .or_else(|| panic.downcast_ref::<&str>().copied())
+                    .unwrap_or("sled panicked while recovering");
+                return Err(StoreError::Damaged {
+                    dir,
+                    reason: format!("recovery failed: {reason}"),
+                });
+            }
+        };
+        let buffer = Buffer {
+            dir,
+            db,
+            options,
+            topics: RwLock::new(HashMap::new()),
+            topic_alloc: Mutex::new(()),
+            partition_locks: (0..LOCK_SHARDS).map(|_| Mutex::new(())).collect(),
+        };
+        buffer.load_meta(create)?;
+        buffer.load_topics()?;
+        Ok(buffer)
+    }
+
+    /// The buffer directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Makes everything written so far durable: sled's flush, then an fsync of every file in
+    /// the directory and of the directory itself (sled 0.34.7 alone uses `sync_file_range`,
+    /// which does not survive a power loss).
+    pub fn sync(&self) -> Result<(), StoreError> {
+        self.db.flush().map_err(|err| self.sled_error(err))?;
+        fsync::sync_tree(&self.dir).map_err(|source| StoreError::Io {
+            dir: self.dir.clone(),
+            action: "fsync".into(),
+            source,
+        })
+    }
+
+    /// Bytes the buffer occupies on disk, as sled accounts them.
+    pub fn disk_bytes(&self) -> Result<u64, StoreError> {
+        self.db.size_on_disk().map_err(|err| self.sled_error(err))
+    }
+
+    fn load_meta(&self, create: bool) -> Result<(), StoreError> {
+        match self
+            .db
+            .get(keys::META)
+            .map_err(|err| self.sled_error(err))?
+        {
+            Some(value) => match codec::decode::<BufferMeta>(&value) {
+                Ok(_) => Ok(()),
+                Err(CodecError::NewerVersion { found }) => Err(StoreError::NewerFormat {
+                    dir: self.dir.clone(),
+                    found,
+                }),
+                Err(err) => Err(self.damaged(format!("buffer metadata: {err}"))),
+            },
+            None if create && self.db.is_empty() => {
+                let meta = BufferMeta { next_topic_id: 0 };
+                self.db
+                    .insert(keys::META, codec::encode(&meta))
+                    .map_err(|err| self.sled_error(err))?;
+                Ok(())
+            }
+            None => Err(StoreError::NotABuffer {
+                dir: self.dir.clone(),
+                reason: if self.db.is_empty() {
+                    "the database is empty".into()
+                } else {
+                    "a sled database without catchup metadata".into()
+                },
+            }),
+        }
+    }
+
+    fn load_topics(&self) -> Result<(), StoreError> {
+        let mut topics = HashMap::new();
+        for entry in self.db.scan_prefix(keys::topic_prefix()) {
+            let (key, value) = entry.map_err(|err| self.sled_error(err))?;
+            let name = String::from_utf8(key[1..].to_vec())
+                .map_err(|_| self.damaged("a topic name is not UTF-8".into()))?;
+            let id: u32 = codec::decode(&value)
+                .map_err(|err| self.damaged(format!("topic id of '{name}': {err}")))?;
+            topics.insert(name, id);
+        }
+        *write_lock(&self.topics) = topics;
+        Ok(())
+    }
+
+    /// The id of `topic`, if the buffer has seen it.
+    fn topic_id(&self, topic: &str) -> Option<u32> {
+        read_lock(&self.topics).get(topic).copied()
+    }
+
+    fn topic_name(&self, topic_id: u32) -> Option<String> {
+        read_lock(&self.topics)
+            .iter()
+            .find(|(_, id)| **id == topic_id)
+            .map(|(name, _)| name.clone())
+    }
+
+    /// The id of `topic`, allocated (durably with the next batch) on first use.
+    fn topic_id_or_insert(&self, topic: &str) -> Result<u32, StoreError> {
+        if let Some(id) = self.topic_id(topic) {
+            return Ok(id);
+        }
+        let _alloc = lock(&self.topic_alloc);
+        if let Some(id) = self.topic_id(topic) {
+            return Ok(id);
+        }
+        let meta: BufferMeta = match self
+            .db
+            .get(keys::META)
+            .map_err(|err| self.sled_error(err))?
+        {
+            Some(value) => codec::decode(&value)
+                .map_err(|err| self.damaged(format!("buffer metadata: {err}")))?,
+            None => return Err(self.damaged("buffer metadata is missing".into())),
+        };
+        let id = meta.next_topic_id;
+        let next = BufferMeta {
+            next_topic_id: id
+                .checked_add(1)
+                .ok_or_else(|| self.damaged("topic ids exhausted".into()))?,
+        };
+        let mut batch = sled::Batch::default();
+        batch.insert(keys::topic(topic), codec::encode(&id));
+        batch.insert(keys::META, codec::encode(&next));
+        self.db
+            .apply_batch(batch)
+            .map_err(|err| self.sled_error(err))?;
+        write_lock(&self.topics).insert(topic.to_owned(), id);
+        Ok(id)
+    }
+
+    fn partition_key(
+        &self,
+        topic: &str,
+        partition: i32,
+    ) -> Result<Option<PartitionKey>, StoreError> {
+        let partition = self.partition_number(topic, partition)?;
+        Ok(self.topic_id(topic).map(|topic_id| PartitionKey {
+            topic_id,
+            partition,
+        }))
+    }
+
+    fn partition_number(&self, topic: &str, partition: i32) -> Result<u32, StoreError> {
+        u32::try_from(partition)
+            .map_err(|_| self.rejected(topic, partition, "negative partition".into()))
+    }
+
+    fn partition_lock(&self, part: PartitionKey) -> MutexGuard<'_, ()> {
+        let shard = (part.topic_id as usize)
+            .wrapping_mul(31)
+            .wrapping_add(part.partition as usize);
+        lock(&self.partition_locks[shard % LOCK_SHARDS])
+    }
+
+    fn load_state(&self, part: PartitionKey) -> Result<Option<PartitionState>, StoreError> {
+        match self
+            .db
+            .get(keys::state(part))
+            .map_err(|err| self.sled_error(err))?
+        {
+            None => Ok(None),
+            Some(value) => codec::decode(&value).map(Some).map_err(|err| {
+                self.damaged(format!(
+                    "state of topic id {} partition {}: {err}",
+                    part.topic_id, part.partition
+                ))
+            }),
+        }
+    }
+
+    fn sled_error(&self, source: sled::Error) -> StoreError {
+        match source {
+            sled::Error::Corruption { .. } => self.damaged(source.to_string()),
+            source => StoreError::Sled {
+                dir: self.dir.clone(),
+                source,
+            },
+        }
+    }
+
+    fn damaged(&self, reason: String) -> StoreError {
+        StoreError::Damaged {
+            dir: self.dir.clone(),
+            reason,
+        }
+    }
+
+    fn rejected(&self, topic: &str, partition: i32, reason: String) -> StoreError {
+        StoreError::Rejected {
+            dir: self.dir.clone(),
+            topic: topic.to_owned(),
+            partition,
+            reason,
+        }
+    }
+}
+
+fn classify_open_error(dir: PathBuf, err: sled::Error) -> StoreError {
+    match err {
+        sled::Error::Io(io) if io.to_string().contains("could not acquire lock") => {
+            StoreError::Locked { dir }
+        }
+        sled::Error::Io(io) => StoreError::Io {
+            dir,
+            action: "opening the database".into(),
+            source: io,
+        },
+        sled::Error::Corruption { .. }
+        | sled::Error::Unsupported(_)
+        | sled::Error::ReportableBug(_) => StoreError::Damaged {
+            dir,
+            reason: err.to_string(),
+        },
+        other => StoreError::Sled { dir, source: other },
+    }
+}
+
+// The locks guard no data of their own (only ordering of sled writes), so a panic in another
+// thread while holding one leaves nothing inconsistent: recover the guard.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn read_lock<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn write_lock<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    lock.write()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}

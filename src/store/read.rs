@@ -1,0 +1,267 @@
+//! The reading side of the buffer: records in delivery order, partition states, statistics.
+
+use super::keys::{self, PartitionKey};
+use super::record::{Chunk, ChunkHead};
+use super::{Buffer, Lane, PartitionState, Record, StoreError, codec};
+
+/// Records read from one lane of one partition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadBatch {
+    /// The lane they come from.
+    pub lane: Lane,
+    /// Records by increasing offset.
+    pub records: Vec<Record>,
+    /// Where the next read continues: past the chunks read, or the `from` given when there
+    /// was nothing to read.
+    pub next: i64,
+}
+
+/// What one lane of one partition holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaneStats {
+    /// The lane.
+    pub lane: Lane,
+    /// Stored chunks.
+    pub chunks: u64,
+    /// Stored records (including committed ones in a partly committed chunk).
+    pub records: u64,
+    /// Encoded bytes of the stored chunks.
+    pub bytes: u64,
+    /// Offset of the first stored record.
+    pub first_offset: Option<i64>,
+    /// Offset of the last stored record.
+    pub last_offset: Option<i64>,
+}
+
+/// What the buffer holds for one partition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionStats {
+    /// Topic name.
+    pub topic: String,
+    /// Partition number.
+    pub partition: i32,
+    /// Layout and per-lane cursors.
+    pub state: PartitionState,
+    /// Catch-up lane, then live lane.
+    pub lanes: [LaneStats; 2],
+}
+
+/// What the whole buffer holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BufferStats {
+    /// Per partition, by topic then partition.
+    pub partitions: Vec<PartitionStats>,
+    /// Bytes on disk, as sled accounts them.
+    pub disk_bytes: u64,
+}
+
+impl Buffer {
+    /// The state of `topic`/`partition`, `None` if it is not laid out.
+    pub fn partition_state(
+        &self,
+        topic: &str,
+        partition: i32,
+    ) -> Result<Option<PartitionState>, StoreError> {
+        match self.partition_key(topic, partition)? {
+            Some(part) => self.load_state(part),
+            None => Ok(None),
+        }
+    }
+
+    /// Every laid-out partition, by topic name then partition.
+    pub fn partitions(&self) -> Result<Vec<(String, i32, PartitionState)>, StoreError> {
+        Ok(self
+            .partition_entries()?
+            .into_iter()
+            .map(|(_, topic, partition, state)| (topic, partition, state))
+            .collect())
+    }
+
+    fn partition_entries(
+        &self,
+    ) -> Result<Vec<(PartitionKey, String, i32, PartitionState)>, StoreError> {
+        let mut out = Vec::new();
+        for entry in self.db.scan_prefix(keys::state_prefix()) {
+            let (key, value) = entry.map_err(|err| self.sled_error(err))?;
+            let Some(keys::ParsedKey::State(part)) = keys::parse(&key) else {
+                return Err(self.damaged(format!("malformed state key {key:?}")));
+            };
+            let topic = self.topic_name(part.topic_id).ok_or_else(|| {
+                self.damaged(format!("state of unknown topic id {}", part.topic_id))
+            })?;
+            let state = codec::decode(&value).map_err(|err| {
+                self.damaged(format!("state of {topic}/{}: {err}", part.partition))
+            })?;
+            out.push((part, topic, part.partition as i32, state));
+        }
+        out.sort_by(|a, b| (&a.1, a.2).cmp(&(&b.1, b.2)));
+        Ok(out)
+    }
+
+    /// Reads `lane` of `topic`/`partition` from offset `from` on (never below the lane's
+    /// `committed_next`: those records are processed), whole chunks at a time,
+    /// stopping once at least `max_records` were read (or the lane is exhausted).
+    pub fn read(
+        &self,
+        lane: Lane,
+        topic: &str,
+        partition: i32,
+        from: i64,
+        max_records: usize,
+    ) -> Result<ReadBatch, StoreError> {
+        let empty = ReadBatch {
+            lane,
+            records: Vec::new(),
+            next: from,
+        };
+        let Some(part) = self.partition_key(topic, partition)? else {
+            return Ok(empty);
+        };
+        let Some(state) = self.load_state(part)? else {
+            return Ok(empty);
+        };
+        self.read_lane(lane, part, &state, from, max_records)
+    }
+
+    /// Reads `topic`/`partition` in `Ordered` delivery order from offset `from`: the
+    /// catch-up ranges first and, only once they are fetched and read through, the live lane.
+    pub fn read_ordered(
+        &self,
+        topic: &str,
+        partition: i32,
+        from: i64,
+        max_records: usize,
+    ) -> Result<ReadBatch, StoreError> {
+        let empty = ReadBatch {
+            lane: Lane::Catchup,
+            records: Vec::new(),
+            next: from,
+        };
+        let Some(part) = self.partition_key(topic, partition)? else {
+            return Ok(empty);
+        };
+        let Some(state) = self.load_state(part)? else {
+            return Ok(empty);
+        };
+        match state.layout.catchup_end() {
+            Some(end) if from < end => {
+                self.read_lane(Lane::Catchup, part, &state, from, max_records)
+            }
+            _ => self.read_lane(
+                Lane::Live,
+                part,
+                &state,
+                from.max(state.layout.live_from),
+                max_records,
+            ),
+        }
+    }
+
+    fn read_lane(
+        &self,
+        lane: Lane,
+        part: PartitionKey,
+        state: &PartitionState,
+        from: i64,
+        max_records: usize,
+    ) -> Result<ReadBatch, StoreError> {
+        // Below committed_next everything is processed; below retained_from nothing is left.
+        let cursors = state.lane(lane);
+        let from = from
+            .max(cursors.retained_from)
+            .max(cursors.committed_next)
+            .max(0);
+        let mut batch = ReadBatch {
+            lane,
+            records: Vec::new(),
+            next: from,
+        };
+        let lane_start = keys::chunk(lane, part, 0);
+        let lane_end = keys::chunk(lane, part, u64::MAX);
+        // The chunk holding `from` starts at or below it.
+        let start = match self
+            .db
+            .range(lane_start..=keys::chunk(lane, part, from as u64))
+            .next_back()
+        {
+            Some(entry) => entry.map_err(|err| self.sled_error(err))?.0.to_vec(),
+            None => lane_start.to_vec(),
+        };
+        for entry in self.db.range(start..=lane_end.to_vec()) {
+            let (key, value) = entry.map_err(|err| self.sled_error(err))?;
+            let chunk: Chunk = codec::decode(&value).map_err(|err| {
+                self.damaged(format!(
+                    "chunk {:?} of topic id {} partition {}: {err}",
+                    keys::parse(&key),
+                    part.topic_id,
+                    part.partition
+                ))
+            })?;
+            let skip = chunk.records.partition_point(|r| r.offset < from);
+            batch.records.extend(chunk.records.into_iter().skip(skip));
+            batch.next = batch.next.max(state.normalize(lane, chunk.next as i64));
+            if batch.records.len() >= max_records {
+                break;
+            }
+        }
+        Ok(batch)
+    }
+
+    /// Per partition and lane: chunks, records, bytes, first and last offset, cursors.
+    pub fn stats(&self) -> Result<BufferStats, StoreError> {
+        let mut partitions = Vec::new();
+        for (part, topic, partition, state) in self.partition_entries()? {
+            let lanes = [
+                self.lane_stats(Lane::Catchup, part)?,
+                self.lane_stats(Lane::Live, part)?,
+            ];
+            partitions.push(PartitionStats {
+                topic,
+                partition,
+                state,
+                lanes,
+            });
+        }
+        Ok(BufferStats {
+            partitions,
+            disk_bytes: self.disk_bytes()?,
+        })
+    }
+
+    fn lane_stats(&self, lane: Lane, part: PartitionKey) -> Result<LaneStats, StoreError> {
+        let mut stats = LaneStats {
+            lane,
+            chunks: 0,
+            records: 0,
+            bytes: 0,
+            first_offset: None,
+            last_offset: None,
+        };
+        let mut first_nonempty = None;
+        let mut last_nonempty = None;
+        for entry in self.db.scan_prefix(keys::chunk_prefix(lane, part)) {
+            let (key, value) = entry.map_err(|err| self.sled_error(err))?;
+            let head: ChunkHead = codec::decode_prefix(&value)
+                .map_err(|err| self.damaged(format!("chunk {:?}: {err}", keys::parse(&key))))?;
+            stats.chunks += 1;
+            stats.records += head.record_count;
+            stats.bytes += value.len() as u64;
+            if head.record_count > 0 {
+                if first_nonempty.is_none() {
+                    first_nonempty = Some(value.clone());
+                }
+                last_nonempty = Some(value);
+            }
+        }
+        let decode = |value: &sled::IVec| -> Result<Chunk, StoreError> {
+            codec::decode(value).map_err(|err| self.damaged(format!("a {lane} chunk: {err}")))
+        };
+        if let Some(value) = first_nonempty {
+            stats.first_offset = decode(&value)?.records.first().map(|r| r.offset);
+        }
+        if let Some(value) = last_nonempty {
+            stats.last_offset = decode(&value)?.records.last().map(|r| r.offset);
+        }
+        Ok(stats)
+    }
+}

@@ -1,0 +1,462 @@
+//! Behaviour of the buffer through its public operations, on a real sled database.
+
+use super::*;
+
+fn record(offset: i64) -> Record {
+    Record {
+        offset,
+        timestamp: Timestamp::CreateTime(1_700_000_000_000 + offset),
+        key: Some(format!("k{offset}").into_bytes()),
+        payload: Some(vec![offset as u8; 100]),
+        headers: vec![Header {
+            key: "h".into(),
+            value: None,
+        }],
+    }
+}
+
+fn records(offsets: std::ops::Range<i64>) -> Vec<Record> {
+    offsets.map(record).collect()
+}
+
+fn offsets(batch: &ReadBatch) -> Vec<i64> {
+    batch.records.iter().map(|r| r.offset).collect()
+}
+
+fn open(dir: &tempfile::TempDir) -> Buffer {
+    Buffer::open(dir.path().join("buf"), BufferOptions::default()).expect("open buffer")
+}
+
+#[test]
+fn append_read_commit_delete() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let buffer = open(&dir);
+    buffer
+        .reset_partition("t", 0, PartitionLayout::split(1, 70, 120))
+        .expect("layout");
+    assert_eq!(
+        buffer
+            .append(Lane::Catchup, "t", 0, &records(70..100), 100)
+            .expect("append")
+            .stored,
+        30
+    );
+    assert_eq!(
+        buffer
+            .append(Lane::Live, "t", 0, &records(120..125), 125)
+            .expect("append")
+            .stored,
+        5
+    );
+
+    // Ordered: catch-up first; the live lane waits until the catch-up ranges are read through.
+    let batch = buffer.read_ordered("t", 0, 70, 1000).expect("read");
+    assert_eq!(
+        (batch.lane, offsets(&batch), batch.next),
+        (Lane::Catchup, (70..100).collect(), 100)
+    );
+    assert!(
+        buffer
+            .read_ordered("t", 0, 100, 1000)
+            .expect("read")
+            .records
+            .is_empty()
+    );
+    buffer
+        .append(Lane::Catchup, "t", 0, &records(100..121), 121)
+        .expect("append");
+    let batch = buffer.read_ordered("t", 0, 100, 1000).expect("read");
+    assert_eq!((offsets(&batch), batch.next), ((100..120).collect(), 120));
+    let batch = buffer.read_ordered("t", 0, 120, 1000).expect("read");
+    assert_eq!(
+        (batch.lane, offsets(&batch)),
+        (Lane::Live, (120..125).collect())
+    );
+
+    // A commit inside a chunk keeps it; a commit past it deletes it.
+    assert_eq!(
+        buffer
+            .record_committed(Lane::Catchup, "t", 0, 90)
+            .expect("commit"),
+        0
+    );
+    assert_eq!(
+        offsets(&buffer.read(Lane::Catchup, "t", 0, 0, 1000).expect("read")),
+        (90..120).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        buffer
+            .record_committed(Lane::Catchup, "t", 0, 100)
+            .expect("commit"),
+        1
+    );
+    let state = buffer
+        .partition_state("t", 0)
+        .expect("state")
+        .expect("laid out");
+    assert_eq!(state.catchup.retained_from, 100);
+    assert!(state.catchup_fetched() && !state.catchup_committed());
+    assert_eq!(
+        buffer
+            .record_committed(Lane::Catchup, "t", 0, 120)
+            .expect("commit"),
+        1
+    );
+    let state = buffer
+        .partition_state("t", 0)
+        .expect("state")
+        .expect("laid out");
+    assert!(state.catchup_committed());
+    assert!(
+        buffer
+            .read(Lane::Catchup, "t", 0, 0, 1000)
+            .expect("read")
+            .records
+            .is_empty()
+    );
+    assert_eq!(buffer.verify().expect("verify"), vec![]);
+}
+
+#[test]
+fn refetch_is_idempotent() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let buffer = open(&dir);
+    buffer
+        .reset_partition("t", 3, PartitionLayout::plain(0))
+        .expect("layout");
+    buffer
+        .append(Lane::Live, "t", 3, &records(0..50), 50)
+        .expect("append");
+    let before = buffer.stats().expect("stats");
+    assert_eq!(
+        buffer
+            .append(Lane::Live, "t", 3, &records(10..50), 50)
+            .expect("append")
+            .stored,
+        0
+    );
+    assert_eq!(buffer.stats().expect("stats"), before);
+    assert_eq!(
+        buffer
+            .append(Lane::Live, "t", 3, &records(40..60), 60)
+            .expect("append")
+            .stored,
+        10
+    );
+    assert_eq!(
+        offsets(&buffer.read(Lane::Live, "t", 3, 0, 1000).expect("read")),
+        (0..60).collect::<Vec<_>>()
+    );
+    assert_eq!(buffer.verify().expect("verify"), vec![]);
+}
+
+#[test]
+fn large_batches_are_cut_into_bounded_chunks() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let options = BufferOptions {
+        chunk_target_bytes: 4096,
+        ..BufferOptions::default()
+    };
+    let buffer = Buffer::open(dir.path(), options).expect("open");
+    buffer
+        .reset_partition("t", 0, PartitionLayout::plain(0))
+        .expect("layout");
+    buffer
+        .append(Lane::Live, "t", 0, &records(0..1000), 1000)
+        .expect("append");
+    let stats = buffer.stats().expect("stats");
+    let live = &stats.partitions[0].lanes[1];
+    assert!(live.chunks > 20, "{} chunks", live.chunks);
+    assert!(
+        live.bytes / live.chunks <= 4096 + 256,
+        "{} bytes per chunk",
+        live.bytes / live.chunks
+    );
+    assert_eq!(
+        (live.records, live.first_offset, live.last_offset),
+        (1000, Some(0), Some(999))
+    );
+    // A commit in the middle deletes exactly the chunks below it.
+    buffer
+        .record_committed(Lane::Live, "t", 0, 500)
+        .expect("commit");
+    let batch = buffer
+        .read(Lane::Live, "t", 0, 500, usize::MAX)
+        .expect("read");
+    assert_eq!(offsets(&batch), (500..1000).collect::<Vec<_>>());
+    assert!(buffer.stats().expect("stats").partitions[0].lanes[1].records < 1000);
+    assert_eq!(buffer.verify().expect("verify"), vec![]);
+}
+
+#[test]
+fn catchup_lane_keeps_only_its_ranges_and_gaps_are_covered() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let buffer = open(&dir);
+    let layout = PartitionLayout {
+        epoch: 4,
+        catchup_ranges: vec![OffsetRange::new(10, 20), OffsetRange::new(30, 40)],
+        live_from: 40,
+    };
+    buffer.reset_partition("t", 0, layout).expect("layout");
+    // A compacted log: only even offsets exist; the fetch overshoots the first range.
+    let evens: Vec<Record> = (10..24).step_by(2).map(record).collect();
+    let outcome = buffer
+        .append(Lane::Catchup, "t", 0, &evens, 23)
+        .expect("append");
+    assert_eq!(
+        outcome,
+        AppendOutcome {
+            stored: 5,
+            fetched_next: 30
+        }
+    );
+    // Transaction markers only at the end of the second range.
+    buffer
+        .append(Lane::Catchup, "t", 0, &records(30..35), 35)
+        .expect("append");
+    buffer
+        .append(Lane::Catchup, "t", 0, &[], 40)
+        .expect("append");
+    assert!(
+        buffer
+            .partition_state("t", 0)
+            .expect("state")
+            .expect("laid out")
+            .catchup_fetched()
+    );
+    let mut from = 0;
+    let mut seen = Vec::new();
+    loop {
+        let batch = buffer.read_ordered("t", 0, from, 3).expect("read");
+        if batch.records.is_empty() && batch.lane == Lane::Live {
+            break;
+        }
+        seen.extend(offsets(&batch));
+        from = batch.next;
+    }
+    assert_eq!(seen, vec![10, 12, 14, 16, 18, 30, 31, 32, 33, 34]);
+    assert_eq!(buffer.verify().expect("verify"), vec![]);
+}
+
+#[test]
+fn rejects_calls_that_do_not_fit_the_state() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let buffer = open(&dir);
+    let err = buffer
+        .append(Lane::Live, "t", 0, &records(0..1), 1)
+        .expect_err("no layout");
+    assert!(err.to_string().contains("reset_partition"), "{err}");
+    buffer
+        .reset_partition("t", 0, PartitionLayout::plain(0))
+        .expect("layout");
+    buffer
+        .append(Lane::Live, "t", 0, &records(0..10), 10)
+        .expect("append");
+    assert!(matches!(
+        buffer.record_committed(Lane::Live, "t", 0, 11),
+        Err(StoreError::Rejected { .. })
+    ));
+    assert!(matches!(
+        buffer.append(Lane::Live, "t", -1, &[], 1),
+        Err(StoreError::Rejected { .. })
+    ));
+    let unordered = vec![record(12), record(11)];
+    assert!(matches!(
+        buffer.append(Lane::Live, "t", 0, &unordered, 13),
+        Err(StoreError::Rejected { .. })
+    ));
+    assert_eq!(buffer.verify().expect("verify"), vec![]);
+}
+
+#[test]
+fn survives_reopen_and_discard() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let buffer = open(&dir);
+        for partition in 0..3 {
+            buffer
+                .reset_partition("orders", partition, PartitionLayout::split(1, 0, 10))
+                .expect("layout");
+            buffer
+                .append(Lane::Catchup, "orders", partition, &records(0..10), 10)
+                .expect("append");
+        }
+        buffer
+            .reset_partition("payments", 0, PartitionLayout::plain(5))
+            .expect("layout");
+        buffer.sync().expect("sync");
+    }
+    let buffer = open(&dir);
+    let partitions: Vec<(String, i32)> = buffer
+        .partitions()
+        .expect("partitions")
+        .into_iter()
+        .map(|(t, p, _)| (t, p))
+        .collect();
+    assert_eq!(
+        partitions,
+        vec![
+            ("orders".into(), 0),
+            ("orders".into(), 1),
+            ("orders".into(), 2),
+            ("payments".into(), 0)
+        ]
+    );
+    assert!(buffer.discard_partition("orders", 1).expect("discard"));
+    assert!(
+        !buffer
+            .discard_partition("orders", 1)
+            .expect("discard again")
+    );
+    assert!(
+        !buffer
+            .discard_partition("unknown", 0)
+            .expect("discard unknown")
+    );
+    assert!(
+        buffer
+            .read(Lane::Catchup, "orders", 1, 0, 100)
+            .expect("read")
+            .records
+            .is_empty()
+    );
+    assert_eq!(
+        buffer
+            .read(Lane::Catchup, "orders", 2, 0, 100)
+            .expect("read")
+            .records
+            .len(),
+        10
+    );
+    assert_eq!(buffer.verify().expect("verify"), vec![]);
+}
+
+#[test]
+fn directory_is_private_and_locked() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("nested").join("buf");
+    let buffer = Buffer::open(&path, BufferOptions::default()).expect("open");
+    let mode = std::fs::metadata(&path)
+        .expect("metadata")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o700);
+    let second = Buffer::open(&path, BufferOptions::default());
+    assert!(
+        matches!(second, Err(StoreError::Locked { .. })),
+        "{second:?}"
+    );
+    drop(buffer);
+    Buffer::open(&path, BufferOptions::default()).expect("reopen after drop");
+}
+
+#[test]
+fn open_existing_rejects_what_is_not_a_buffer() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let missing = Buffer::open_existing(dir.path().join("nope"), BufferOptions::default());
+    assert!(
+        matches!(missing, Err(StoreError::Missing { .. })),
+        "{missing:?}"
+    );
+    let empty = Buffer::open_existing(dir.path(), BufferOptions::default());
+    assert!(
+        matches!(empty, Err(StoreError::NotABuffer { .. })),
+        "{empty:?}"
+    );
+    std::fs::write(dir.path().join("conf"), b"garbage").expect("write");
+    std::fs::write(dir.path().join("db"), vec![0xAB; 4096]).expect("write");
+    let garbage = Buffer::open_existing(dir.path(), BufferOptions::default());
+    assert!(garbage.is_err(), "garbage opened");
+    let foreign = tempfile::tempdir().expect("tempdir");
+    sled::open(foreign.path())
+        .and_then(|db| db.insert(b"x", b"y").map(|_| ()))
+        .expect("plain sled db");
+    let foreign = Buffer::open_existing(foreign.path(), BufferOptions::default());
+    assert!(
+        matches!(foreign, Err(StoreError::NotABuffer { .. })),
+        "{foreign:?}"
+    );
+}
+
+#[test]
+fn newer_format_is_refused_by_name() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let buffer = open(&dir);
+        let mut meta = codec::encode(&BufferMeta { next_topic_id: 0 });
+        meta[0] = FORMAT_VERSION + 1;
+        let crc = crc32c::crc32c_append(crc32c::crc32c(&meta[..1]), &meta[5..]);
+        meta[1..5].copy_from_slice(&crc.to_le_bytes());
+        buffer.db.insert(keys::META, meta).expect("insert");
+        buffer.sync().expect("sync");
+    }
+    let err =
+        Buffer::open(dir.path().join("buf"), BufferOptions::default()).expect_err("newer format");
+    assert!(
+        matches!(err, StoreError::NewerFormat { found, .. } if found == FORMAT_VERSION + 1),
+        "{err}"
+    );
+    assert!(err.to_string().contains("buf"), "{err}");
+}
+
+#[test]
+fn verify_reports_damage_holes_and_orphans() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let buffer = open(&dir);
+    buffer
+        .reset_partition("t", 0, PartitionLayout::plain(0))
+        .expect("layout");
+    buffer
+        .append(Lane::Live, "t", 0, &records(0..10), 10)
+        .expect("append");
+    buffer
+        .append(Lane::Live, "t", 0, &records(10..20), 20)
+        .expect("append");
+    buffer
+        .append(Lane::Live, "t", 0, &records(20..30), 30)
+        .expect("append");
+    let part = PartitionKey {
+        topic_id: 0,
+        partition: 0,
+    };
+    // A flipped byte in the first chunk, a missing middle chunk, a chunk of nobody.
+    let first = keys::chunk(Lane::Live, part, 0);
+    let mut value = buffer.db.get(first).expect("get").expect("chunk").to_vec();
+    value[20] ^= 0x40;
+    buffer.db.insert(first, value).expect("insert");
+    buffer
+        .db
+        .remove(keys::chunk(Lane::Live, part, 10))
+        .expect("remove");
+    let orphan = keys::chunk(
+        Lane::Catchup,
+        PartitionKey {
+            topic_id: 0,
+            partition: 9,
+        },
+        0,
+    );
+    buffer
+        .db
+        .insert(
+            orphan,
+            codec::encode(&record::Chunk {
+                next: 1,
+                records: vec![record(0)],
+            }),
+        )
+        .expect("insert");
+    let findings = buffer.verify().expect("verify");
+    let text: Vec<String> = findings.iter().map(ToString::to_string).collect();
+    assert!(
+        text.iter()
+            .any(|f| f.contains("t/0 live chunk @0") && f.contains("checksum")),
+        "{text:?}"
+    );
+    assert!(text.iter().any(|f| f.contains("hole")), "{text:?}");
+    assert!(
+        text.iter().any(|f| f.contains("no laid-out partition")),
+        "{text:?}"
+    );
+}

@@ -1,0 +1,237 @@
+//! The writing side of the buffer: lay out a partition, append fetched records, record
+//! commits (and delete what they cover), discard a partition.
+
+use bincode::Encode;
+
+use super::keys::{self, PartitionKey};
+use super::{Buffer, Lane, PartitionLayout, PartitionState, Record, StoreError, codec};
+
+/// A chunk as it is encoded: borrows the records (same bytes as [`super::record::Chunk`]).
+#[derive(Encode)]
+struct ChunkRef<'a> {
+    next: u64,
+    records: &'a [Record],
+}
+
+/// Rough encoded size of a record, to cut batches into chunks of a bounded size.
+fn estimated_size(record: &Record) -> usize {
+    record.payload_bytes() + 16 + 4 * record.headers.len()
+}
+
+/// What an append stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AppendOutcome {
+    /// Records written (the batch minus what the lane already held or does not own).
+    pub stored: usize,
+    /// The lane's fetch position after the append.
+    pub fetched_next: i64,
+}
+
+impl Buffer {
+    /// Lays out `topic`/`partition` afresh: drops whatever the buffer held for it and
+    /// records `layout` with nothing fetched and nothing committed, in one atomic batch.
+    pub fn reset_partition(
+        &self,
+        topic: &str,
+        partition: i32,
+        layout: PartitionLayout,
+    ) -> Result<PartitionState, StoreError> {
+        layout
+            .validate()
+            .map_err(|reason| self.rejected(topic, partition, reason))?;
+        let partition_number = self.partition_number(topic, partition)?;
+        let part = PartitionKey {
+            topic_id: self.topic_id_or_insert(topic)?,
+            partition: partition_number,
+        };
+        let _guard = self.partition_lock(part);
+        let mut batch = self.removal_batch(part)?;
+        let state = PartitionState::new(layout);
+        batch.insert(&keys::state(part), codec::encode(&state));
+        self.db
+            .apply_batch(batch)
+            .map_err(|err| self.sled_error(err))?;
+        Ok(state)
+    }
+
+    /// Appends records fetched for `lane` of `topic`/`partition`, where `next_offset` is the
+    /// fetcher's position after them (past the last record; further when the log has gaps).
+    ///
+    /// Idempotent: records the lane already holds are skipped, so a refetch after a crash
+    /// changes nothing. In the catch-up lane, records at or past the current range's end are
+    /// dropped (the live lane owns them). The records and the lane's new `fetched_next` are
+    /// written in one atomic batch.
+    pub fn append(
+        &self,
+        lane: Lane,
+        topic: &str,
+        partition: i32,
+        records: &[Record],
+        next_offset: i64,
+    ) -> Result<AppendOutcome, StoreError> {
+        let (part, _guard, mut state) = self.locked_state(topic, partition)?;
+        let plan = state
+            .plan_append(lane, records, next_offset)
+            .map_err(|reason| self.rejected(topic, partition, format!("{lane} lane: {reason}")))?;
+        let Some(plan) = plan else {
+            return Ok(AppendOutcome {
+                stored: 0,
+                fetched_next: state.lane(lane).fetched_next,
+            });
+        };
+        let kept = &records[plan.keep.clone()];
+        let mut batch = sled::Batch::default();
+        let mut chunk_first = plan.first;
+        let mut chunk_start = 0;
+        let mut chunk_bytes = 0;
+        let mut value = Vec::new();
+        for (index, record) in kept.iter().enumerate() {
+            let size = estimated_size(record);
+            if chunk_bytes > 0 && chunk_bytes + size > self.options.chunk_target_bytes {
+                // The next chunk starts at this record: the chunks stay contiguous.
+                let chunk = ChunkRef {
+                    next: record.offset as u64,
+                    records: &kept[chunk_start..index],
+                };
+                codec::encode_into(&chunk, &mut value);
+                batch.insert(
+                    &keys::chunk(lane, part, chunk_first as u64),
+                    value.as_slice(),
+                );
+                chunk_first = record.offset;
+                chunk_start = index;
+                chunk_bytes = 0;
+            }
+            chunk_bytes += size;
+        }
+        let chunk = ChunkRef {
+            next: plan.next as u64,
+            records: &kept[chunk_start..],
+        };
+        codec::encode_into(&chunk, &mut value);
+        batch.insert(
+            &keys::chunk(lane, part, chunk_first as u64),
+            value.as_slice(),
+        );
+
+        let next = state.normalize(lane, plan.next);
+        state.lane_mut(lane).fetched_next = next;
+        batch.insert(&keys::state(part), codec::encode(&state));
+        self.db
+            .apply_batch(batch)
+            .map_err(|err| self.sled_error(err))?;
+        Ok(AppendOutcome {
+            stored: kept.len(),
+            fetched_next: next,
+        })
+    }
+
+    /// Records that Kafka now holds `committed_next` for `lane` of `topic`/`partition` (the
+    /// main log for the catch-up lane, or the side log for the live lane) and deletes the
+    /// chunks that offset covers entirely, atomically with the new state.
+    ///
+    /// Call it only after the commit succeeded: records are never deleted before the offsets
+    /// covering them are durable in Kafka. An older or equal offset changes nothing; an
+    /// offset past what the lane fetched is rejected. Returns the number of chunks deleted.
+    pub fn record_committed(
+        &self,
+        lane: Lane,
+        topic: &str,
+        partition: i32,
+        committed_next: i64,
+    ) -> Result<usize, StoreError> {
+        let (part, _guard, mut state) = self.locked_state(topic, partition)?;
+        let plan = state
+            .plan_commit(lane, committed_next)
+            .map_err(|reason| self.rejected(topic, partition, reason))?;
+        let Some(committed) = plan else { return Ok(0) };
+
+        // Chunks starting at or below the committed offset: all but the last are wholly
+        // committed (the chunks are contiguous); the last one only if it ends there.
+        let lane_state = *state.lane(lane);
+        let from = keys::chunk(lane, part, lane_state.retained_from as u64);
+        let through = keys::chunk(lane, part, committed as u64);
+        let mut covered = Vec::new();
+        for entry in self.db.range(from..=through) {
+            let (key, value) = entry.map_err(|err| self.sled_error(err))?;
+            covered.push((key, value));
+        }
+        let mut retained_from = lane_state.fetched_next;
+        if let Some((last_key, last_value)) = covered.last() {
+            let head: super::record::ChunkHead =
+                codec::decode_prefix(last_value).map_err(|err| {
+                    self.damaged(format!("a chunk of {topic}/{partition} {lane}: {err}"))
+                })?;
+            if state.normalize(lane, head.next as i64) > committed {
+                retained_from = keys::chunk_first(last_key).ok_or_else(|| {
+                    self.damaged(format!("a chunk key of {topic}/{partition} {lane}"))
+                })? as i64;
+                covered.pop();
+            }
+        }
+        let mut batch = sled::Batch::default();
+        for (key, _) in &covered {
+            batch.remove(key);
+        }
+        let lane_state = state.lane_mut(lane);
+        lane_state.committed_next = committed;
+        lane_state.retained_from = retained_from;
+        batch.insert(&keys::state(part), codec::encode(&state));
+        self.db
+            .apply_batch(batch)
+            .map_err(|err| self.sled_error(err))?;
+        Ok(covered.len())
+    }
+
+    /// Drops everything the buffer holds for `topic`/`partition` — records of both lanes and
+    /// the state — in one atomic batch (the partition was revoked, or its state is stale).
+    /// Returns whether there was anything to drop.
+    pub fn discard_partition(&self, topic: &str, partition: i32) -> Result<bool, StoreError> {
+        let Some(part) = self.partition_key(topic, partition)? else {
+            return Ok(false);
+        };
+        let _guard = self.partition_lock(part);
+        let existed = self
+            .db
+            .contains_key(keys::state(part))
+            .map_err(|err| self.sled_error(err))?;
+        let batch = self.removal_batch(part)?;
+        self.db
+            .apply_batch(batch)
+            .map_err(|err| self.sled_error(err))?;
+        Ok(existed)
+    }
+
+    /// A batch removing the state and every chunk of `part`.
+    fn removal_batch(&self, part: PartitionKey) -> Result<sled::Batch, StoreError> {
+        let mut batch = sled::Batch::default();
+        for lane in Lane::ALL {
+            for key in self.db.scan_prefix(keys::chunk_prefix(lane, part)).keys() {
+                batch.remove(key.map_err(|err| self.sled_error(err))?);
+            }
+        }
+        batch.remove(&keys::state(part));
+        Ok(batch)
+    }
+
+    /// Takes the partition's write lock and loads its state, which must exist.
+    fn locked_state(
+        &self,
+        topic: &str,
+        partition: i32,
+    ) -> Result<(PartitionKey, std::sync::MutexGuard<'_, ()>, PartitionState), StoreError> {
+        let no_layout = || {
+            self.rejected(
+                topic,
+                partition,
+                "not laid out; call reset_partition first".into(),
+            )
+        };
+        let part = self
+            .partition_key(topic, partition)?
+            .ok_or_else(no_layout)?;
+        let guard = self.partition_lock(part);
+        let state = self.load_state(part)?.ok_or_else(no_layout)?;
+        Ok((part, guard, state))
+    }
+}
