@@ -132,7 +132,7 @@ mod tests {
             topic_id,
             partition,
         };
-        let mut keys = vec![
+        let mut keys = [
             chunk(Lane::Live, p(1, 0), 5),
             chunk(Lane::Catchup, p(1, 1), 0),
             chunk(Lane::Catchup, p(1, 0), 256),

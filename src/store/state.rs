@@ -342,8 +342,9 @@ mod tests {
     #[test]
     fn append_table() {
         let split = PartitionState::new(PartitionLayout::split(1, 70, 120));
-        // (lane, fetched records, next offset, expected kept offsets and span)
-        let cases: Vec<(Lane, Vec<i64>, i64, Option<(Vec<i64>, i64, i64)>)> = vec![
+        // (lane, fetched offsets, next offset) -> (kept offsets, first, next)
+        type Case = (Lane, Vec<i64>, i64, Option<(Vec<i64>, i64, i64)>);
+        let cases: Vec<Case> = vec![
             (
                 Lane::Catchup,
                 vec![70, 71, 72],

@@ -1,0 +1,313 @@
+//! Helpers the integration tests share: find the test broker, create uniquely named topics,
+//! produce keyed records with known payloads, read committed offsets and watermarks.
+//!
+//! Every name is unique per process and call, so test binaries can run in parallel against
+//! one broker without seeing each other's topics or groups.
+#![allow(dead_code)] // each test binary uses a different part of this module
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, StreamConsumer};
+use rdkafka::error::KafkaError;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::{Message, Offset, TopicPartitionList};
+
+/// Timeout of a single broker request in these helpers.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// The bootstrap address of the test broker: `CATCHUP_BROKERS`, else the address
+/// `scripts/kafka start` wrote into its state directory.
+pub fn bootstrap() -> String {
+    if let Ok(brokers) = std::env::var("CATCHUP_BROKERS") {
+        if !brokers.trim().is_empty() {
+            return brokers.trim().to_owned();
+        }
+    }
+    let state_dir = std::env::var_os("CATCHUP_KAFKA_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let home = std::env::var_os("HOME")
+                .map(PathBuf::from)
+                .unwrap_or_default();
+            home.join(".cache/catchup/broker")
+        });
+    let file = state_dir.join("bootstrap");
+    match std::fs::read_to_string(&file) {
+        Ok(address) if !address.trim().is_empty() => address.trim().to_owned(),
+        _ => panic!(
+            "no Kafka broker for the integration tests: run `scripts/kafka start` \
+             (or set CATCHUP_BROKERS=host:port); {} was not found",
+            file.display()
+        ),
+    }
+}
+
+/// A name no other test (in this or another process) uses: `prefix-pid-time-counter`.
+pub fn unique(prefix: &str) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let count = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("{prefix}-{}-{nanos}-{count}", std::process::id())
+}
+
+/// A record the helpers produced, with where it landed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Produced {
+    pub partition: i32,
+    pub offset: i64,
+    pub key: Vec<u8>,
+    pub payload: Vec<u8>,
+}
+
+/// The key and payload of the `index`-th record produced to `topic`.
+pub fn key_and_payload(topic: &str, index: usize) -> (Vec<u8>, Vec<u8>) {
+    (
+        format!("key-{index}").into_bytes(),
+        format!("{topic}:{index}").into_bytes(),
+    )
+}
+
+/// The test broker and clients to it.
+pub struct Kafka {
+    pub bootstrap: String,
+    admin: AdminClient<DefaultClientContext>,
+    producer: FutureProducer,
+}
+
+impl Kafka {
+    /// Connects to the test broker.
+    pub fn connect() -> Self {
+        let bootstrap = bootstrap();
+        let admin = ClientConfig::new()
+            .set("bootstrap.servers", &bootstrap)
+            .create()
+            .expect("admin client");
+        let producer = ClientConfig::new()
+            .set("bootstrap.servers", &bootstrap)
+            .set("enable.idempotence", "true")
+            .set("linger.ms", "5")
+            .create()
+            .expect("producer");
+        Self {
+            bootstrap,
+            admin,
+            producer,
+        }
+    }
+
+    /// Base configuration for a consumer in `group`.
+    pub fn consumer_config(&self, group: &str) -> ClientConfig {
+        let mut config = ClientConfig::new();
+        config
+            .set("bootstrap.servers", &self.bootstrap)
+            .set("group.id", group)
+            .set("enable.auto.commit", "false")
+            .set("auto.offset.reset", "earliest")
+            .set("session.timeout.ms", "6000");
+        config
+    }
+
+    /// Creates `topic` with `partitions` partitions (replication 1) and `configs`, and waits
+    /// until its metadata is visible.
+    pub async fn create_topic_with(&self, topic: &str, partitions: i32, configs: &[(&str, &str)]) {
+        let mut new_topic = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+        for (key, value) in configs {
+            new_topic = new_topic.set(key, value);
+        }
+        let options = AdminOptions::new().operation_timeout(Some(REQUEST_TIMEOUT));
+        let results = self
+            .admin
+            .create_topics([&new_topic], &options)
+            .await
+            .expect("create_topics");
+        for result in results {
+            match result {
+                Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((name, code)) => panic!("creating topic {name} failed: {code}"),
+            }
+        }
+        let deadline = Instant::now() + REQUEST_TIMEOUT;
+        loop {
+            let metadata = self.producer_metadata(topic);
+            if metadata == Some(partitions as usize) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "topic {topic} did not appear in metadata"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Creates `topic` with `partitions` partitions.
+    pub async fn create_topic(&self, topic: &str, partitions: i32) {
+        self.create_topic_with(topic, partitions, &[]).await;
+    }
+
+    fn producer_metadata(&self, topic: &str) -> Option<usize> {
+        use rdkafka::producer::Producer;
+        let metadata = self
+            .producer
+            .client()
+            .fetch_metadata(Some(topic), REQUEST_TIMEOUT)
+            .ok()?;
+        let topic = metadata.topics().first()?;
+        if topic.error().is_some() {
+            return None;
+        }
+        let partitions = topic.partitions();
+        partitions
+            .iter()
+            .all(|p| p.leader() >= 0)
+            .then_some(partitions.len())
+    }
+
+    /// Produces `count` records round-robin over `partitions` partitions: record `i` goes to
+    /// partition `i % partitions` with [`key_and_payload`]`(topic, first_index + i)`.
+    pub async fn produce(&self, topic: &str, partitions: i32, count: usize) -> Vec<Produced> {
+        self.produce_from(topic, partitions, 0, count).await
+    }
+
+    /// Like [`Kafka::produce`], numbering records from `first_index`.
+    pub async fn produce_from(
+        &self,
+        topic: &str,
+        partitions: i32,
+        first_index: usize,
+        count: usize,
+    ) -> Vec<Produced> {
+        let mut pending = Vec::with_capacity(count);
+        for index in first_index..first_index + count {
+            let (key, payload) = key_and_payload(topic, index);
+            let partition = (index % partitions as usize) as i32;
+            let mut record = FutureRecord::to(topic)
+                .key(&key)
+                .payload(&payload)
+                .partition(partition);
+            let future = loop {
+                match self.producer.send_result(record) {
+                    Ok(future) => break future,
+                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), returned)) => {
+                        record = returned;
+                        // The local queue drains as deliveries complete.
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                    Err((err, _)) => panic!("producing to {topic} failed: {err}"),
+                }
+            };
+            pending.push((future, key, payload));
+        }
+        let mut produced = Vec::with_capacity(count);
+        for (future, key, payload) in pending {
+            let delivery = future.await.expect("delivery future dropped");
+            let (partition, offset) = match delivery {
+                Ok(delivery) => (delivery.partition, delivery.offset),
+                Err((err, _)) => panic!("delivery to {topic} failed: {err}"),
+            };
+            produced.push(Produced {
+                partition,
+                offset,
+                key: key.to_vec(),
+                payload: payload.to_vec(),
+            });
+        }
+        produced
+    }
+
+    /// The group's committed offset per partition (`None`: nothing committed).
+    pub fn committed(&self, group: &str, topic: &str, partitions: i32) -> Vec<Option<i64>> {
+        let consumer: BaseConsumer = self.consumer_config(group).create().expect("consumer");
+        let mut list = TopicPartitionList::new();
+        for partition in 0..partitions {
+            list.add_partition(topic, partition);
+        }
+        let committed = consumer
+            .committed_offsets(list, REQUEST_TIMEOUT)
+            .expect("committed offsets");
+        (0..partitions)
+            .map(|partition| {
+                match committed
+                    .find_partition(topic, partition)
+                    .map(|e| e.offset())
+                {
+                    Some(Offset::Offset(offset)) => Some(offset),
+                    _ => None,
+                }
+            })
+            .collect()
+    }
+
+    /// Commits `offsets` (one per partition, from 0) for `group` from outside the group, as
+    /// an operator's tool would while the group is empty.
+    pub fn commit_as_operator(&self, group: &str, topic: &str, offsets: &[i64]) {
+        let consumer: BaseConsumer = self.consumer_config(group).create().expect("consumer");
+        let mut list = TopicPartitionList::new();
+        for (partition, offset) in offsets.iter().enumerate() {
+            list.add_partition_offset(topic, partition as i32, Offset::Offset(*offset))
+                .expect("offset");
+        }
+        consumer.commit(&list, CommitMode::Sync).expect("commit");
+    }
+
+    /// `(low, high)` watermarks of every partition.
+    pub fn watermarks(&self, topic: &str, partitions: i32) -> Vec<(i64, i64)> {
+        let consumer: BaseConsumer = self
+            .consumer_config(&unique("watermarks"))
+            .create()
+            .expect("consumer");
+        (0..partitions)
+            .map(|partition| {
+                consumer
+                    .fetch_watermarks(topic, partition, REQUEST_TIMEOUT)
+                    .expect("watermarks")
+            })
+            .collect()
+    }
+}
+
+/// What [`consume_all`] saw: every record by (partition, offset), and how often.
+#[derive(Debug, Default)]
+pub struct Consumed {
+    pub records: HashMap<(i32, i64), (Vec<u8>, Vec<u8>)>,
+    pub deliveries: HashMap<(i32, i64), usize>,
+}
+
+/// Consumes `topic` with a group consumer until `expected` distinct records arrived (or
+/// `deadline` passed), then commits synchronously.
+pub async fn consume_all(
+    consumer: &StreamConsumer,
+    expected: usize,
+    deadline: Duration,
+) -> Consumed {
+    let mut consumed = Consumed::default();
+    let until = Instant::now() + deadline;
+    while consumed.records.len() < expected {
+        let left = until.saturating_duration_since(Instant::now());
+        let message = match tokio::time::timeout(left, consumer.recv()).await {
+            Ok(Ok(message)) => message,
+            Ok(Err(err)) => panic!("consumer error: {err}"),
+            Err(_) => break,
+        };
+        let at = (message.partition(), message.offset());
+        *consumed.deliveries.entry(at).or_default() += 1;
+        let key = message.key().unwrap_or_default().to_vec();
+        let payload = message.payload().unwrap_or_default().to_vec();
+        consumed.records.insert(at, (key, payload));
+    }
+    if !consumed.records.is_empty() {
+        consumer
+            .commit_consumer_state(CommitMode::Sync)
+            .expect("commit");
+    }
+    consumed
+}
