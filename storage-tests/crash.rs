@@ -83,6 +83,7 @@ fn child(dir: &Path, oracle: &Path, seed: u64) -> ! {
         .open(oracle)
         .expect("oracle file");
     let buffer = Buffer::open(dir, options()).expect("child opens the buffer");
+    oracle.write_all(b"opened\n").expect("oracle write");
     let mut states: HashMap<i32, PartitionState> = HashMap::new();
     for partition in 0..PARTITIONS {
         let state = match buffer.partition_state(TOPIC, partition).expect("state") {
@@ -289,6 +290,21 @@ fn check(dir: &Path, known: &HashMap<i32, Durable>, kill: usize) -> HashMap<i32,
     now
 }
 
+/// Waits until the child wrote "opened" to the oracle (bounded; fails if the child dies).
+fn wait_until_opened(oracle: &Path, child: &mut std::process::Child, kill: usize) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !std::fs::read_to_string(oracle).is_ok_and(|text| text.starts_with("opened")) {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            panic!("kill {kill}: child exited before opening the buffer ({status})");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "kill {kill}: child did not open the buffer within 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 #[test]
 fn crash_child_entry() {
     // Only does something when the crash test below launches this binary as its child.
@@ -340,8 +356,13 @@ fn sigkill_at_random_points_loses_nothing_synced() {
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn child");
+        // One kill in ten lands anywhere, recovery included; the others once the child has
+        // opened the buffer, so that most kills interrupt real work.
+        if rng.gen_range(0..10) != 0 {
+            wait_until_opened(&oracle, &mut child, kill);
+        }
         // The random kill instant is the point of the test, not a stand-in for waiting.
-        std::thread::sleep(Duration::from_millis(rng.gen_range(5..250)));
+        std::thread::sleep(Duration::from_millis(rng.gen_range(1..200)));
         if let Some(status) = child.try_wait().expect("try_wait") {
             let output = child.wait_with_output().expect("child output");
             panic!(

@@ -42,13 +42,34 @@ proptest! {
 #[test]
 fn a_crash_right_after_a_sync_keeps_everything() {
     let ops = [
-        Op::Reset { partition: 0, split: true, from: 10 },
-        Op::Append { partition: 0, lane: Lane::Catchup, back: 0, count: 300 },
-        Op::Append { partition: 0, lane: Lane::Live, back: 0, count: 50 },
-        Op::Commit { partition: 0, lane: Lane::Catchup, permille: 500 },
+        Op::Reset {
+            partition: 0,
+            split: true,
+            from: 10,
+        },
+        Op::Append {
+            partition: 0,
+            lane: Lane::Catchup,
+            back: 0,
+            count: 300,
+        },
+        Op::Append {
+            partition: 0,
+            lane: Lane::Live,
+            back: 0,
+            count: 50,
+        },
+        Op::Commit {
+            partition: 0,
+            lane: Lane::Catchup,
+            permille: 500,
+        },
         Op::Sync,
         Op::Crash,
-        Op::Read { partition: 0, lane: Lane::Catchup },
+        Op::Read {
+            partition: 0,
+            lane: Lane::Catchup,
+        },
     ];
     Harness::run(&ops).expect("model run");
 }
@@ -66,5 +87,9 @@ fn fuzz_corpus_replays_clean() {
         }
         replayed += 1;
     }
-    assert!(replayed >= 8, "only {replayed} seeds in {}", corpus.display());
+    assert!(
+        replayed >= 8,
+        "only {replayed} seeds in {}",
+        corpus.display()
+    );
 }

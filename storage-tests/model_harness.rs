@@ -21,15 +21,28 @@ pub const PARTITIONS: u8 = 3;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Op {
     /// Fetch `count` records into `lane` starting `back` offsets before `fetched_next`.
-    Append { partition: u8, lane: Lane, back: u8, count: u16 },
+    Append {
+        partition: u8,
+        lane: Lane,
+        back: u8,
+        count: u16,
+    },
     /// Read the lane from its committed offset and compare with the model.
     Read { partition: u8, lane: Lane },
     /// Commit `permille`/1000 of the way from `committed_next` to `fetched_next`.
-    Commit { partition: u8, lane: Lane, permille: u16 },
+    Commit {
+        partition: u8,
+        lane: Lane,
+        permille: u16,
+    },
     /// Drop everything of the partition.
     Discard { partition: u8 },
     /// Lay the partition out afresh (split or plain) under the next epoch.
-    Reset { partition: u8, split: bool, from: u16 },
+    Reset {
+        partition: u8,
+        split: bool,
+        from: u16,
+    },
     /// Make everything durable.
     Sync,
     /// Crash without sync and recover.
@@ -43,13 +56,30 @@ pub fn ops_from_bytes(data: &[u8]) -> Vec<Op> {
     data.chunks_exact(4)
         .map(|b| {
             let partition = b[1] % PARTITIONS;
-            let lane = if b[2] & 1 == 0 { Lane::Catchup } else { Lane::Live };
+            let lane = if b[2] & 1 == 0 {
+                Lane::Catchup
+            } else {
+                Lane::Live
+            };
             match b[0] % 16 {
-                0..=5 => Op::Append { partition, lane, back: b[2] >> 5, count: u16::from(b[3]) * 3 },
+                0..=5 => Op::Append {
+                    partition,
+                    lane,
+                    back: b[2] >> 5,
+                    count: u16::from(b[3]) * 3,
+                },
                 6..=7 => Op::Read { partition, lane },
-                8..=10 => Op::Commit { partition, lane, permille: u16::from(b[3]) * 4 },
+                8..=10 => Op::Commit {
+                    partition,
+                    lane,
+                    permille: u16::from(b[3]) * 4,
+                },
                 11 => Op::Discard { partition },
-                12 => Op::Reset { partition, split: b[2] & 2 == 0, from: u16::from(b[3]) },
+                12 => Op::Reset {
+                    partition,
+                    split: b[2] & 2 == 0,
+                    from: u16::from(b[3]),
+                },
                 13 => Op::Sync,
                 14 => Op::Crash,
                 _ => Op::Reopen,
@@ -103,15 +133,29 @@ fn lane_index(lane: Lane) -> usize {
 
 impl PartitionModel {
     fn new(layout: PartitionLayout) -> Self {
-        let catchup_start = layout.catchup_ranges.first().map_or(layout.live_from, |r| r.start);
-        let lane = |at: i64| LaneModel { fetched_next: at, committed_next: at, records: Vec::new() };
-        Self { lanes: [lane(catchup_start), lane(layout.live_from)], layout }
+        let catchup_start = layout
+            .catchup_ranges
+            .first()
+            .map_or(layout.live_from, |r| r.start);
+        let lane = |at: i64| LaneModel {
+            fetched_next: at,
+            committed_next: at,
+            records: Vec::new(),
+        };
+        Self {
+            lanes: [lane(catchup_start), lane(layout.live_from)],
+            layout,
+        }
     }
 
     /// The model's own rule for where a lane's offsets end (no shared code with the buffer).
     fn lane_end(&self, lane: Lane) -> i64 {
         match lane {
-            Lane::Catchup => self.layout.catchup_ranges.last().map_or(self.layout.live_from, |r| r.end),
+            Lane::Catchup => self
+                .layout
+                .catchup_ranges
+                .last()
+                .map_or(self.layout.live_from, |r| r.end),
             Lane::Live => i64::MAX,
         }
     }
@@ -147,7 +191,11 @@ pub struct Harness {
 }
 
 fn options() -> BufferOptions {
-    BufferOptions { chunk_target_bytes: 2048, flush_every_ms: None, ..BufferOptions::default() }
+    BufferOptions {
+        chunk_target_bytes: 2048,
+        flush_every_ms: None,
+        ..BufferOptions::default()
+    }
 }
 
 fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
@@ -173,8 +221,14 @@ impl Harness {
     /// A fresh buffer in a temporary directory.
     pub fn new() -> Result<Self, String> {
         let root = tempfile::tempdir().map_err(|e| e.to_string())?;
-        let mut harness =
-            Self { root, generation: 0, buffer: None, model: Observed::new(), since_sync: Vec::new(), next_epoch: 1 };
+        let mut harness = Self {
+            root,
+            generation: 0,
+            buffer: None,
+            model: Observed::new(),
+            since_sync: Vec::new(),
+            next_epoch: 1,
+        };
         harness.buffer = Some(Buffer::open(harness.dir(), options()).map_err(|e| e.to_string())?);
         harness.since_sync.push(harness.model.clone());
         Ok(harness)
@@ -185,14 +239,18 @@ impl Harness {
     }
 
     fn buffer(&self) -> Result<&Buffer, String> {
-        self.buffer.as_ref().ok_or_else(|| "no open buffer".to_string())
+        self.buffer
+            .as_ref()
+            .ok_or_else(|| "no open buffer".to_string())
     }
 
     /// Runs `ops` and checks after each one.
     pub fn run(ops: &[Op]) -> Result<(), String> {
         let mut harness = Self::new()?;
         for (index, op) in ops.iter().enumerate() {
-            harness.apply(op).map_err(|e| format!("op {index} {op:?}: {e}"))?;
+            harness
+                .apply(op)
+                .map_err(|e| format!("op {index} {op:?}: {e}"))?;
         }
         Ok(())
     }
@@ -201,45 +259,78 @@ impl Harness {
     pub fn apply(&mut self, op: &Op) -> Result<(), String> {
         let err = |e: catchup::store::StoreError| e.to_string();
         match *op {
-            Op::Append { partition, lane, back, count } => {
-                let Some(model) = self.model.get(&partition) else { return Ok(()) };
+            Op::Append {
+                partition,
+                lane,
+                back,
+                count,
+            } => {
+                let Some(model) = self.model.get(&partition) else {
+                    return Ok(());
+                };
                 let lane_model = &model.lanes[lane_index(lane)];
-                let start = (lane_model.fetched_next - i64::from(back)).max(lane_model.committed_next);
+                let start =
+                    (lane_model.fetched_next - i64::from(back)).max(lane_model.committed_next);
                 let records: Vec<Record> = (start..start + i64::from(count))
                     .map(|o| record(model.layout.epoch, partition, lane, o))
                     .collect();
                 self.buffer()?
-                    .append(lane, TOPIC, i32::from(partition), &records, start + i64::from(count))
+                    .append(
+                        lane,
+                        TOPIC,
+                        i32::from(partition),
+                        &records,
+                        start + i64::from(count),
+                    )
                     .map_err(err)?;
                 if let Some(model) = self.model.get_mut(&partition) {
                     model.append(lane, start, i64::from(count));
                 }
             }
             Op::Read { .. } => {} // every step compares the whole observable state below
-            Op::Commit { partition, lane, permille } => {
-                let Some(model) = self.model.get(&partition) else { return Ok(()) };
+            Op::Commit {
+                partition,
+                lane,
+                permille,
+            } => {
+                let Some(model) = self.model.get(&partition) else {
+                    return Ok(());
+                };
                 let lane_model = &model.lanes[lane_index(lane)];
                 let span = lane_model.fetched_next - lane_model.committed_next;
                 let upto = lane_model.committed_next + span * i64::from(permille.min(1000)) / 1000;
-                self.buffer()?.record_committed(lane, TOPIC, i32::from(partition), upto).map_err(err)?;
+                self.buffer()?
+                    .record_committed(lane, TOPIC, i32::from(partition), upto)
+                    .map_err(err)?;
                 if let Some(model) = self.model.get_mut(&partition) {
                     model.commit(lane, upto);
                 }
             }
             Op::Discard { partition } => {
-                self.buffer()?.discard_partition(TOPIC, i32::from(partition)).map_err(err)?;
+                self.buffer()?
+                    .discard_partition(TOPIC, i32::from(partition))
+                    .map_err(err)?;
                 self.model.remove(&partition);
             }
-            Op::Reset { partition, split, from } => {
+            Op::Reset {
+                partition,
+                split,
+                from,
+            } => {
                 let epoch = self.next_epoch;
                 self.next_epoch += 1;
                 let from = i64::from(from);
                 let layout = if split {
                     PartitionLayout::split(epoch, from, from + SPLIT_BACKLOG)
                 } else {
-                    PartitionLayout { epoch, ..PartitionLayout::plain(from) }
+                    PartitionLayout {
+                        epoch,
+                        ..PartitionLayout::plain(from)
+                    }
                 };
-                self.buffer()?.reset_partition(TOPIC, i32::from(partition), layout.clone()).map_err(err)?;
+                self.buffer()?
+                    .reset_partition(TOPIC, i32::from(partition), layout.clone())
+                    .map_err(err)?;
                 self.model.insert(partition, PartitionModel::new(layout));
             }
             Op::Sync => {
@@ -256,7 +347,10 @@ impl Harness {
         self.since_sync.push(self.model.clone());
         let observed = self.observe()?;
         if observed != self.model {
-            return Err(format!("buffer and model differ:\n buffer {observed:?}\n model  {:?}", self.model));
+            return Err(format!(
+                "buffer and model differ:\n buffer {observed:?}\n model  {:?}",
+                self.model
+            ));
         }
         Ok(())
     }
@@ -267,7 +361,8 @@ impl Harness {
         let to = self.dir();
         copy_dir(&from, &to).map_err(|e| format!("copying the crash image: {e}"))?;
         self.buffer = None;
-        let buffer = Buffer::open(&to, options()).map_err(|e| format!("reopen after crash: {e}"))?;
+        let buffer =
+            Buffer::open(&to, options()).map_err(|e| format!("reopen after crash: {e}"))?;
         let findings = buffer.verify().map_err(|e| e.to_string())?;
         if !findings.is_empty() {
             return Err(format!("verify after crash: {findings:?}"));
@@ -303,20 +398,28 @@ impl Harness {
                 let mut records = Vec::new();
                 let mut from = cursors.committed_next;
                 loop {
-                    let read = buffer.read(lane, TOPIC, i32::from(partition), from, 500).map_err(|e| e.to_string())?;
+                    let read = buffer
+                        .read(lane, TOPIC, i32::from(partition), from, 500)
+                        .map_err(|e| e.to_string())?;
                     if read.records.is_empty() {
                         break;
                     }
                     for r in read.records {
                         if r != record(state.layout.epoch, partition, lane, r.offset) {
-                            return Err(format!("record {} of p{partition} {lane} has the wrong content", r.offset));
+                            return Err(format!(
+                                "record {} of p{partition} {lane} has the wrong content",
+                                r.offset
+                            ));
                         }
                         records.push(r.offset);
                     }
                     from = read.next;
                 }
-                model.lanes[lane_index(lane)] =
-                    LaneModel { fetched_next: cursors.fetched_next, committed_next: cursors.committed_next, records };
+                model.lanes[lane_index(lane)] = LaneModel {
+                    fetched_next: cursors.fetched_next,
+                    committed_next: cursors.committed_next,
+                    records,
+                };
             }
             observed.insert(partition, model);
         }
