@@ -28,6 +28,7 @@ mod fsync;
 mod keys;
 mod read;
 mod record;
+mod snapshot;
 mod state;
 mod verify;
 mod write;
@@ -46,6 +47,7 @@ use bincode::{Decode, Encode};
 pub use codec::{CodecError, FORMAT_VERSION};
 pub use read::{BufferStats, LaneStats, PartitionStats, ReadBatch};
 pub use record::{Header, Record, Timestamp};
+pub use snapshot::Snapshot;
 pub use state::{LaneState, OffsetRange, PartitionLayout, PartitionState};
 pub use verify::Finding;
 pub use write::AppendOutcome;
@@ -93,6 +95,11 @@ pub struct BufferOptions {
     /// Upper bound on the encoded size of one chunk. Values above a quarter of sled's
     /// 512 KiB segment become separate blob files, which are slower; 64 KiB by default.
     pub chunk_target_bytes: usize,
+    /// How long `open` waits for the directory's lock. sled releases it only once its
+    /// background threads let go of the files, shortly after the previous handle in this
+    /// process was dropped; another process holding it gets [`StoreError::Locked`] after
+    /// this wait. 2 s by default.
+    pub lock_wait: std::time::Duration,
 }
 
 impl Default for BufferOptions {
@@ -101,6 +108,7 @@ impl Default for BufferOptions {
             cache_capacity: 64 << 20,
             flush_every_ms: Some(500),
             chunk_target_bytes: 64 << 10,
+            lock_wait: std::time::Duration::from_secs(2),
         }
     }
 }
@@ -224,39 +232,13 @@ impl Buffer {
         Self::open_dir(dir, options, true)
     }
 
-    /// Opens an existing buffer; never creates one. For the inspector and tools.
+    /// Opens an existing buffer; never creates one.
     pub fn open_existing(
         dir: impl AsRef<Path>,
         options: BufferOptions,
     ) -> Result<Self, StoreError> {
         let dir = dir.as_ref().to_path_buf();
-        match std::fs::metadata(&dir) {
-            Ok(meta) if meta.is_dir() => {}
-            Ok(_) => {
-                return Err(StoreError::NotABuffer {
-                    dir,
-                    reason: "it is not a directory".into(),
-                });
-            }
-            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
-                return Err(StoreError::Missing { dir });
-            }
-            Err(source) => {
-                return Err(StoreError::Io {
-                    dir,
-                    action: "reading the directory".into(),
-                    source,
-                });
-            }
-        }
-        for file in ["conf", "db"] {
-            if !dir.join(file).is_file() {
-                return Err(StoreError::NotABuffer {
-                    dir,
-                    reason: format!("the database file '{file}' is missing"),
-                });
-            }
-        }
+        snapshot::check_buffer_dir(&dir)?;
         Self::open_dir(dir, options, false)
     }
 
@@ -266,11 +248,24 @@ impl Buffer {
             .cache_capacity(options.cache_capacity)
             .flush_every_ms(options.flush_every_ms)
             .mode(sled::Mode::HighThroughput);
+        let deadline = std::time::Instant::now() + options.lock_wait;
         // sled 0.34 can panic on some damaged files instead of returning an error; a damaged
         // buffer must be a typed error, so the panic is contained here and reported as one.
-        let db = match catch_unwind(AssertUnwindSafe(|| config.open())) {
+        let db = match catch_unwind(AssertUnwindSafe(|| {
+            loop {
+                match config
+                    .open()
+                    .map_err(|err| classify_open_error(dir.clone(), err))
+                {
+                    Err(StoreError::Locked { .. }) if std::time::Instant::now() < deadline => {
+                        std::thread::sleep(std::time::Duration::from_millis(10));
+                    }
+                    result => return result,
+                }
+            }
+        })) {
             Ok(Ok(db)) => db,
-            Ok(Err(err)) => return Err(classify_open_error(dir, err)),
+            Ok(Err(err)) => return Err(err),
             Err(panic) => {
                 let reason = panic
                     .downcast_ref::<String>()
@@ -473,6 +468,38 @@ impl Buffer {
             topic: topic.to_owned(),
             partition,
             reason,
+        }
+    }
+}
+
+impl StoreError {
+    /// The same error, naming `dir` as the buffer directory (a snapshot reports the
+    /// original directory, not its private copy).
+    fn for_dir(self, dir: &Path) -> Self {
+        let dir = dir.to_path_buf();
+        match self {
+            StoreError::Io { action, source, .. } => StoreError::Io {
+                dir,
+                action,
+                source,
+            },
+            StoreError::Locked { .. } => StoreError::Locked { dir },
+            StoreError::Missing { .. } => StoreError::Missing { dir },
+            StoreError::NotABuffer { reason, .. } => StoreError::NotABuffer { dir, reason },
+            StoreError::NewerFormat { found, .. } => StoreError::NewerFormat { dir, found },
+            StoreError::Damaged { reason, .. } => StoreError::Damaged { dir, reason },
+            StoreError::Sled { source, .. } => StoreError::Sled { dir, source },
+            StoreError::Rejected {
+                topic,
+                partition,
+                reason,
+                ..
+            } => StoreError::Rejected {
+                dir,
+                topic,
+                partition,
+                reason,
+            },
         }
     }
 }

@@ -342,7 +342,11 @@ fn directory_is_private_and_locked() {
         .permissions()
         .mode();
     assert_eq!(mode & 0o777, 0o700);
-    let second = Buffer::open(&path, BufferOptions::default());
+    let short_wait = BufferOptions {
+        lock_wait: std::time::Duration::from_millis(50),
+        ..BufferOptions::default()
+    };
+    let second = Buffer::open(&path, short_wait);
     assert!(
         matches!(second, Err(StoreError::Locked { .. })),
         "{second:?}"

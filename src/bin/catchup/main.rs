@@ -1,0 +1,150 @@
+//! The `catchup` command line: offline tools for buffer directories.
+//!
+//! Exit codes: `0` success; `1` a run-time failure, or `verify` found problems; `2` bad usage
+//! or a buffer that cannot be opened (missing, not a buffer, damaged, newer format, in use).
+
+mod dump;
+mod inspect;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use catchup::store::{Buffer, Snapshot, StoreError};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "catchup",
+    version,
+    about = "Kafka consumers that do not fall behind after a crash"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Show what a buffer directory holds, per partition and lane (offline, read-only).
+    Inspect {
+        /// The buffer directory.
+        dir: PathBuf,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print buffered records as JSON lines, in delivery order (offline, read-only).
+    Dump(dump::DumpArgs),
+    /// Check every value, checksum, key and cursor of a buffer (offline, read-only).
+    Verify {
+        /// The buffer directory.
+        dir: PathBuf,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Why a command failed, and the exit code that says so.
+enum Failure {
+    /// The buffer cannot be opened, or the arguments are wrong: exit 2.
+    Usage(String),
+    /// Anything else: exit 1.
+    Runtime(String),
+}
+
+impl From<StoreError> for Failure {
+    fn from(err: StoreError) -> Self {
+        match err {
+            StoreError::Missing { .. }
+            | StoreError::NotABuffer { .. }
+            | StoreError::Damaged { .. }
+            | StoreError::NewerFormat { .. }
+            | StoreError::Locked { .. }
+            | StoreError::Io { .. } => Failure::Usage(err.to_string()),
+            other => Failure::Runtime(other.to_string()),
+        }
+    }
+}
+
+/// Opens a read-only snapshot of `dir`, with a progress bar when copying takes a while.
+fn open_snapshot(dir: &Path) -> Result<Snapshot, Failure> {
+    let bar = indicatif::ProgressBar::new(0).with_message("copying the buffer");
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{msg} {bar:30} {bytes}/{total_bytes} ({eta})")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let snapshot = Buffer::open_snapshot(dir, &mut |copied, total| {
+        bar.set_length(total);
+        bar.set_position(copied);
+    });
+    bar.finish_and_clear();
+    Ok(snapshot?)
+}
+
+fn run(cli: Cli) -> Result<ExitCode, Failure> {
+    match cli.command {
+        Command::Inspect { dir, json } => {
+            let snapshot = open_snapshot(&dir)?;
+            inspect::print(&dir, snapshot.buffer(), json)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Dump(args) => {
+            let snapshot = open_snapshot(&args.dir)?;
+            dump::print(&args, snapshot.buffer())?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Verify { dir, json } => {
+            let snapshot = open_snapshot(&dir)?;
+            let findings = snapshot.buffer().verify()?;
+            if json {
+                let findings: Vec<_> = findings
+                    .iter()
+                    .map(|f| serde_json::json!({ "location": f.location, "problem": f.problem }))
+                    .collect();
+                println!(
+                    "{}",
+                    serde_json::json!({ "dir": dir, "ok": findings.is_empty(), "findings": findings })
+                );
+            } else if findings.is_empty() {
+                println!("ok: {} is sound", dir.display());
+            } else {
+                for finding in &findings {
+                    println!("{finding}");
+                }
+                println!("{} finding(s) in {}", findings.len(), dir.display());
+            }
+            Ok(if findings.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse(); // exits 2 on bad usage, with clap's message
+    // A bug must not print a backtrace at the user: report it as one plain line.
+    std::panic::set_hook(Box::new(|_| {}));
+    match std::panic::catch_unwind(|| run(cli)) {
+        Ok(Ok(code)) => code,
+        Ok(Err(Failure::Usage(message))) => {
+            eprintln!("catchup: {message}");
+            ExitCode::from(2)
+        }
+        Ok(Err(Failure::Runtime(message))) => {
+            eprintln!("catchup: {message}");
+            ExitCode::from(1)
+        }
+        Err(panic) => {
+            let message = panic
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| panic.downcast_ref::<&str>().copied())
+                .unwrap_or("unknown");
+            eprintln!("catchup: internal error: {message}");
+            ExitCode::from(1)
+        }
+    }
+}

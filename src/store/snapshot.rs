@@ -1,0 +1,134 @@
+//! Read-only access to a buffer directory for the inspector: a private copy, opened.
+//!
+//! sled has no read-only mode (recovery may rewrite files), so tools never open the original:
+//! they take a shared lock on its database file — which fails while a consumer holds the
+//! directory — copy the files into a private temporary directory and open the copy.
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use super::{Buffer, BufferOptions, StoreError};
+
+/// A private, opened copy of a buffer directory. The original is never written.
+pub struct Snapshot {
+    buffer: Buffer,
+    // Dropped after the buffer (field order): the copy outlives the open database.
+    _copy: tempfile::TempDir,
+}
+
+impl Snapshot {
+    /// The opened copy.
+    pub fn buffer(&self) -> &Buffer {
+        &self.buffer
+    }
+}
+
+impl Buffer {
+    /// Opens a read-only snapshot of the buffer in `dir` (see the module docs). `progress`
+    /// is called with (bytes copied, bytes in total) while copying.
+    ///
+    /// Fails with [`StoreError::Locked`] while a consumer holds the directory, and with the
+    /// errors of [`Buffer::open_existing`] — naming `dir`, not the copy — for anything that
+    /// is not a readable buffer.
+    pub fn open_snapshot(
+        dir: impl AsRef<Path>,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Snapshot, StoreError> {
+        let dir = dir.as_ref().to_path_buf();
+        check_buffer_dir(&dir)?;
+        let io = |action: &str, source| StoreError::Io {
+            dir: dir.clone(),
+            action: action.into(),
+            source,
+        };
+        let db_file = File::open(dir.join("db")).map_err(|e| io("opening the database file", e))?;
+        // A consumer holds an exclusive flock on `db` for as long as it has the buffer open.
+        // SAFETY: flock on a valid, owned file descriptor; no memory is involved.
+        if unsafe { libc::flock(db_file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } != 0 {
+            let err = std::io::Error::last_os_error();
+            return Err(match err.raw_os_error() {
+                Some(libc::EWOULDBLOCK) => StoreError::Locked { dir },
+                _ => io("locking the database file", err),
+            });
+        }
+        let copy = tempfile::Builder::new()
+            .prefix("catchup-snapshot-")
+            .tempdir()
+            .map_err(|e| io("creating a temporary directory for the snapshot", e))?;
+        let total = tree_bytes(&dir).map_err(|e| io("reading the directory", e))?;
+        let mut copied = 0;
+        copy_tree(&dir, copy.path(), &mut |bytes| {
+            copied += bytes;
+            progress(copied, total);
+        })
+        .map_err(|e| io("copying into the snapshot", e))?;
+        drop(db_file); // releases the shared lock
+        let buffer = Buffer::open_dir(copy.path().to_path_buf(), BufferOptions::default(), false)
+            .map_err(|err| err.for_dir(&dir))?;
+        Ok(Snapshot {
+            buffer,
+            _copy: copy,
+        })
+    }
+}
+
+/// The checks of [`Buffer::open_existing`]: a directory holding sled's files.
+pub(crate) fn check_buffer_dir(dir: &Path) -> Result<(), StoreError> {
+    match std::fs::metadata(dir) {
+        Ok(meta) if meta.is_dir() => {}
+        Ok(_) => {
+            return Err(StoreError::NotABuffer {
+                dir: dir.into(),
+                reason: "it is not a directory".into(),
+            });
+        }
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+            return Err(StoreError::Missing { dir: dir.into() });
+        }
+        Err(source) => {
+            return Err(StoreError::Io {
+                dir: dir.into(),
+                action: "reading the directory".into(),
+                source,
+            });
+        }
+    }
+    for file in ["conf", "db"] {
+        if !dir.join(file).is_file() {
+            return Err(StoreError::NotABuffer {
+                dir: dir.into(),
+                reason: format!("the database file '{file}' is missing"),
+            });
+        }
+    }
+    Ok(())
+}
+
+fn tree_bytes(dir: &Path) -> std::io::Result<u64> {
+    let mut total = 0;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let meta = entry.metadata()?;
+        total += if meta.is_dir() {
+            tree_bytes(&entry.path())?
+        } else {
+            meta.len()
+        };
+    }
+    Ok(total)
+}
+
+fn copy_tree(from: &Path, to: &Path, copied: &mut dyn FnMut(u64)) -> std::io::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target: PathBuf = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_tree(&entry.path(), &target, copied)?;
+        } else {
+            copied(std::fs::copy(entry.path(), &target)?);
+        }
+    }
+    Ok(())
+}
