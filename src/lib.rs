@@ -4,4 +4,5 @@
 //!
 //! * [`store`] — the crash-safe on-disk buffer (sled) both lanes write into.
 
+pub mod plan;
 pub mod store;

@@ -1,0 +1,125 @@
+//! Which offsets of a lane are processed: deliveries in order, acknowledgements in any order,
+//! and the committable offset — the first delivered offset not yet acknowledged.
+
+use std::collections::BTreeMap;
+
+/// Tracks deliveries and acks of one lane of one partition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AckTracker {
+    /// Everything below is processed.
+    committable: i64,
+    /// Delivered, by offset: acked or not, and the record's size in bytes.
+    outstanding: BTreeMap<i64, (bool, usize)>,
+    /// Where the next delivery's range starts (the offset after the last delivered, or after
+    /// a gap the reader skipped).
+    delivered_next: i64,
+}
+
+impl AckTracker {
+    /// Nothing delivered; everything below `start` is processed.
+    pub fn new(start: i64) -> Self {
+        Self {
+            committable: start,
+            outstanding: BTreeMap::new(),
+            delivered_next: start,
+        }
+    }
+
+    /// Records that `offset` (of `bytes` bytes) was handed to the application. Offsets must
+    /// increase; offsets between deliveries (compaction, markers) count as processed once
+    /// everything before them is.
+    pub fn delivered(&mut self, offset: i64, bytes: usize) {
+        if offset >= self.delivered_next {
+            self.outstanding.insert(offset, (false, bytes));
+            self.delivered_next = offset + 1;
+        }
+    }
+
+    /// Marks the lane read through `next` (exclusive) even where no record was delivered.
+    pub fn read_through(&mut self, next: i64) {
+        self.delivered_next = self.delivered_next.max(next);
+        self.advance();
+    }
+
+    /// Acknowledges `offset`; returns the bytes it frees once committed (0 if unknown).
+    pub fn ack(&mut self, offset: i64) -> usize {
+        let bytes = match self.outstanding.get_mut(&offset) {
+            Some(entry) if !entry.0 => {
+                entry.0 = true;
+                entry.1
+            }
+            _ => 0,
+        };
+        self.advance();
+        bytes
+    }
+
+    fn advance(&mut self) {
+        while let Some((&offset, &(acked, _))) = self.outstanding.first_key_value() {
+            if !acked {
+                self.committable = self.committable.max(offset);
+                return;
+            }
+            self.outstanding.remove(&offset);
+        }
+        self.committable = self.committable.max(self.delivered_next);
+    }
+
+    /// The offset Kafka may hold: every offset below it is processed.
+    pub fn committable(&self) -> i64 {
+        self.committable
+    }
+
+    /// Delivered records not acknowledged yet.
+    pub fn unacked(&self) -> usize {
+        self.outstanding
+            .values()
+            .filter(|(acked, _)| !acked)
+            .count()
+    }
+
+    /// The offset after the last delivered record (or read-through point).
+    pub fn delivered_next(&self) -> i64 {
+        self.delivered_next
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn committable_is_the_first_unacked_delivery() {
+        let mut acks = AckTracker::new(70);
+        for offset in [70, 71, 72, 75] {
+            acks.delivered(offset, 10);
+        }
+        assert_eq!(acks.committable(), 70);
+        assert_eq!(acks.ack(71), 10);
+        assert_eq!(acks.committable(), 70, "70 is still unacked");
+        acks.ack(70);
+        assert_eq!(acks.committable(), 72);
+        acks.ack(75);
+        assert_eq!(acks.committable(), 72);
+        acks.ack(72);
+        assert_eq!(
+            acks.committable(),
+            76,
+            "the gap 73..75 is covered once 72 and 75 are done"
+        );
+        assert_eq!(acks.ack(72), 0, "a second ack frees nothing");
+        assert_eq!(acks.unacked(), 0);
+    }
+
+    #[test]
+    fn read_through_covers_gaps_at_the_end() {
+        let mut acks = AckTracker::new(0);
+        acks.delivered(0, 1);
+        acks.read_through(10);
+        assert_eq!(acks.committable(), 0);
+        acks.ack(0);
+        assert_eq!(acks.committable(), 10);
+        acks.delivered(5, 1); // below delivered_next: ignored
+        assert_eq!(acks.committable(), 10);
+    }
+}

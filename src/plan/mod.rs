@@ -1,0 +1,20 @@
+//! Pure decisions, no I/O: the split token and side-entry formats, reconciliation on
+//! assignment, and the tracking of acknowledged offsets. The Kafka adapters gather inputs,
+//! call these functions and apply what they return; the table tests and model tests drive
+//! them directly.
+
+mod acks;
+mod reconcile;
+mod side_entry;
+mod token;
+
+pub use acks::AckTracker;
+pub use reconcile::{
+    Committed, Decision, Inputs, LocalAction, MainLogCommit, OffsetReset, PlanEvent, SideWrite,
+    clip_ranges, local_action, reconcile,
+};
+pub use side_entry::{SideEntry, parse_side_key, side_key};
+pub use token::{MAX_METADATA_BYTES, SplitToken};
+
+#[cfg(test)]
+mod reconcile_tests;

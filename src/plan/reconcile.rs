@@ -1,0 +1,400 @@
+//! Reconciliation on assignment (DESIGN §5): from what Kafka and the local buffer say about a
+//! partition, decide where each lane starts, what to write to the main and side logs, and
+//! which local records stay. Pure: the caller gathers the inputs and applies the decision.
+
+use super::{SideEntry, SplitToken};
+use crate::store::{OffsetRange, PartitionLayout, PartitionState};
+
+/// Where to start when the group has no committed offset (`auto.offset.reset`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OffsetReset {
+    /// The low watermark.
+    Earliest,
+    /// The high watermark.
+    Latest,
+}
+
+/// The group's committed offset and its metadata string.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Committed {
+    /// `G`: the first offset not yet processed.
+    pub offset: i64,
+    /// The metadata committed with it (the split token while split).
+    pub metadata: String,
+}
+
+/// Everything reconciliation looks at for one partition.
+#[derive(Debug, Clone)]
+pub struct Inputs<'a> {
+    /// The main log's commit, `None` when the group never committed this partition.
+    pub committed: Option<&'a Committed>,
+    /// The side entry, `None` when there is none (or it did not decode).
+    pub side: Option<&'a SideEntry>,
+    /// Low watermark.
+    pub low: i64,
+    /// High watermark (the last stable offset under `read_committed`).
+    pub high: i64,
+    /// Split when the backlog is at least this; `None` never splits (mode `Off`).
+    pub min_lag: Option<u64>,
+    /// `auto.offset.reset` of the group member.
+    pub reset: OffsetReset,
+    /// The local buffer's state of the partition, if any.
+    pub local: Option<&'a PartitionState>,
+}
+
+/// A write to the main log (a commit by the group member).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MainLogCommit {
+    /// The offset to commit.
+    pub offset: i64,
+    /// The metadata: a split token, or empty.
+    pub metadata: String,
+}
+
+/// What to do with the side entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SideWrite {
+    /// Leave it as it is.
+    Keep,
+    /// Write this entry.
+    Write(SideEntry),
+    /// Delete it (stale, or merged).
+    Tombstone,
+}
+
+/// What to do with the local buffer's records of the partition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LocalAction {
+    /// Keep them; move the committed cursors up to what Kafka holds.
+    Reuse {
+        /// New `committed_next` of the catch-up lane.
+        catchup_committed: i64,
+        /// New `committed_next` of the live lane.
+        live_committed: i64,
+    },
+    /// Drop them and lay the partition out as decided.
+    Reset {
+        /// Why the local records cannot be used (`None`: there were none).
+        reason: Option<String>,
+    },
+}
+
+/// Something worth telling the application about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PlanEvent {
+    /// Retention removed `[from, to)` before it was processed.
+    Truncated {
+        /// The committed offset that no longer exists.
+        from: i64,
+        /// The low watermark processing continues from.
+        to: i64,
+    },
+    /// A new split: catch-up `[from, boundary)`, live from `boundary`.
+    SplitStarted {
+        /// New epoch.
+        epoch: u64,
+        /// Start of the catch-up lane.
+        from: i64,
+        /// The boundary.
+        boundary: i64,
+    },
+    /// An unfinished split resumes.
+    SplitResumed {
+        /// Its epoch.
+        epoch: u64,
+    },
+    /// The side entry could not be trusted (other epoch, no token, or reset offsets).
+    StaleSideEntry {
+        /// Its epoch.
+        epoch: u64,
+    },
+    /// The main log held a token without a matching side entry.
+    StaleToken {
+        /// Its epoch.
+        epoch: u64,
+    },
+    /// A merge interrupted by a crash is finished now.
+    MergeFinished {
+        /// The offset the main log moves to.
+        offset: i64,
+    },
+}
+
+/// The outcome of reconciliation for one partition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    /// The lanes when laid out afresh.
+    pub layout: PartitionLayout,
+    /// The token in effect afterwards (`None`: not split).
+    pub token: Option<SplitToken>,
+    /// The side entry in effect afterwards.
+    pub side_entry: Option<SideEntry>,
+    /// A commit to write to the main log first, if any.
+    pub main_log: Option<MainLogCommit>,
+    /// What to do with the side entry.
+    pub side: SideWrite,
+    /// What to do with the local records.
+    pub local: LocalAction,
+    /// Events to report.
+    pub events: Vec<PlanEvent>,
+}
+
+/// Clips `ranges` to `[from, ∞)`: ranges wholly below go, a range containing `from` starts
+/// there.
+pub fn clip_ranges(ranges: &[OffsetRange], from: i64) -> Vec<OffsetRange> {
+    ranges
+        .iter()
+        .filter(|range| range.end > from)
+        .map(|range| OffsetRange::new(range.start.max(from), range.end))
+        .collect()
+}
+
+/// Decides one partition (see the module docs and DESIGN §5).
+pub fn reconcile(inputs: &Inputs<'_>) -> Decision {
+    let mut events = Vec::new();
+    let reset_to = match inputs.reset {
+        OffsetReset::Earliest => inputs.low,
+        OffsetReset::Latest => inputs.high,
+    };
+    let (mut committed, metadata) = match inputs.committed {
+        Some(c) => (c.offset, c.metadata.as_str()),
+        None => (reset_to, ""),
+    };
+    if committed < inputs.low {
+        events.push(PlanEvent::Truncated {
+            from: committed,
+            to: inputs.low,
+        });
+        committed = inputs.low;
+    } else if committed > inputs.high {
+        // The log is shorter than the commit (recreated or truncated topic): Kafka's own
+        // out-of-range rule applies.
+        committed = reset_to;
+    }
+    let token = SplitToken::decode(metadata);
+    let epochs = [
+        token.map(|t| t.epoch),
+        inputs.side.map(|s| s.epoch),
+        inputs.local.map(|l| l.layout.epoch),
+    ];
+    let next_epoch = epochs.into_iter().flatten().max().unwrap_or(0) + 1;
+
+    if let (Some(token), Some(side)) = (token, inputs.side) {
+        if side.epoch == token.epoch && side.boundary == token.boundary {
+            let ranges = clip_ranges(&side.ranges, committed);
+            if committed < token.boundary && !ranges.is_empty() {
+                return resume(inputs, committed, token, side, ranges, next_epoch, events);
+            }
+            // Catch-up done, merge unfinished: finish it.
+            let offset = committed.max(side.live_next);
+            events.push(PlanEvent::MergeFinished { offset });
+            let layout = PartitionLayout::plain(offset);
+            let local = local_action(inputs.local, &layout, offset, offset);
+            return Decision {
+                layout,
+                token: None,
+                side_entry: None,
+                main_log: Some(MainLogCommit {
+                    offset,
+                    metadata: String::new(),
+                }),
+                side: SideWrite::Tombstone,
+                local,
+                events,
+            };
+        }
+    }
+    if let Some(token) = token {
+        events.push(PlanEvent::StaleToken { epoch: token.epoch });
+    }
+    if let Some(side) = inputs.side {
+        events.push(PlanEvent::StaleSideEntry { epoch: side.epoch });
+    }
+    let side = if inputs.side.is_some() {
+        SideWrite::Tombstone
+    } else {
+        SideWrite::Keep
+    };
+    fresh(inputs, committed, token.is_some(), side, next_epoch, events)
+}
+
+/// No usable split: a new one when the backlog is large enough, else plain from `committed`.
+fn fresh(
+    inputs: &Inputs<'_>,
+    committed: i64,
+    clear_token: bool,
+    side: SideWrite,
+    next_epoch: u64,
+    mut events: Vec<PlanEvent>,
+) -> Decision {
+    let backlog = inputs.high.saturating_sub(committed);
+    if inputs
+        .min_lag
+        .is_some_and(|min_lag| backlog > 0 && backlog as u64 >= min_lag)
+    {
+        let token = SplitToken {
+            epoch: next_epoch,
+            from: committed,
+            boundary: inputs.high,
+        };
+        let entry = SideEntry {
+            epoch: next_epoch,
+            boundary: inputs.high,
+            ranges: vec![OffsetRange::new(committed, inputs.high)],
+            live_next: inputs.high,
+        };
+        events.push(PlanEvent::SplitStarted {
+            epoch: next_epoch,
+            from: committed,
+            boundary: inputs.high,
+        });
+        let layout = PartitionLayout::split(next_epoch, committed, inputs.high);
+        return Decision {
+            local: local_action(inputs.local, &layout, committed, inputs.high),
+            layout,
+            token: Some(token),
+            side_entry: Some(entry.clone()),
+            main_log: Some(MainLogCommit {
+                offset: committed,
+                metadata: token.encode(),
+            }),
+            side: SideWrite::Write(entry),
+            events,
+        };
+    }
+    let layout = PartitionLayout::plain(committed);
+    let main_log = clear_token.then(|| MainLogCommit {
+        offset: committed,
+        metadata: String::new(),
+    });
+    Decision {
+        local: local_action(inputs.local, &layout, committed, committed),
+        layout,
+        token: None,
+        side_entry: None,
+        main_log,
+        side,
+        events,
+    }
+}
+
+/// A trusted split resumes at `committed` for the catch-up lane and the side entry's
+/// `live_next` for the live lane — re-split when the live lane is itself far behind.
+fn resume(
+    inputs: &Inputs<'_>,
+    committed: i64,
+    token: SplitToken,
+    side: &SideEntry,
+    mut ranges: Vec<OffsetRange>,
+    next_epoch: u64,
+    mut events: Vec<PlanEvent>,
+) -> Decision {
+    let live_backlog = inputs.high.saturating_sub(side.live_next);
+    let resplit = inputs
+        .min_lag
+        .is_some_and(|min_lag| live_backlog > 0 && live_backlog as u64 >= min_lag);
+    if !resplit {
+        events.push(PlanEvent::SplitResumed { epoch: token.epoch });
+        let layout = PartitionLayout {
+            epoch: token.epoch,
+            catchup_ranges: ranges,
+            live_from: side.live_next,
+        };
+        return Decision {
+            local: local_action(inputs.local, &layout, committed, side.live_next),
+            layout,
+            token: Some(token),
+            side_entry: Some(side.clone()),
+            main_log: None,
+            side: SideWrite::Keep,
+            events,
+        };
+    }
+    // The live lane's own backlog becomes one more catch-up range under a new epoch.
+    ranges.push(OffsetRange::new(side.live_next, inputs.high));
+    let token = SplitToken {
+        epoch: next_epoch,
+        from: committed,
+        boundary: inputs.high,
+    };
+    let entry = SideEntry {
+        epoch: next_epoch,
+        boundary: inputs.high,
+        ranges: ranges.clone(),
+        live_next: inputs.high,
+    };
+    events.push(PlanEvent::SplitStarted {
+        epoch: next_epoch,
+        from: side.live_next,
+        boundary: inputs.high,
+    });
+    let layout = PartitionLayout {
+        epoch: next_epoch,
+        catchup_ranges: ranges,
+        live_from: inputs.high,
+    };
+    Decision {
+        local: local_action(inputs.local, &layout, committed, inputs.high),
+        layout,
+        token: Some(token),
+        side_entry: Some(entry.clone()),
+        main_log: Some(MainLogCommit {
+            offset: committed,
+            metadata: token.encode(),
+        }),
+        side: SideWrite::Write(entry),
+        events,
+    }
+}
+
+/// Local records are reused only when they belong to the same split and cover, without a
+/// gap, everything from Kafka's committed positions on.
+pub fn local_action(
+    local: Option<&PartitionState>,
+    layout: &PartitionLayout,
+    catchup_committed: i64,
+    live_committed: i64,
+) -> LocalAction {
+    let Some(local) = local else {
+        return LocalAction::Reset { reason: None };
+    };
+    let reset = |reason: String| LocalAction::Reset {
+        reason: Some(reason),
+    };
+    if local.layout.epoch != layout.epoch {
+        return reset(format!(
+            "local epoch {} is not Kafka's epoch {}",
+            local.layout.epoch, layout.epoch
+        ));
+    }
+    let local_catchup = clip_ranges(&local.layout.catchup_ranges, catchup_committed);
+    let wanted_catchup = clip_ranges(&layout.catchup_ranges, catchup_committed);
+    if local_catchup != wanted_catchup || local.layout.live_from > layout.live_from {
+        return reset(format!(
+            "local layout {:?} does not match {:?}",
+            local.layout, layout
+        ));
+    }
+    let catchup_committed = local.normalize(crate::store::Lane::Catchup, catchup_committed);
+    let catchup_end = local
+        .layout
+        .catchup_end()
+        .unwrap_or(local.catchup.fetched_next);
+    // The buffer never reads below its own committed cursor, so Kafka's position must be at
+    // or past it (it is, unless someone moved the group back) and not past what was fetched.
+    let catchup_ok = catchup_committed >= catchup_end
+        || (local.catchup.committed_next <= catchup_committed
+            && catchup_committed <= local.catchup.fetched_next);
+    let live_ok =
+        local.live.committed_next <= live_committed && live_committed <= local.live.fetched_next;
+    if !(catchup_ok && live_ok) {
+        return reset(format!(
+            "local positions {:?}/{:?} do not cover Kafka's {catchup_committed}/{live_committed}",
+            local.catchup, local.live
+        ));
+    }
+    LocalAction::Reuse {
+        catchup_committed: catchup_committed.min(catchup_end),
+        live_committed,
+    }
+}

@@ -1,0 +1,325 @@
+//! Table tests of reconciliation: every row of DESIGN §5 and every crash point between two
+//! writes.
+
+use super::*;
+use crate::store::{OffsetRange, PartitionLayout, PartitionState};
+
+const MIN_LAG: Option<u64> = Some(10);
+
+fn committed(offset: i64, metadata: &str) -> Committed {
+    Committed {
+        offset,
+        metadata: metadata.to_owned(),
+    }
+}
+
+fn token(epoch: u64, from: i64, boundary: i64) -> String {
+    SplitToken {
+        epoch,
+        from,
+        boundary,
+    }
+    .encode()
+}
+
+fn side(epoch: u64, boundary: i64, ranges: &[(i64, i64)], live_next: i64) -> SideEntry {
+    SideEntry {
+        epoch,
+        boundary,
+        ranges: ranges
+            .iter()
+            .map(|&(s, e)| OffsetRange::new(s, e))
+            .collect(),
+        live_next,
+    }
+}
+
+fn inputs<'a>(
+    committed: Option<&'a Committed>,
+    side: Option<&'a SideEntry>,
+    high: i64,
+) -> Inputs<'a> {
+    Inputs {
+        committed,
+        side,
+        low: 0,
+        high,
+        min_lag: MIN_LAG,
+        reset: OffsetReset::Earliest,
+        local: None,
+    }
+}
+
+#[test]
+fn no_commit_uses_auto_offset_reset_then_splits_or_not() {
+    let d = reconcile(&inputs(None, None, 50));
+    assert_eq!(d.layout, PartitionLayout::split(1, 0, 50));
+    assert_eq!(
+        d.main_log,
+        Some(MainLogCommit {
+            offset: 0,
+            metadata: token(1, 0, 50)
+        })
+    );
+    assert_eq!(d.side, SideWrite::Write(side(1, 50, &[(0, 50)], 50)));
+
+    let d = reconcile(&Inputs {
+        reset: OffsetReset::Latest,
+        ..inputs(None, None, 50)
+    });
+    assert_eq!(
+        (d.layout, d.main_log, d.side),
+        (PartitionLayout::plain(50), None, SideWrite::Keep)
+    );
+}
+
+#[test]
+fn proposal_example_splits_at_the_log_end() {
+    // Commit at 70, log end 120 on return: boundary 120, catch-up 70..120, live from 120.
+    let c = committed(70, "");
+    let d = reconcile(&inputs(Some(&c), None, 120));
+    assert_eq!(d.layout, PartitionLayout::split(1, 70, 120));
+    assert_eq!(
+        d.token,
+        Some(SplitToken {
+            epoch: 1,
+            from: 70,
+            boundary: 120
+        })
+    );
+    assert_eq!(
+        d.events,
+        vec![PlanEvent::SplitStarted {
+            epoch: 1,
+            from: 70,
+            boundary: 120
+        }]
+    );
+    assert_eq!(d.local, LocalAction::Reset { reason: None });
+}
+
+#[test]
+fn small_backlog_or_off_mode_does_not_split() {
+    let c = committed(115, "");
+    let d = reconcile(&inputs(Some(&c), None, 120));
+    assert_eq!((d.layout, d.main_log), (PartitionLayout::plain(115), None));
+    let c = committed(0, "");
+    let off = Inputs {
+        min_lag: None,
+        ..inputs(Some(&c), None, 1000)
+    };
+    assert_eq!(reconcile(&off).layout, PartitionLayout::plain(0));
+    let caught_up = committed(120, "");
+    assert_eq!(
+        reconcile(&inputs(Some(&caught_up), None, 120)).layout,
+        PartitionLayout::plain(120)
+    );
+}
+
+#[test]
+fn trusted_split_resumes_with_clipped_ranges() {
+    let c = committed(90, &token(4, 70, 120));
+    let s = side(4, 120, &[(70, 120)], 125);
+    let d = reconcile(&inputs(Some(&c), Some(&s), 128));
+    assert_eq!(
+        d.layout,
+        PartitionLayout {
+            epoch: 4,
+            catchup_ranges: vec![OffsetRange::new(90, 120)],
+            live_from: 125
+        }
+    );
+    assert_eq!((d.main_log, d.side), (None, SideWrite::Keep));
+    assert_eq!(d.events, vec![PlanEvent::SplitResumed { epoch: 4 }]);
+}
+
+#[test]
+fn resumed_split_whose_live_lane_fell_behind_splits_again() {
+    let c = committed(90, &token(4, 70, 120));
+    let s = side(4, 120, &[(70, 120)], 125);
+    let d = reconcile(&inputs(Some(&c), Some(&s), 400));
+    let ranges = vec![OffsetRange::new(90, 120), OffsetRange::new(125, 400)];
+    assert_eq!(
+        d.layout,
+        PartitionLayout {
+            epoch: 5,
+            catchup_ranges: ranges.clone(),
+            live_from: 400
+        }
+    );
+    assert_eq!(
+        d.main_log,
+        Some(MainLogCommit {
+            offset: 90,
+            metadata: token(5, 90, 400)
+        })
+    );
+    assert_eq!(
+        d.side,
+        SideWrite::Write(SideEntry {
+            epoch: 5,
+            boundary: 400,
+            ranges,
+            live_next: 400
+        })
+    );
+}
+
+#[test]
+fn catchup_done_but_merge_unfinished_is_merged() {
+    let c = committed(120, &token(4, 70, 120));
+    let s = side(4, 120, &[(70, 120)], 160);
+    let d = reconcile(&inputs(Some(&c), Some(&s), 170));
+    assert_eq!(d.layout, PartitionLayout::plain(160));
+    assert_eq!(
+        d.main_log,
+        Some(MainLogCommit {
+            offset: 160,
+            metadata: String::new()
+        })
+    );
+    assert_eq!(d.side, SideWrite::Tombstone);
+    assert_eq!(d.events, vec![PlanEvent::MergeFinished { offset: 160 }]);
+}
+
+#[test]
+fn token_without_matching_side_entry_is_stale() {
+    // Crash point: the token was committed, the side entry not yet written.
+    let c = committed(70, &token(4, 70, 120));
+    let d = reconcile(&inputs(Some(&c), None, 125));
+    assert_eq!(
+        d.layout,
+        PartitionLayout::split(5, 70, 125),
+        "reprocess from G under a new epoch"
+    );
+    assert_eq!(d.events[0], PlanEvent::StaleToken { epoch: 4 });
+    // Same with a side entry of another epoch, which is deleted too.
+    let s = side(3, 100, &[(50, 100)], 110);
+    let d = reconcile(&inputs(Some(&c), Some(&s), 125));
+    assert_eq!(d.side, SideWrite::Write(side(5, 125, &[(70, 125)], 125)));
+    assert!(d.events.contains(&PlanEvent::StaleSideEntry { epoch: 3 }));
+    // Small backlog: plain, and the stale token is cleared from the main log.
+    let d = reconcile(&inputs(Some(&c), None, 72));
+    assert_eq!(d.layout, PartitionLayout::plain(70));
+    assert_eq!(
+        d.main_log,
+        Some(MainLogCommit {
+            offset: 70,
+            metadata: String::new()
+        })
+    );
+}
+
+#[test]
+fn side_entry_without_token_is_stale() {
+    // Crash point: side entry written before the token; or the merge committed and crashed
+    // before the tombstone; or an operator reset the offsets (which clears metadata).
+    let s = side(4, 120, &[(70, 120)], 130);
+    for (name, c) in [
+        ("side first", committed(70, "")),
+        ("merge", committed(130, "")),
+        ("reset", committed(20, "")),
+    ] {
+        let d = reconcile(&inputs(Some(&c), Some(&s), 135));
+        assert!(
+            d.events.contains(&PlanEvent::StaleSideEntry { epoch: 4 }),
+            "{name}"
+        );
+        assert!(d.side != SideWrite::Keep, "{name}: the stale entry must go");
+        let start = d
+            .layout
+            .catchup_ranges
+            .first()
+            .map_or(d.layout.live_from, |r| r.start);
+        assert_eq!(
+            start, c.offset,
+            "{name}: processing restarts at the main log's offset"
+        );
+        assert!(
+            d.layout.epoch == 0 || d.layout.epoch == 5,
+            "{name}: a new split never reuses epoch 4"
+        );
+    }
+}
+
+#[test]
+fn retention_truncation_is_reported_and_skipped() {
+    let c = committed(20, "");
+    let d = reconcile(&Inputs {
+        low: 50,
+        ..inputs(Some(&c), None, 55)
+    });
+    assert_eq!(d.events, vec![PlanEvent::Truncated { from: 20, to: 50 }]);
+    assert_eq!(d.layout, PartitionLayout::plain(50));
+}
+
+#[test]
+fn commit_beyond_the_log_end_follows_auto_offset_reset() {
+    let c = committed(900, "");
+    assert_eq!(
+        reconcile(&inputs(Some(&c), None, 5)).layout,
+        PartitionLayout::plain(0)
+    );
+}
+
+#[test]
+fn local_records_are_reused_only_when_they_fit() {
+    let mut local = PartitionState::new(PartitionLayout::split(4, 70, 120));
+    local.catchup.fetched_next = 110;
+    local.catchup.committed_next = 80;
+    local.live.fetched_next = 140;
+    let c = committed(90, &token(4, 70, 120));
+    let s = side(4, 120, &[(70, 120)], 125);
+    let with_local = Inputs {
+        local: Some(&local),
+        ..inputs(Some(&c), Some(&s), 130)
+    };
+    let d = reconcile(&with_local);
+    assert_eq!(
+        d.local,
+        LocalAction::Reuse {
+            catchup_committed: 90,
+            live_committed: 125
+        }
+    );
+
+    // Kafka's live position beyond what was fetched locally: a hole, so refetch.
+    let s_far = side(4, 120, &[(70, 120)], 145);
+    let d = reconcile(&Inputs {
+        side: Some(&s_far),
+        ..with_local.clone()
+    });
+    assert!(
+        matches!(d.local, LocalAction::Reset { reason: Some(_) }),
+        "{:?}",
+        d.local
+    );
+    // Another epoch.
+    let other = PartitionState::new(PartitionLayout::split(3, 70, 120));
+    let d = reconcile(&Inputs {
+        local: Some(&other),
+        ..with_local.clone()
+    });
+    assert!(matches!(d.local, LocalAction::Reset { reason: Some(_) }));
+    // The group moved back below what the buffer already counts as committed.
+    let back = committed(75, &token(4, 70, 120));
+    let d = reconcile(&Inputs {
+        committed: Some(&back),
+        ..with_local
+    });
+    assert!(matches!(d.local, LocalAction::Reset { reason: Some(_) }));
+    // Plain partitions: reuse while Kafka's offset is inside the fetched live lane.
+    let mut plain = PartitionState::new(PartitionLayout::plain(10));
+    plain.live.fetched_next = 30;
+    assert_eq!(
+        local_action(Some(&plain), &PartitionLayout::plain(25), 25, 25),
+        LocalAction::Reuse {
+            catchup_committed: 10,
+            live_committed: 25
+        }
+    );
+    assert!(matches!(
+        local_action(Some(&plain), &PartitionLayout::plain(31), 31, 31),
+        LocalAction::Reset { .. }
+    ));
+}
