@@ -4,11 +4,13 @@
 //! them directly.
 
 mod acks;
+mod commit;
 mod reconcile;
 mod side_entry;
 mod token;
 
 pub use acks::AckTracker;
+pub use commit::{CommitPlan, Progress, plan_commit};
 pub use reconcile::{
     Committed, Decision, Inputs, LocalAction, MainLogCommit, OffsetReset, PlanEvent, SideWrite,
     clip_ranges, local_action, reconcile,

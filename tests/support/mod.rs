@@ -311,3 +311,69 @@ pub async fn consume_all(
     }
     consumed
 }
+
+/// The latest value of `key` in the side topic (`None`: absent or a tombstone).
+pub fn side_value(kafka: &Kafka, side_topic: &str, key: &str) -> Option<String> {
+    use rdkafka::consumer::Consumer as _;
+    let consumer: BaseConsumer = kafka
+        .consumer_config(&unique("side-reader"))
+        .create()
+        .expect("consumer");
+    let (low, high) = consumer
+        .fetch_watermarks(side_topic, 0, REQUEST_TIMEOUT)
+        .expect("side watermarks");
+    if high <= low {
+        return None;
+    }
+    let mut list = TopicPartitionList::new();
+    list.add_partition_offset(side_topic, 0, Offset::Beginning)
+        .expect("offset");
+    consumer.assign(&list).expect("assign");
+    let mut latest = None;
+    let deadline = Instant::now() + REQUEST_TIMEOUT;
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "reading the side topic timed out"
+        );
+        let Some(message) = consumer.poll(Duration::from_millis(200)) else {
+            continue;
+        };
+        let message = message.expect("side message");
+        if message.key() == Some(key.as_bytes()) {
+            latest = message
+                .payload()
+                .map(|p| String::from_utf8_lossy(p).into_owned());
+        }
+        if message.offset() + 1 >= high {
+            return latest;
+        }
+    }
+}
+
+/// Waits (bounded) until an event satisfies `predicate`; returns it.
+pub async fn wait_for_event(
+    events: &mut tokio::sync::broadcast::Receiver<catchup::Event>,
+    timeout: Duration,
+    mut predicate: impl FnMut(&catchup::Event) -> bool,
+) -> catchup::Event {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, events.recv()).await {
+            Ok(Ok(event)) if predicate(&event) => return event,
+            Ok(Ok(_)) | Ok(Err(tokio::sync::broadcast::error::RecvError::Lagged(_))) => {}
+            Ok(Err(err)) => panic!("event channel closed: {err}"),
+            Err(_) => panic!("no matching event within {timeout:?}"),
+        }
+    }
+}
+
+/// A catchup consumer for `group` on this broker.
+pub fn catchup_consumer(
+    kafka: &Kafka,
+    group: &str,
+    config: catchup::CatchupConfig,
+) -> catchup::CatchupConsumer {
+    catchup::CatchupConsumer::new(&kafka.consumer_config(group), config).expect("catchup consumer")
+}

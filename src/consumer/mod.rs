@@ -1,0 +1,255 @@
+//! The public consumer: subscribe, receive deliveries from the buffer, acknowledge, commit.
+
+pub(crate) mod runtime;
+mod types;
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crossbeam_channel::Sender;
+use futures::Stream;
+use rdkafka::ClientConfig;
+use tokio::sync::Mutex as AsyncMutex;
+use tokio::sync::broadcast;
+
+pub use types::{CatchupConfig, Delivery, DeliveryLane, Event, LaneBuffer, Mode, PartitionBuffer};
+
+use crate::Error;
+use crate::kafka::{CatchupCommand, CatchupFetcher, KafkaError, LiveCommand, LiveFetcher, SideLog};
+use crate::store::{Buffer, BufferOptions, Lane};
+use runtime::Shared;
+
+/// Records read from the buffer per refill of the delivery queue.
+const READ_AHEAD: usize = 1024;
+
+/// Deliveries read from the buffer and not yet handed out.
+#[derive(Default)]
+struct Reader {
+    /// `Ordered`/`Off`: everything in `[0]`; `Concurrent`: catch-up in `[0]`, live in `[1]`.
+    queues: [VecDeque<Delivery>; 2],
+    live_appends_seen: u64,
+}
+
+/// A Kafka consumer that does not fall behind after a crash (see the crate docs).
+pub struct CatchupConsumer {
+    shared: Arc<Shared>,
+    live: Sender<LiveCommand>,
+    catchup: Sender<CatchupCommand>,
+    threads: Vec<JoinHandle<()>>,
+    reader: AsyncMutex<Reader>,
+    closed: bool,
+}
+
+impl CatchupConsumer {
+    /// Creates the consumer from rdkafka settings (`bootstrap.servers` and `group.id` are
+    /// required) and catchup's own. Opens (or creates) the buffer directory and the side topic.
+    pub fn new(client: &ClientConfig, config: CatchupConfig) -> Result<Self, Error> {
+        let group = client
+            .get("group.id")
+            .ok_or_else(|| Error::Config("the rdkafka configuration needs a group.id".into()))?
+            .to_owned();
+        if client.get("bootstrap.servers").is_none() {
+            return Err(Error::Config(
+                "the rdkafka configuration needs bootstrap.servers".into(),
+            ));
+        }
+        let buffer = Arc::new(Buffer::open(&config.buffer_dir, BufferOptions::default())?);
+        let side_log = SideLog::open(client, &config.side_topic, &group)?;
+        let shared = Arc::new(Shared::new(buffer, config, group));
+        let (catchup, catchup_thread) = CatchupFetcher::spawn(client, shared.clone())?;
+        let (live, live_thread) =
+            LiveFetcher::spawn(client, shared.clone(), side_log, catchup.clone())?;
+        Ok(Self {
+            shared,
+            live,
+            catchup,
+            threads: vec![live_thread, catchup_thread],
+            reader: AsyncMutex::new(Reader::default()),
+            closed: false,
+        })
+    }
+
+    /// Subscribes the group member to `topics`.
+    pub fn subscribe(&self, topics: &[&str]) -> Result<(), Error> {
+        let topics = topics.iter().map(|t| (*t).to_owned()).collect();
+        self.request(
+            |reply| LiveCommand::Subscribe(topics, reply),
+            Duration::from_secs(30),
+        )
+    }
+
+    fn request(
+        &self,
+        command: impl FnOnce(Sender<Result<(), KafkaError>>) -> LiveCommand,
+        timeout: Duration,
+    ) -> Result<(), Error> {
+        let (reply, answer) = crossbeam_channel::bounded(1);
+        self.live
+            .send(command(reply))
+            .map_err(|_| KafkaError::Stopped("live fetcher"))?;
+        match answer.recv_timeout(timeout) {
+            Ok(result) => Ok(result?),
+            Err(_) => Err(KafkaError::Stopped("live fetcher").into()),
+        }
+    }
+
+    async fn request_async(
+        &self,
+        command: impl FnOnce(Sender<Result<(), KafkaError>>) -> LiveCommand + Send + 'static,
+    ) -> Result<(), Error> {
+        let (reply, answer) = crossbeam_channel::bounded(1);
+        self.live
+            .send(command(reply))
+            .map_err(|_| KafkaError::Stopped("live fetcher"))?;
+        let answer =
+            tokio::task::spawn_blocking(move || answer.recv_timeout(Duration::from_secs(120)))
+                .await
+                .map_err(|e| Error::Config(format!("commit task failed: {e}")))?;
+        match answer {
+            Ok(result) => Ok(result?),
+            Err(_) => Err(KafkaError::Stopped("live fetcher").into()),
+        }
+    }
+
+    /// The next record, in the order of the configured [`Mode`]. Waits until one is there.
+    pub async fn recv(&self) -> Result<Delivery, Error> {
+        let mut reader = self.reader.lock().await;
+        let concurrent = self.shared.config.mode == Mode::Concurrent;
+        loop {
+            if concurrent {
+                // Fresh first: look for new live records before handing out queued backlog.
+                let live_appends = self
+                    .shared
+                    .live_appends
+                    .load(std::sync::atomic::Ordering::Relaxed);
+                if live_appends != reader.live_appends_seen && reader.queues[1].is_empty() {
+                    reader.live_appends_seen = live_appends;
+                    self.shared
+                        .fill(&mut reader.queues, READ_AHEAD, &[Lane::Live])?;
+                }
+                if let Some(delivery) = reader.queues[1].pop_front() {
+                    return Ok(delivery);
+                }
+            }
+            if let Some(delivery) = reader.queues[0].pop_front() {
+                return Ok(delivery);
+            }
+            let notified = self.shared.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            self.shared
+                .fill(&mut reader.queues, READ_AHEAD, &[Lane::Live, Lane::Catchup])?;
+            if reader.queues.iter().all(VecDeque::is_empty) {
+                // Appends and assignments wake us; the timeout covers a wake-up that raced
+                // with the refill above.
+                let _ = tokio::time::timeout(Duration::from_millis(100), notified).await;
+            }
+        }
+    }
+
+    /// The deliveries as a stream (never ends; errors are items).
+    pub fn stream(&self) -> impl Stream<Item = Result<Delivery, Error>> + '_ {
+        futures::stream::unfold(self, |consumer| async move {
+            Some((consumer.recv().await, consumer))
+        })
+    }
+
+    /// Marks `delivery` processed: only acknowledged records count towards commits
+    /// (at-least-once). With [`CatchupConfig::auto_ack`] every delivery is acknowledged as
+    /// it is handed out.
+    pub fn ack(&self, delivery: &Delivery) {
+        self.shared.ack(delivery);
+    }
+
+    /// Commits everything acknowledged so far (catch-up progress to the group, live progress
+    /// to the side topic while split, merging when a catch-up lane is done).
+    pub async fn commit(&self) -> Result<(), Error> {
+        self.request_async(LiveCommand::Commit).await
+    }
+
+    /// Events: assignments, splits, merges, truncations, discarded buffers, errors.
+    pub fn events(&self) -> broadcast::Receiver<Event> {
+        self.shared.subscribe_events()
+    }
+
+    /// Whether every assigned partition is merged and everything delivered is acknowledged
+    /// and committed.
+    pub fn settled(&self) -> bool {
+        self.shared.settled()
+    }
+
+    /// Delivered records not acknowledged yet.
+    pub fn unacked(&self) -> usize {
+        self.shared.unacked()
+    }
+
+    /// What is buffered per assigned partition and lane.
+    pub fn buffers(&self) -> Result<Vec<PartitionBuffer>, Error> {
+        let stats = self.shared.buffer.stats()?;
+        Ok(stats
+            .partitions
+            .into_iter()
+            .map(|p| {
+                let lane = |index: usize| {
+                    let stats = &p.lanes[index];
+                    let cursors = p.state.lane(stats.lane);
+                    let ranges = match stats.lane {
+                        Lane::Catchup => crate::plan::clip_ranges(
+                            &p.state.layout.catchup_ranges,
+                            cursors.committed_next,
+                        ),
+                        Lane::Live => vec![crate::store::OffsetRange::new(
+                            cursors.committed_next,
+                            cursors.fetched_next,
+                        )],
+                    };
+                    LaneBuffer {
+                        ranges,
+                        records: stats.records,
+                        bytes: stats.bytes,
+                        processed_next: cursors.committed_next,
+                        fetched_next: cursors.fetched_next,
+                        lag: cursors.fetched_next - cursors.committed_next,
+                    }
+                };
+                PartitionBuffer {
+                    topic: p.topic.clone(),
+                    partition: p.partition,
+                    epoch: p.state.layout.epoch,
+                    boundary: p.state.layout.boundary(),
+                    catchup: lane(0),
+                    live: lane(1),
+                }
+            })
+            .collect())
+    }
+
+    /// Commits, leaves the group and stops the threads.
+    pub async fn close(mut self) -> Result<(), Error> {
+        self.closed = true;
+        let result = self.request_async(LiveCommand::Close).await;
+        let _ = self.catchup.send(CatchupCommand::Shutdown);
+        let threads = std::mem::take(&mut self.threads);
+        tokio::task::spawn_blocking(move || threads.into_iter().for_each(|t| drop(t.join())))
+            .await
+            .map_err(|e| Error::Config(format!("joining threads failed: {e}")))?;
+        result
+    }
+}
+
+impl Drop for CatchupConsumer {
+    /// Dropping without [`close`](Self::close) stops the threads without committing or
+    /// cleaning up — what a crash leaves; the next start resumes from Kafka and the buffer.
+    fn drop(&mut self) {
+        if self.closed {
+            return;
+        }
+        let _ = self.live.send(LiveCommand::Abandon);
+        let _ = self.catchup.send(CatchupCommand::Shutdown);
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
+}

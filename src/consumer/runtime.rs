@@ -1,0 +1,358 @@
+//! State shared by the fetcher threads and the reader: per assigned partition, the split in
+//! effect, delivery cursors and acknowledgements.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::{Notify, broadcast};
+
+use super::types::{CatchupConfig, Delivery, DeliveryLane, Event, Mode};
+use crate::plan::{AckTracker, CommitPlan, Progress, SideEntry, SplitToken, plan_commit};
+use crate::store::{Buffer, Lane, PartitionLayout, PartitionState, StoreError};
+
+/// A topic and partition.
+pub(crate) type PartitionId = (String, i32);
+
+fn lane_index(lane: Lane) -> usize {
+    match lane {
+        Lane::Catchup => 0,
+        Lane::Live => 1,
+    }
+}
+
+/// One assigned partition.
+#[derive(Debug)]
+pub(crate) struct PartitionRuntime {
+    /// Changes with every assignment; deliveries of an older one are not acknowledged.
+    pub generation: u64,
+    pub layout: PartitionLayout,
+    pub token: Option<SplitToken>,
+    pub side: Option<SideEntry>,
+    /// The offset the main log holds.
+    pub main_committed: i64,
+    /// Per lane (catch-up, live): delivered and acknowledged offsets.
+    acks: [AckTracker; 2],
+    /// Next offset to read: `Ordered` and `Off` use `ordered_next`, `Concurrent` one per lane.
+    ordered_next: i64,
+    lane_next: [i64; 2],
+    drained: bool,
+}
+
+impl PartitionRuntime {
+    pub fn new(
+        generation: u64,
+        state: &PartitionState,
+        token: Option<SplitToken>,
+        side: Option<SideEntry>,
+        main_committed: i64,
+    ) -> Self {
+        let catchup_next = state.catchup.committed_next;
+        let live_next = state.live.committed_next;
+        let catchup_done = state.catchup_committed();
+        Self {
+            generation,
+            layout: state.layout.clone(),
+            token,
+            side,
+            main_committed,
+            acks: [AckTracker::new(catchup_next), AckTracker::new(live_next)],
+            ordered_next: if catchup_done {
+                live_next
+            } else {
+                catchup_next
+            },
+            lane_next: [catchup_next, live_next],
+            drained: catchup_done,
+        }
+    }
+
+    fn delivery_lane(&self, lane: Lane) -> DeliveryLane {
+        match lane {
+            Lane::Catchup => DeliveryLane::Catchup,
+            Lane::Live if self.token.is_some() => DeliveryLane::Live,
+            Lane::Live => DeliveryLane::Plain,
+        }
+    }
+}
+
+/// A commit to perform for one partition, computed under the lock, applied after the I/O.
+#[derive(Debug, Clone)]
+pub(crate) struct PendingCommit {
+    pub partition: PartitionId,
+    pub generation: u64,
+    pub token: Option<SplitToken>,
+    pub plan: CommitPlan,
+    pub catchup_processed: i64,
+}
+
+/// Everything the threads and the reader share.
+pub(crate) struct Shared {
+    pub buffer: Arc<Buffer>,
+    pub config: CatchupConfig,
+    pub group: String,
+    partitions: Mutex<BTreeMap<PartitionId, PartitionRuntime>>,
+    generation: AtomicU64,
+    /// Woken when records are appended or partitions change.
+    pub notify: Notify,
+    /// Bumped on every live-lane append: lets `Concurrent` look for fresh records first.
+    pub live_appends: AtomicU64,
+    events: broadcast::Sender<Event>,
+    /// Round-robin start for fairness across partitions.
+    next_start: AtomicU64,
+}
+
+impl Shared {
+    pub fn new(buffer: Arc<Buffer>, config: CatchupConfig, group: String) -> Self {
+        let (events, _) = broadcast::channel(4096);
+        Self {
+            buffer,
+            config,
+            group,
+            partitions: Mutex::new(BTreeMap::new()),
+            generation: AtomicU64::new(1),
+            notify: Notify::new(),
+            live_appends: AtomicU64::new(0),
+            events,
+            next_start: AtomicU64::new(0),
+        }
+    }
+
+    pub fn partitions(&self) -> MutexGuard<'_, BTreeMap<PartitionId, PartitionRuntime>> {
+        // The map is only ever replaced entry by entry; a panic elsewhere leaves it usable.
+        self.partitions
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub fn next_generation(&self) -> u64 {
+        self.generation.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub fn emit(&self, event: Event) {
+        tracing::debug!(?event, "catchup event");
+        let _ = self.events.send(event); // no subscriber is fine
+    }
+
+    pub fn subscribe_events(&self) -> broadcast::Receiver<Event> {
+        self.events.subscribe()
+    }
+
+    /// Reads up to about `max` deliverable records from the buffer. `Ordered` and `Off` fill
+    /// `queues[0]` in delivery order; `Concurrent` fills `queues[0]` with catch-up records
+    /// and `queues[1]` with live ones, reading only `lanes`.
+    pub fn fill(
+        &self,
+        queues: &mut [VecDeque<Delivery>; 2],
+        max: usize,
+        lanes: &[Lane],
+    ) -> Result<(), StoreError> {
+        let mut partitions = self.partitions();
+        let count = partitions.len();
+        if count == 0 {
+            return Ok(());
+        }
+        let start = self.next_start.fetch_add(1, Ordering::Relaxed) as usize % count;
+        let keys: Vec<PartitionId> = partitions.keys().cloned().collect();
+        let per_partition = (max / count).max(64);
+        let mut filled = 0;
+        for index in 0..count {
+            let key = &keys[(start + index) % count];
+            let Some(runtime) = partitions.get_mut(key) else {
+                continue;
+            };
+            let mut delivered = Vec::new();
+            match self.config.mode {
+                Mode::Ordered | Mode::Off => {
+                    let batch = self.buffer.read_ordered(
+                        &key.0,
+                        key.1,
+                        runtime.ordered_next,
+                        per_partition,
+                    )?;
+                    runtime.ordered_next = batch.next;
+                    delivered.push((
+                        0,
+                        self.deliver(key, runtime, batch.lane, batch.records, batch.next),
+                    ));
+                }
+                Mode::Concurrent => {
+                    for &lane in lanes {
+                        let from = runtime.lane_next[lane_index(lane)];
+                        let batch = self.buffer.read(lane, &key.0, key.1, from, per_partition)?;
+                        runtime.lane_next[lane_index(lane)] = batch.next;
+                        delivered.push((
+                            lane_index(lane),
+                            self.deliver(key, runtime, lane, batch.records, batch.next),
+                        ));
+                    }
+                }
+            }
+            if !runtime.drained
+                && runtime.acks[0].delivered_next() >= runtime.layout.catchup_end().unwrap_or(0)
+            {
+                runtime.drained = true;
+                self.emit(Event::CatchupDrained {
+                    topic: key.0.clone(),
+                    partition: key.1,
+                });
+            }
+            for (queue, deliveries) in delivered {
+                if self.config.auto_ack {
+                    for delivery in &deliveries {
+                        runtime.acks[lane_index(store_lane(delivery.lane))].ack(delivery.offset);
+                    }
+                }
+                filled += deliveries.len();
+                queues[queue].extend(deliveries);
+            }
+            if filled >= max {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    fn deliver(
+        &self,
+        key: &PartitionId,
+        runtime: &mut PartitionRuntime,
+        lane: Lane,
+        records: Vec<crate::store::Record>,
+        next: i64,
+    ) -> Vec<Delivery> {
+        let delivery_lane = runtime.delivery_lane(lane);
+        let acks = &mut runtime.acks[lane_index(lane)];
+        let mut out = Vec::with_capacity(records.len());
+        for record in records {
+            acks.delivered(record.offset, record.payload_bytes());
+            out.push(Delivery {
+                topic: key.0.clone(),
+                partition: key.1,
+                offset: record.offset,
+                key: record.key,
+                payload: record.payload,
+                headers: record.headers,
+                timestamp: record.timestamp,
+                lane: delivery_lane,
+                generation: runtime.generation,
+            });
+        }
+        acks.read_through(next);
+        out
+    }
+
+    /// Marks a delivery processed. Deliveries of a revoked assignment are ignored.
+    pub fn ack(&self, delivery: &Delivery) {
+        let mut partitions = self.partitions();
+        if let Some(runtime) = partitions.get_mut(&(delivery.topic.clone(), delivery.partition)) {
+            if runtime.generation == delivery.generation {
+                runtime.acks[lane_index(store_lane(delivery.lane))].ack(delivery.offset);
+            }
+        }
+    }
+
+    /// The commits due for `only` (or every assigned partition).
+    pub fn pending_commits(&self, only: Option<&[PartitionId]>) -> Vec<PendingCommit> {
+        let partitions = self.partitions();
+        partitions
+            .iter()
+            .filter(|(key, _)| only.is_none_or(|only| only.contains(key)))
+            .filter_map(|(key, runtime)| {
+                let catchup_processed = runtime.acks[0].committable();
+                let plan = plan_commit(&Progress {
+                    token: runtime.token,
+                    side: runtime.side.as_ref(),
+                    layout: &runtime.layout,
+                    main_committed: runtime.main_committed,
+                    catchup_processed,
+                    live_processed: runtime.acks[1].committable(),
+                });
+                (plan != CommitPlan::Nothing).then(|| PendingCommit {
+                    partition: key.clone(),
+                    generation: runtime.generation,
+                    token: runtime.token,
+                    plan,
+                    catchup_processed,
+                })
+            })
+            .collect()
+    }
+
+    /// Records a commit that Kafka now holds, and lets the buffer delete what it covers.
+    pub fn commit_applied(&self, commit: &PendingCommit) -> Result<(), StoreError> {
+        let (topic, partition) = &commit.partition;
+        let mut partitions = self.partitions();
+        let Some(runtime) = partitions.get_mut(&commit.partition) else {
+            return Ok(());
+        };
+        if runtime.generation != commit.generation {
+            return Ok(());
+        }
+        match &commit.plan {
+            CommitPlan::Nothing => {}
+            CommitPlan::Plain { offset } => {
+                runtime.main_committed = *offset;
+                self.buffer
+                    .record_committed(Lane::Live, topic, *partition, *offset)?;
+            }
+            CommitPlan::Split { main, side } => {
+                if let Some(main) = main {
+                    runtime.main_committed = *main;
+                    self.buffer
+                        .record_committed(Lane::Catchup, topic, *partition, *main)?;
+                }
+                if let Some(side) = side {
+                    runtime.side = Some(side.clone());
+                    self.buffer
+                        .record_committed(Lane::Live, topic, *partition, side.live_next)?;
+                }
+            }
+            CommitPlan::Merge { offset } => {
+                runtime.main_committed = *offset;
+                runtime.token = None;
+                runtime.side = None;
+                self.buffer.record_committed(
+                    Lane::Catchup,
+                    topic,
+                    *partition,
+                    commit.catchup_processed,
+                )?;
+                self.buffer
+                    .record_committed(Lane::Live, topic, *partition, *offset)?;
+                drop(partitions);
+                self.emit(Event::Merged {
+                    topic: topic.clone(),
+                    partition: *partition,
+                    offset: *offset,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Delivered records not yet acknowledged, over all partitions.
+    pub fn unacked(&self) -> usize {
+        self.partitions()
+            .values()
+            .map(|r| r.acks.iter().map(AckTracker::unacked).sum::<usize>())
+            .sum()
+    }
+
+    /// Whether every assigned partition has its split merged and all deliveries acked and
+    /// committed.
+    pub fn settled(&self) -> bool {
+        self.partitions().values().all(|runtime| {
+            runtime.token.is_none()
+                && runtime.acks.iter().all(|a| a.unacked() == 0)
+                && runtime.main_committed >= runtime.acks[1].committable()
+        })
+    }
+}
+
+fn store_lane(lane: DeliveryLane) -> Lane {
+    match lane {
+        DeliveryLane::Catchup => Lane::Catchup,
+        DeliveryLane::Live | DeliveryLane::Plain => Lane::Live,
+    }
+}

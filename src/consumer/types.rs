@@ -1,0 +1,231 @@
+//! The public vocabulary of the consumer: configuration, deliveries, events, buffer views.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::store::{Header, OffsetRange, Timestamp};
+
+/// How the reader hands records to the application.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// Per partition, all of the catch-up lane, then the live lane: strictly increasing
+    /// offsets (the proposal's semantics).
+    #[default]
+    Ordered,
+    /// Fresh-first: both lanes at once, each in offset order, every record tagged with its
+    /// lane. Removes the lag for fresh records.
+    Concurrent,
+    /// No split: plain consumption through the same pipeline (the baseline).
+    Off,
+}
+
+/// Settings of a [`CatchupConsumer`](super::CatchupConsumer) beyond rdkafka's.
+#[derive(Debug, Clone)]
+pub struct CatchupConfig {
+    /// The buffer directory (created 0700 if missing). One per consumer instance.
+    pub buffer_dir: PathBuf,
+    /// Delivery mode.
+    pub mode: Mode,
+    /// Split a partition only when its backlog is at least this many offsets.
+    pub min_lag: u64,
+    /// The compacted side topic for live progress (created if missing).
+    pub side_topic: String,
+    /// How often processed offsets are committed.
+    pub commit_interval: Duration,
+    /// Acknowledge every record on delivery (the proposal's auto-commit behaviour).
+    pub auto_ack: bool,
+    /// Bytes of unprocessed records above which the fetchers pause; they resume below half.
+    pub buffer_budget_bytes: u64,
+}
+
+impl CatchupConfig {
+    /// Defaults: `Ordered`, `min_lag` 1000, side topic `__catchup_side`, commits every second,
+    /// explicit acks, a 256 MiB budget.
+    pub fn new(buffer_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            buffer_dir: buffer_dir.into(),
+            mode: Mode::Ordered,
+            min_lag: 1000,
+            side_topic: "__catchup_side".into(),
+            commit_interval: Duration::from_secs(1),
+            auto_ack: false,
+            buffer_budget_bytes: 256 << 20,
+        }
+    }
+}
+
+/// Which lane a delivered record came through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DeliveryLane {
+    /// The backlog below the boundary.
+    Catchup,
+    /// At or after the boundary of a split partition.
+    Live,
+    /// A partition that is not split.
+    Plain,
+}
+
+impl DeliveryLane {
+    /// `"catchup"`, `"live"` or `"plain"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeliveryLane::Catchup => "catchup",
+            DeliveryLane::Live => "live",
+            DeliveryLane::Plain => "plain",
+        }
+    }
+}
+
+/// A record handed to the application. Acknowledge it with
+/// [`CatchupConsumer::ack`](super::CatchupConsumer::ack) once processed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivery {
+    /// Topic.
+    pub topic: String,
+    /// Partition.
+    pub partition: i32,
+    /// Offset.
+    pub offset: i64,
+    /// Key.
+    pub key: Option<Vec<u8>>,
+    /// Value.
+    pub payload: Option<Vec<u8>>,
+    /// Headers.
+    pub headers: Vec<Header>,
+    /// Timestamp.
+    pub timestamp: Timestamp,
+    /// The lane it came through.
+    pub lane: DeliveryLane,
+    /// The assignment it belongs to: an ack after a revocation is ignored.
+    pub(crate) generation: u64,
+}
+
+/// What happened, for applications that want to know.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// Partitions were assigned to this member.
+    Assigned {
+        /// `(topic, partition)` pairs.
+        partitions: Vec<(String, i32)>,
+    },
+    /// Partitions were revoked (or lost).
+    Revoked {
+        /// `(topic, partition)` pairs.
+        partitions: Vec<(String, i32)>,
+        /// Lost rather than revoked: nothing was committed for them.
+        lost: bool,
+    },
+    /// A split began: catch-up `[from, boundary)`, live from `boundary`.
+    SplitStarted {
+        /// Topic.
+        topic: String,
+        /// Partition.
+        partition: i32,
+        /// Split epoch.
+        epoch: u64,
+        /// Catch-up start.
+        from: i64,
+        /// The boundary.
+        boundary: i64,
+    },
+    /// An unfinished split resumed after a restart or a move.
+    SplitResumed {
+        /// Topic.
+        topic: String,
+        /// Partition.
+        partition: i32,
+        /// Split epoch.
+        epoch: u64,
+    },
+    /// The catch-up fetcher has fetched the partition's backlog and left it.
+    CatchupFetched {
+        /// Topic.
+        topic: String,
+        /// Partition.
+        partition: i32,
+    },
+    /// Every catch-up record of the partition was delivered.
+    CatchupDrained {
+        /// Topic.
+        topic: String,
+        /// Partition.
+        partition: i32,
+    },
+    /// The live progress was merged into the group's offsets: the split is over.
+    Merged {
+        /// Topic.
+        topic: String,
+        /// Partition.
+        partition: i32,
+        /// The group's committed offset after the merge.
+        offset: i64,
+    },
+    /// Retention removed `[from, to)` before it was processed.
+    Truncated {
+        /// Topic.
+        topic: String,
+        /// Partition.
+        partition: i32,
+        /// First lost offset.
+        from: i64,
+        /// Processing continues here.
+        to: i64,
+    },
+    /// Local records were discarded because they do not match Kafka (refetched instead).
+    LocalDiscarded {
+        /// Topic.
+        topic: String,
+        /// Partition.
+        partition: i32,
+        /// Why.
+        reason: String,
+    },
+    /// A side entry or token was stale and ignored (processing restarts at the group's offset).
+    StaleState {
+        /// Topic.
+        topic: String,
+        /// Partition.
+        partition: i32,
+        /// What was stale.
+        what: String,
+    },
+    /// A background error; the consumer keeps going where it safely can.
+    Error {
+        /// The error.
+        message: String,
+    },
+}
+
+/// What is buffered for one lane of one partition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaneBuffer {
+    /// Offsets the lane covers, as `[start, end)` ranges.
+    pub ranges: Vec<OffsetRange>,
+    /// Stored records.
+    pub records: u64,
+    /// Stored bytes.
+    pub bytes: u64,
+    /// First offset not yet processed.
+    pub processed_next: i64,
+    /// Where fetching resumes.
+    pub fetched_next: i64,
+    /// Offsets fetched but not yet processed.
+    pub lag: i64,
+}
+
+/// What is buffered for one partition ([`CatchupConsumer::buffers`](super::CatchupConsumer::buffers)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionBuffer {
+    /// Topic.
+    pub topic: String,
+    /// Partition.
+    pub partition: i32,
+    /// Split epoch (0: not split).
+    pub epoch: u64,
+    /// The boundary while split.
+    pub boundary: Option<i64>,
+    /// The catch-up lane.
+    pub catchup: LaneBuffer,
+    /// The live lane.
+    pub live: LaneBuffer,
+}

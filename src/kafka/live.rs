@@ -1,0 +1,578 @@
+//! The live fetcher: the group member. Its rebalance context reconciles every assigned
+//! partition (DESIGN §5) and assigns it at absolute offsets; its thread fetches the live lane
+//! into the buffer and commits processed offsets — the only client that commits (invariant 4).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender};
+use rdkafka::consumer::{
+    BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, RebalanceProtocol,
+};
+use rdkafka::types::RDKafkaRespErr;
+use rdkafka::{ClientConfig, ClientContext, Message, Offset, TopicPartitionList};
+
+use super::{CatchupCommand, KafkaError, SideLog, to_record};
+use crate::consumer::runtime::{PartitionId, PartitionRuntime, PendingCommit, Shared};
+use crate::consumer::{Event, Mode};
+use crate::plan::{
+    CommitPlan, Committed, Inputs, LocalAction, OffsetReset, PlanEvent, SideWrite, reconcile,
+};
+use crate::store::{Lane, Record};
+
+/// Timeout of one broker request made during a rebalance or a commit.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Most messages taken from one poll round before they are appended.
+const POLL_BATCH: usize = 2000;
+
+/// Requests to the live thread.
+pub(crate) enum LiveCommand {
+    Subscribe(Vec<String>, Sender<Result<(), KafkaError>>),
+    Commit(Sender<Result<(), KafkaError>>),
+    /// Commit, leave the group (revoking everything), stop.
+    Close(Sender<Result<(), KafkaError>>),
+    /// Stop without committing or cleaning up: what a crash would leave.
+    Abandon,
+}
+
+/// What the rebalance callback needs.
+pub(crate) struct LiveState {
+    shared: Arc<Shared>,
+    side_log: SideLog,
+    catchup: Sender<CatchupCommand>,
+    reset: OffsetReset,
+    abandoned: AtomicBool,
+}
+
+/// The live consumer's context: overrides the rebalance to assign at absolute offsets.
+pub(crate) struct LiveContext {
+    state: Arc<LiveState>,
+}
+
+impl ClientContext for LiveContext {}
+
+impl ConsumerContext for LiveContext {
+    fn rebalance(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        err: RDKafkaRespErr,
+        tpl: &mut TopicPartitionList,
+    ) {
+        let cooperative = matches!(
+            consumer.rebalance_protocol(),
+            RebalanceProtocol::Cooperative
+        );
+        let result = match err {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
+                self.state.on_assign(consumer, tpl);
+                if cooperative {
+                    consumer.incremental_assign(tpl)
+                } else {
+                    consumer.assign(tpl)
+                }
+            }
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
+                self.state.on_revoke(consumer, tpl);
+                if cooperative {
+                    consumer.incremental_unassign(tpl)
+                } else {
+                    consumer.unassign()
+                }
+            }
+            other => {
+                self.state.shared.emit(Event::Error {
+                    message: format!("rebalance error: {other:?}"),
+                });
+                if cooperative {
+                    Ok(())
+                } else {
+                    consumer.unassign()
+                }
+            }
+        };
+        if let Err(err) = result {
+            self.state.shared.emit(Event::Error {
+                message: format!("applying the assignment failed: {err}"),
+            });
+        }
+    }
+
+    fn pre_rebalance(&self, _: &BaseConsumer<Self>, _: &Rebalance<'_>) {}
+}
+
+fn partitions_of(tpl: &TopicPartitionList) -> Vec<PartitionId> {
+    tpl.elements()
+        .iter()
+        .map(|e| (e.topic().to_owned(), e.partition()))
+        .collect()
+}
+
+impl LiveState {
+    fn on_assign(&self, consumer: &BaseConsumer<LiveContext>, tpl: &mut TopicPartitionList) {
+        let partitions = partitions_of(tpl);
+        let committed = match consumer.committed_offsets(tpl.clone(), REQUEST_TIMEOUT) {
+            Ok(committed) => committed,
+            Err(err) => {
+                // Without the committed offsets nothing can be decided safely: leave the
+                // partitions at their stored offsets and unbuffered; say so.
+                self.shared.emit(Event::Error {
+                    message: format!("reading committed offsets failed: {err}"),
+                });
+                return;
+            }
+        };
+        let side_entries = self.side_log.read_all().unwrap_or_else(|err| {
+            // A missing side entry makes a token stale, which reprocesses from the committed
+            // offset: safe, at the cost of duplicates.
+            self.shared.emit(Event::Error {
+                message: format!("{err}; treating side entries as missing"),
+            });
+            Default::default()
+        });
+        for (topic, partition) in &partitions {
+            match self.assign_one(consumer, &committed, &side_entries, topic, *partition) {
+                Ok(start) => {
+                    if let Err(err) =
+                        tpl.set_partition_offset(topic, *partition, Offset::Offset(start))
+                    {
+                        self.shared.emit(Event::Error {
+                            message: format!("{topic}/{partition}: {err}"),
+                        });
+                    }
+                }
+                Err(err) => self.shared.emit(Event::Error {
+                    message: format!("assigning {topic}/{partition}: {err}"),
+                }),
+            }
+        }
+        self.shared.emit(Event::Assigned { partitions });
+        self.shared.notify.notify_waiters();
+    }
+
+    /// Reconciles one partition, applies the decision and returns the live lane's start.
+    fn assign_one(
+        &self,
+        consumer: &BaseConsumer<LiveContext>,
+        committed: &TopicPartitionList,
+        side_entries: &super::side_log::SideEntries,
+        topic: &str,
+        partition: i32,
+    ) -> Result<i64, crate::Error> {
+        let shared = &self.shared;
+        let main = committed
+            .find_partition(topic, partition)
+            .and_then(|e| match e.offset() {
+                Offset::Offset(offset) => Some(Committed {
+                    offset,
+                    metadata: e.metadata().to_owned(),
+                }),
+                _ => None,
+            });
+        let (low, high) = consumer
+            .fetch_watermarks(topic, partition, REQUEST_TIMEOUT)
+            .map_err(|e| KafkaError::client("reading watermarks", e))?;
+        let side = match side_entries.get(&(topic.to_owned(), partition)) {
+            Some(Ok(entry)) => Some(entry.clone()),
+            Some(Err(reason)) => {
+                shared.emit(Event::StaleState {
+                    topic: topic.into(),
+                    partition,
+                    what: format!("side entry does not decode: {reason}"),
+                });
+                None
+            }
+            None => None,
+        };
+        let local = match shared.buffer.partition_state(topic, partition) {
+            Ok(local) => local,
+            Err(err) => {
+                shared.emit(Event::LocalDiscarded {
+                    topic: topic.into(),
+                    partition,
+                    reason: err.to_string(),
+                });
+                None
+            }
+        };
+        let min_lag = (shared.config.mode != Mode::Off).then_some(shared.config.min_lag.max(1));
+        let decision = reconcile(&Inputs {
+            committed: main.as_ref(),
+            side: side.as_ref(),
+            low,
+            high,
+            min_lag,
+            reset: self.reset,
+            local: local.as_ref(),
+        });
+        tracing::info!(topic, partition, ?decision, "reconciled");
+        if let Some(commit) = &decision.main_log {
+            commit_main(consumer, topic, partition, commit.offset, &commit.metadata)?;
+        }
+        match &decision.side {
+            SideWrite::Keep => {}
+            SideWrite::Write(entry) => self.side_log.write(topic, partition, Some(entry))?,
+            SideWrite::Tombstone => self.side_log.write(topic, partition, None)?,
+        }
+        let reuse = match &decision.local {
+            LocalAction::Reuse {
+                catchup_committed,
+                live_committed,
+            } => {
+                let buffer = &shared.buffer;
+                buffer
+                    .record_committed(Lane::Catchup, topic, partition, *catchup_committed)
+                    .and_then(|_| {
+                        buffer.record_committed(Lane::Live, topic, partition, *live_committed)
+                    })
+                    .map_err(|err| err.to_string())
+            }
+            LocalAction::Reset { reason } => Err(reason.clone().unwrap_or_default()),
+        };
+        if let Err(reason) = reuse {
+            if !reason.is_empty() {
+                shared.emit(Event::LocalDiscarded {
+                    topic: topic.into(),
+                    partition,
+                    reason,
+                });
+            }
+            shared
+                .buffer
+                .reset_partition(topic, partition, decision.layout.clone())?;
+        }
+        let state = shared
+            .buffer
+            .partition_state(topic, partition)?
+            .ok_or_else(|| {
+                crate::Error::Config(format!("{topic}/{partition} vanished from the buffer"))
+            })?;
+        let main_committed = decision.main_log.as_ref().map_or_else(
+            || {
+                main.as_ref()
+                    .map_or(state.layout.live_from, |m| m.offset.max(low))
+            },
+            |commit| commit.offset,
+        );
+        let runtime = PartitionRuntime::new(
+            shared.next_generation(),
+            &state,
+            decision.token,
+            decision.side_entry.clone(),
+            main_committed,
+        );
+        shared
+            .partitions()
+            .insert((topic.to_owned(), partition), runtime);
+        for event in &decision.events {
+            shared.emit(plan_event(topic, partition, event));
+        }
+        if !state.catchup_fetched() {
+            let command = CatchupCommand::Add {
+                topic: topic.to_owned(),
+                partition,
+                position: state.catchup.fetched_next,
+                ranges: state.layout.catchup_ranges.clone(),
+            };
+            self.catchup
+                .send(command)
+                .map_err(|_| KafkaError::Stopped("catch-up fetcher"))?;
+        }
+        Ok(state.live.fetched_next)
+    }
+
+    fn on_revoke(&self, consumer: &BaseConsumer<LiveContext>, tpl: &TopicPartitionList) {
+        let partitions = partitions_of(tpl);
+        let lost = consumer.assignment_lost();
+        if self.abandoned.load(Ordering::Relaxed) {
+            return; // a simulated crash: leave Kafka and the buffer as they are
+        }
+        if !lost {
+            // Errors are reported as events; what is not committed is reprocessed (safe).
+            let _ = self.commit(consumer, Some(&partitions));
+        }
+        let (done, stopped) = crossbeam_channel::bounded(1);
+        if self
+            .catchup
+            .send(CatchupCommand::Remove {
+                partitions: partitions.clone(),
+                done,
+            })
+            .is_ok()
+        {
+            // The catch-up fetcher must stop appending before the partitions are discarded.
+            let _ = stopped.recv_timeout(REQUEST_TIMEOUT);
+        }
+        {
+            let mut runtimes = self.shared.partitions();
+            for key in &partitions {
+                runtimes.remove(key);
+            }
+        }
+        for (topic, partition) in &partitions {
+            if let Err(err) = self.shared.buffer.discard_partition(topic, *partition) {
+                self.shared.emit(Event::Error {
+                    message: err.to_string(),
+                });
+            }
+        }
+        self.shared.emit(Event::Revoked { partitions, lost });
+    }
+
+    /// Commits what is processed, for `only` or every partition. Errors are reported as
+    /// events and retried at the next commit.
+    fn commit(
+        &self,
+        consumer: &BaseConsumer<LiveContext>,
+        only: Option<&[PartitionId]>,
+    ) -> Result<(), KafkaError> {
+        let mut first_error = None;
+        for pending in self.shared.pending_commits(only) {
+            match self.apply_commit(consumer, &pending) {
+                Ok(()) => {
+                    if let Err(err) = self.shared.commit_applied(&pending) {
+                        self.shared.emit(Event::Error {
+                            message: err.to_string(),
+                        });
+                    }
+                }
+                Err(err) => {
+                    self.shared.emit(Event::Error {
+                        message: err.to_string(),
+                    });
+                    first_error.get_or_insert(err);
+                }
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    fn apply_commit(
+        &self,
+        consumer: &BaseConsumer<LiveContext>,
+        pending: &PendingCommit,
+    ) -> Result<(), KafkaError> {
+        let (topic, partition) = (&pending.partition.0, pending.partition.1);
+        match &pending.plan {
+            CommitPlan::Nothing => Ok(()),
+            CommitPlan::Plain { offset } => commit_main(consumer, topic, partition, *offset, ""),
+            CommitPlan::Split { main, side } => {
+                if let (Some(main), Some(token)) = (main, pending.token) {
+                    commit_main(consumer, topic, partition, *main, &token.encode())?;
+                }
+                if let Some(side) = side {
+                    self.side_log.write(topic, partition, Some(side))?;
+                }
+                Ok(())
+            }
+            // Main log first, then the tombstone: a crash in between is healed on assignment
+            // (no token, so the side entry is stale).
+            CommitPlan::Merge { offset } => {
+                commit_main(consumer, topic, partition, *offset, "")?;
+                self.side_log.write(topic, partition, None)
+            }
+        }
+    }
+}
+
+fn commit_main(
+    consumer: &BaseConsumer<LiveContext>,
+    topic: &str,
+    partition: i32,
+    offset: i64,
+    metadata: &str,
+) -> Result<(), KafkaError> {
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, partition, Offset::Offset(offset))
+        .map_err(|e| KafkaError::client("building a commit", e))?;
+    if let Some(mut element) = tpl.find_partition(topic, partition) {
+        element.set_metadata(metadata);
+    }
+    consumer
+        .commit(&tpl, CommitMode::Sync)
+        .map_err(|e| KafkaError::client(&format!("committing {topic}/{partition} at {offset}"), e))
+}
+
+fn plan_event(topic: &str, partition: i32, event: &PlanEvent) -> Event {
+    let topic = topic.to_owned();
+    match *event {
+        PlanEvent::Truncated { from, to } => Event::Truncated {
+            topic,
+            partition,
+            from,
+            to,
+        },
+        PlanEvent::SplitStarted {
+            epoch,
+            from,
+            boundary,
+        } => Event::SplitStarted {
+            topic,
+            partition,
+            epoch,
+            from,
+            boundary,
+        },
+        PlanEvent::SplitResumed { epoch } => Event::SplitResumed {
+            topic,
+            partition,
+            epoch,
+        },
+        PlanEvent::StaleSideEntry { epoch } => Event::StaleState {
+            topic,
+            partition,
+            what: format!("side entry of epoch {epoch}"),
+        },
+        PlanEvent::StaleToken { epoch } => Event::StaleState {
+            topic,
+            partition,
+            what: format!("split token of epoch {epoch}"),
+        },
+        PlanEvent::MergeFinished { offset } => Event::Merged {
+            topic,
+            partition,
+            offset,
+        },
+    }
+}
+
+/// The live fetcher thread and its consumer.
+pub(crate) struct LiveFetcher;
+
+impl LiveFetcher {
+    /// Creates the group member and starts its thread.
+    pub fn spawn(
+        client: &ClientConfig,
+        shared: Arc<Shared>,
+        side_log: SideLog,
+        catchup: Sender<CatchupCommand>,
+    ) -> Result<(Sender<LiveCommand>, JoinHandle<()>), crate::Error> {
+        let mut config = client.clone();
+        // Commits are ours alone, and never of the log end (DESIGN §6).
+        config
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false");
+        if config.get("partition.assignment.strategy").is_none()
+            && config.get("group.protocol") != Some("consumer")
+        {
+            config.set("partition.assignment.strategy", "cooperative-sticky");
+        }
+        let reset = match config.get("auto.offset.reset") {
+            Some("latest") | Some("largest") | Some("end") => OffsetReset::Latest,
+            _ => OffsetReset::Earliest,
+        };
+        let state = Arc::new(LiveState {
+            shared: shared.clone(),
+            side_log,
+            catchup,
+            reset,
+            abandoned: AtomicBool::new(false),
+        });
+        let consumer: BaseConsumer<LiveContext> = config
+            .create_with_context(LiveContext {
+                state: state.clone(),
+            })
+            .map_err(|e| KafkaError::client("creating the group consumer", e))?;
+        let (commands, receiver) = crossbeam_channel::unbounded();
+        let thread = std::thread::Builder::new()
+            .name("catchup-live".into())
+            .spawn(move || run(consumer, receiver, state))
+            .map_err(|e| crate::Error::Config(format!("cannot start the live thread: {e}")))?;
+        Ok((commands, thread))
+    }
+}
+
+fn run(
+    consumer: BaseConsumer<LiveContext>,
+    commands: Receiver<LiveCommand>,
+    state: Arc<LiveState>,
+) {
+    let shared = state.shared.clone();
+    let interval = shared.config.commit_interval;
+    let mut last_commit = Instant::now();
+    loop {
+        while let Ok(command) = commands.try_recv() {
+            match command {
+                LiveCommand::Subscribe(topics, reply) => {
+                    let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
+                    let _ = reply.send(
+                        consumer
+                            .subscribe(&topics)
+                            .map_err(|e| KafkaError::client("subscribing", e)),
+                    );
+                }
+                LiveCommand::Commit(reply) => {
+                    let _ = reply.send(state.commit(&consumer, None));
+                }
+                LiveCommand::Close(reply) => {
+                    let result = state.commit(&consumer, None);
+                    consumer.unsubscribe();
+                    // Serve the revocation this triggers before the consumer goes.
+                    let deadline = Instant::now() + REQUEST_TIMEOUT;
+                    while consumer.assignment().is_ok_and(|a| a.count() > 0)
+                        && Instant::now() < deadline
+                    {
+                        let _ = consumer.poll(Duration::from_millis(50));
+                    }
+                    drop(consumer);
+                    let _ = reply.send(result);
+                    return;
+                }
+                LiveCommand::Abandon => {
+                    state.abandoned.store(true, Ordering::Relaxed);
+                    return;
+                }
+            }
+        }
+        if last_commit.elapsed() >= interval {
+            let _ = state.commit(&consumer, None);
+            last_commit = Instant::now();
+        }
+        if let Err(err) = poll_into_buffer(&consumer, &shared) {
+            shared.emit(Event::Error { message: err });
+        }
+    }
+}
+
+/// One poll round: up to `POLL_BATCH` messages, appended to the live lane per partition.
+fn poll_into_buffer(consumer: &BaseConsumer<LiveContext>, shared: &Shared) -> Result<(), String> {
+    let mut batches: BTreeMap<PartitionId, Vec<Record>> = BTreeMap::new();
+    let mut timeout = Duration::from_millis(50);
+    for _ in 0..POLL_BATCH {
+        match consumer.poll(timeout) {
+            None => break,
+            Some(Ok(message)) => {
+                batches
+                    .entry((message.topic().to_owned(), message.partition()))
+                    .or_default()
+                    .push(to_record(&message));
+            }
+            Some(Err(err)) => return Err(format!("live fetch: {err}")),
+        }
+        timeout = Duration::ZERO;
+    }
+    let mut appended = false;
+    for ((topic, partition), records) in batches {
+        if !shared
+            .partitions()
+            .contains_key(&(topic.clone(), partition))
+        {
+            continue; // not (or no longer) ours
+        }
+        let next = records.last().map_or(0, |r| r.offset + 1);
+        shared
+            .buffer
+            .append(Lane::Live, &topic, partition, &records, next)
+            .map_err(|e| e.to_string())?;
+        appended = true;
+    }
+    if appended {
+        shared
+            .live_appends
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        shared.notify.notify_waiters();
+    }
+    Ok(())
+}

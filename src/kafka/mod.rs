@@ -1,0 +1,83 @@
+//! rdkafka adapters: the live fetcher (the group member, with its rebalance context), the
+//! catch-up fetcher, and the side log. Thin I/O around the decisions in [`crate::plan`].
+
+mod catchup_fetcher;
+mod live;
+mod side_log;
+
+pub(crate) use catchup_fetcher::{CatchupCommand, CatchupFetcher};
+pub(crate) use live::{LiveCommand, LiveFetcher};
+pub(crate) use side_log::SideLog;
+
+use rdkafka::Message;
+use rdkafka::message::{BorrowedMessage, Headers};
+
+use crate::store::{Header, Record, Timestamp};
+
+/// Errors of the Kafka layer, with what was being done.
+#[derive(Debug, thiserror::Error)]
+pub enum KafkaError {
+    /// A client call failed.
+    #[error("Kafka: {action}: {source}")]
+    Client {
+        /// What was being done.
+        action: String,
+        /// rdkafka's error.
+        source: rdkafka::error::KafkaError,
+    },
+    /// The side topic cannot be created, read or written.
+    #[error("side topic {topic}: {reason}")]
+    SideLog {
+        /// The side topic.
+        topic: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// A background thread is gone.
+    #[error("the {0} thread has stopped")]
+    Stopped(&'static str),
+}
+
+impl KafkaError {
+    pub(crate) fn client(action: &str, source: rdkafka::error::KafkaError) -> Self {
+        KafkaError::Client {
+            action: action.to_owned(),
+            source,
+        }
+    }
+
+    pub(crate) fn side(topic: &str, reason: String) -> Self {
+        KafkaError::SideLog {
+            topic: topic.to_owned(),
+            reason,
+        }
+    }
+}
+
+/// The buffer's copy of a fetched message.
+pub(crate) fn to_record(message: &BorrowedMessage<'_>) -> Record {
+    let timestamp = match message.timestamp() {
+        rdkafka::Timestamp::NotAvailable => Timestamp::NotAvailable,
+        rdkafka::Timestamp::CreateTime(ms) => Timestamp::CreateTime(ms),
+        rdkafka::Timestamp::LogAppendTime(ms) => Timestamp::LogAppendTime(ms),
+    };
+    let headers = message
+        .headers()
+        .map(|headers| {
+            headers
+                .iter()
+                .map(|h| Header {
+                    key: h.key.to_owned(),
+                    value: h.value.map(<[u8]>::to_vec),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    Record {
+        offset: message.offset(),
+        timestamp,
+        key: message.key().map(<[u8]>::to_vec),
+        payload: message.payload().map(<[u8]>::to_vec),
+        headers,
+    }
+}
