@@ -55,7 +55,7 @@ impl CatchupConfig {
 }
 
 /// Which lane a delivered record came through.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DeliveryLane {
     /// The backlog below the boundary.
     Catchup,

@@ -377,3 +377,35 @@ pub fn catchup_consumer(
 ) -> catchup::CatchupConsumer {
     catchup::CatchupConsumer::new(&kafka.consumer_config(group), config).expect("catchup consumer")
 }
+
+impl Kafka {
+    /// Produces `count` records to one partition, numbered from `first_index`.
+    pub async fn produce_to(
+        &self,
+        topic: &str,
+        partition: i32,
+        first_index: usize,
+        count: usize,
+    ) -> Vec<Produced> {
+        let mut produced = Vec::with_capacity(count);
+        for index in first_index..first_index + count {
+            let (key, payload) = key_and_payload(topic, index);
+            let record = FutureRecord::to(topic)
+                .key(&key)
+                .payload(&payload)
+                .partition(partition);
+            let delivery = self.producer.send(record, REQUEST_TIMEOUT).await;
+            let (partition, offset) = match delivery {
+                Ok(delivery) => (delivery.partition, delivery.offset),
+                Err((err, _)) => panic!("delivery to {topic} failed: {err}"),
+            };
+            produced.push(Produced {
+                partition,
+                offset,
+                key,
+                payload,
+            });
+        }
+        produced
+    }
+}
