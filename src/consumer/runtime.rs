@@ -254,7 +254,10 @@ impl Shared {
 
     /// The commits due for `only` (or every assigned partition).
     pub fn pending_commits(&self, only: Option<&[PartitionId]>) -> Vec<PendingCommit> {
-        let partitions = self.partitions();
+        let mut partitions = self.partitions();
+        for (key, runtime) in partitions.iter_mut() {
+            self.skip_trailing_gaps(key, runtime);
+        }
         partitions
             .iter()
             .filter(|(key, _)| only.is_none_or(|only| only.contains(key)))
@@ -277,6 +280,28 @@ impl Shared {
                 })
             })
             .collect()
+    }
+
+    /// Offsets past the last delivered record that hold no record (transaction markers,
+    /// compaction) count as processed once everything delivered is acknowledged — even when
+    /// the reader has not been asked for more since.
+    fn skip_trailing_gaps(&self, key: &PartitionId, runtime: &mut PartitionRuntime) {
+        for lane in Lane::ALL {
+            let acks = &mut runtime.acks[lane_index(lane)];
+            if acks.unacked() > 0 {
+                continue;
+            }
+            let from = acks.delivered_next();
+            match self.buffer.read(lane, &key.0, key.1, from, 1) {
+                Ok(batch) if batch.records.is_empty() && batch.next > from => {
+                    acks.read_through(batch.next)
+                }
+                Ok(_) => {}
+                Err(err) => self.emit(Event::Error {
+                    message: err.to_string(),
+                }),
+            }
+        }
     }
 
     /// Records a commit that Kafka now holds, and lets the buffer delete what it covers.

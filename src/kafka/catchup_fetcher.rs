@@ -9,7 +9,8 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::base_consumer::PartitionQueue;
+use rdkafka::consumer::{BaseConsumer, Consumer, DefaultConsumerContext};
 use rdkafka::error::KafkaError as RdError;
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
@@ -45,6 +46,10 @@ struct Tracked {
     position: i64,
     ranges: Vec<OffsetRange>,
 }
+
+/// A tracked partition's own queue: its end-of-partition event names it unambiguously
+/// (rdkafka's `PartitionEOF` carries only the partition number).
+type Queue = PartitionQueue<DefaultConsumerContext>;
 
 impl Tracked {
     /// The end of the range `position` is in; `None` when every range is fetched.
@@ -84,6 +89,7 @@ impl CatchupFetcher {
                     shared,
                     consumer: None,
                     tracked: HashMap::new(),
+                    queues: HashMap::new(),
                 }
                 .run(receiver)
             })
@@ -95,8 +101,9 @@ impl CatchupFetcher {
 struct Fetcher {
     config: ClientConfig,
     shared: Arc<Shared>,
-    consumer: Option<BaseConsumer>,
+    consumer: Option<Arc<BaseConsumer>>,
     tracked: HashMap<PartitionId, Tracked>,
+    queues: HashMap<PartitionId, Queue>,
 }
 
 impl Fetcher {
@@ -125,6 +132,7 @@ impl Fetcher {
                             if self.tracked.remove(key).is_some() {
                                 self.unassign(key);
                             }
+                            self.queues.remove(key);
                         }
                         let _ = done.send(());
                     }
@@ -150,9 +158,16 @@ impl Fetcher {
         }
         if self.consumer.is_none() {
             match self.config.create::<BaseConsumer>() {
-                Ok(consumer) => self.consumer = Some(consumer),
+                Ok(consumer) => self.consumer = Some(Arc::new(consumer)),
                 Err(err) => return self.error(format!("creating the catch-up consumer: {err}")),
             }
+        }
+        if let Some(queue) = self
+            .consumer
+            .as_ref()
+            .and_then(|c| c.split_partition_queue(&key.0, key.1))
+        {
+            self.queues.insert(key.clone(), queue);
         }
         self.assign_at(&key, tracked.position);
         self.tracked.insert(key, tracked);
@@ -184,27 +199,32 @@ impl Fetcher {
         }
     }
 
-    /// One poll round, then the positions check.
+    /// One poll round, then the positions and end-of-partition checks.
     fn fetch(&mut self) -> Result<(), String> {
-        let (batches, out_of_range) = match &self.consumer {
-            Some(consumer) => poll_batches(consumer)?,
-            None => return Ok(()),
+        let Some(consumer) = self.consumer.clone() else {
+            return Ok(());
         };
-        let mut moved = Vec::new();
-        for (key, records) in batches {
+        let mut round = Round::default();
+        // The main queue serves callbacks and any message fetched before its queue split.
+        round.take(consumer.poll(Duration::ZERO), None)?;
+        for (key, queue) in &self.queues {
+            for _ in 0..POLL_BATCH {
+                if !round.take(queue.poll(Duration::ZERO), Some(key))? {
+                    break;
+                }
+            }
+        }
+        if round.is_empty() {
+            round.take(consumer.poll(Duration::from_millis(20)), None)?;
+        }
+        for (key, records) in std::mem::take(&mut round.batches) {
             let Some(tracked) = self.tracked.get(&key) else {
                 continue;
             };
             let next = records.last().map_or(tracked.position, |r| r.offset + 1);
-            moved.push((key, records, next));
-        }
-        for (key, records, next) in moved {
             self.append(&key, &records, next)?;
         }
-        // Positions move past gaps (compaction, transaction markers) that no record shows.
-        let Some(consumer) = &self.consumer else {
-            return Ok(());
-        };
+        // Positions move past gaps that no record shows (compaction).
         let positions = consumer
             .position()
             .map_err(|e| format!("catch-up position: {e}"))?;
@@ -222,7 +242,21 @@ impl Fetcher {
         for (key, position) in gaps {
             self.append(&key, &[], position)?;
         }
-        if out_of_range {
+        // At the end of a partition every offset below the high watermark (the last stable
+        // offset under read_committed) has been seen: what is left of the range is markers
+        // and aborted records.
+        for key in round.at_end {
+            let Some(range_end) = self.tracked.get(&key).and_then(Tracked::range_end) else {
+                continue;
+            };
+            let (_, high) = consumer
+                .fetch_watermarks(&key.0, key.1, REQUEST_TIMEOUT)
+                .map_err(|e| format!("catch-up watermarks of {}/{}: {e}", key.0, key.1))?;
+            if high >= range_end {
+                self.append(&key, &[], range_end)?;
+            }
+        }
+        if round.out_of_range {
             self.skip_truncated()?;
         }
         Ok(())
@@ -250,6 +284,7 @@ impl Fetcher {
         match tracked.range_end() {
             None => {
                 self.tracked.remove(key);
+                self.queues.remove(key);
                 self.unassign(key);
                 self.shared.emit(Event::CatchupFetched {
                     topic: key.0.clone(),
@@ -300,29 +335,47 @@ impl Fetcher {
     }
 }
 
-type Batches = HashMap<PartitionId, Vec<Record>>;
+/// What one poll round brought.
+#[derive(Default)]
+struct Round {
+    batches: HashMap<PartitionId, Vec<Record>>,
+    at_end: Vec<PartitionId>,
+    out_of_range: bool,
+}
 
-/// One poll round: up to `POLL_BATCH` records by partition, and whether an offset fell out
-/// of range (retention).
-fn poll_batches(consumer: &BaseConsumer) -> Result<(Batches, bool), String> {
-    let mut batches: Batches = HashMap::new();
-    let mut out_of_range = false;
-    let mut timeout = Duration::from_millis(100);
-    for _ in 0..POLL_BATCH {
-        match consumer.poll(timeout) {
-            None => break,
+impl Round {
+    fn is_empty(&self) -> bool {
+        self.batches.is_empty() && self.at_end.is_empty() && !self.out_of_range
+    }
+
+    /// Takes one poll result (of the queue of `queue_key`, or of the main queue); returns
+    /// whether there was anything.
+    fn take(
+        &mut self,
+        polled: Option<rdkafka::error::KafkaResult<rdkafka::message::BorrowedMessage<'_>>>,
+        queue_key: Option<&PartitionId>,
+    ) -> Result<bool, String> {
+        match polled {
+            None => return Ok(false),
             Some(Ok(message)) => {
                 let key = (message.topic().to_owned(), message.partition());
-                batches.entry(key).or_default().push(to_record(&message));
+                self.batches
+                    .entry(key)
+                    .or_default()
+                    .push(to_record(&message));
             }
-            Some(Err(RdError::PartitionEOF(_))) => {}
+            Some(Err(RdError::PartitionEOF(_))) => {
+                if let Some(key) = queue_key {
+                    self.at_end.push(key.clone());
+                }
+                return Ok(false);
+            }
             Some(Err(RdError::MessageConsumption(RDKafkaErrorCode::AutoOffsetReset)))
             | Some(Err(RdError::MessageConsumption(RDKafkaErrorCode::OffsetOutOfRange))) => {
-                out_of_range = true
+                self.out_of_range = true
             }
             Some(Err(err)) => return Err(format!("catch-up fetch: {err}")),
         }
-        timeout = Duration::ZERO;
+        Ok(true)
     }
-    Ok((batches, out_of_range))
 }

@@ -362,6 +362,9 @@ pub async fn wait_for_event(
         let left = deadline.saturating_duration_since(Instant::now());
         match tokio::time::timeout(left, events.recv()).await {
             Ok(Ok(event)) if predicate(&event) => return event,
+            Ok(Ok(event)) if std::env::var_os("CATCHUP_TEST_EVENTS").is_some() => {
+                eprintln!("event: {event:?}")
+            }
             Ok(Ok(_)) | Ok(Err(tokio::sync::broadcast::error::RecvError::Lagged(_))) => {}
             Ok(Err(err)) => panic!("event channel closed: {err}"),
             Err(_) => panic!("no matching event within {timeout:?}"),
