@@ -1,11 +1,42 @@
 //! catchup: Kafka consumers that do not fall behind after a crash.
 //!
-//! The crate is built up in layers (see the repository's README):
+//! When a consumer rejoins its group after a crash, every fresh record normally waits behind
+//! the backlog. A [`CatchupConsumer`] splits such a partition at the log end (the
+//! *boundary*): the group member fetches fresh records from the boundary on (the **live
+//! lane**) while a second consumer fetches the backlog (the **catch-up lane**); both write
+//! into a crash-safe sled buffer, from which the application reads in [`Mode::Ordered`]
+//! (the backlog, then live — strictly increasing offsets) or [`Mode::Concurrent`] (fresh
+//! records first, each lane in order).
+//!
+//! ```no_run
+//! use catchup::{CatchupConfig, CatchupConsumer, Mode};
+//! use rdkafka::ClientConfig;
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), catchup::Error> {
+//!     let mut kafka = ClientConfig::new();
+//!     kafka.set("bootstrap.servers", "127.0.0.1:9092").set("group.id", "orders-app");
+//!     let config = CatchupConfig {
+//!         mode: Mode::Concurrent,
+//!         min_lag: 10_000,
+//!         ..CatchupConfig::new("/var/lib/orders-app/buffer")
+//!     };
+//!     let consumer = CatchupConsumer::new(&kafka, config)?;
+//!     consumer.subscribe(&["orders"])?;
+//!     loop {
+//!         let delivery = consumer.recv().await?;
+//!         println!("{}/{} @{} via {}", delivery.topic, delivery.partition, delivery.offset, delivery.lane.as_str());
+//!         consumer.ack(&delivery); // only acknowledged records are committed
+//!     }
+//! }
+//! ```
+//!
+//! The layers, each a module (see the README):
 //!
 //! * [`store`] — the crash-safe on-disk buffer (sled) both lanes write into;
 //! * [`plan`] — pure decisions: reconciliation on assignment, commits, token formats;
 //! * `kafka` — rdkafka adapters (live fetcher, catch-up fetcher, side log);
-//! * [`CatchupConsumer`] — the public API.
+//! * [`consumer`] — the public API around [`CatchupConsumer`].
 
 pub mod consumer;
 mod error;
@@ -18,3 +49,8 @@ pub use consumer::{
 };
 pub use error::Error;
 pub use kafka::KafkaError;
+
+/// The README's Rust examples, compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
