@@ -21,8 +21,9 @@ use crate::kafka::{CatchupCommand, CatchupFetcher, KafkaError, LiveCommand, Live
 use crate::store::{Buffer, BufferOptions, Lane};
 use runtime::Shared;
 
-/// Records read from the buffer per refill of the delivery queue.
-const READ_AHEAD: usize = 1024;
+/// Records read from the buffer per refill of the delivery queue (split fairly over the
+/// partitions, at least `runtime::MIN_READ` each).
+const READ_AHEAD: usize = 256;
 
 /// Deliveries read from the buffer and not yet handed out.
 #[derive(Default)]
@@ -30,6 +31,7 @@ struct Reader {
     /// `Ordered`/`Off`: everything in `[0]`; `Concurrent`: catch-up in `[0]`, live in `[1]`.
     queues: [VecDeque<Delivery>; 2],
     live_appends_seen: u64,
+    revocations_seen: u64,
 }
 
 /// A Kafka consumer that does not fall behind after a crash (see the crate docs).
@@ -118,6 +120,19 @@ impl CatchupConsumer {
         let mut reader = self.reader.lock().await;
         let concurrent = self.shared.config.mode == Mode::Concurrent;
         loop {
+            let revocations = self
+                .shared
+                .revocations
+                .load(std::sync::atomic::Ordering::Relaxed);
+            if revocations != reader.revocations_seen {
+                // Queued records of a revoked partition belong to its new owner now.
+                reader.revocations_seen = revocations;
+                let shared = &self.shared;
+                reader
+                    .queues
+                    .iter_mut()
+                    .for_each(|queue| queue.retain(|d| shared.is_current(d)));
+            }
             if concurrent {
                 // Fresh first: look for new live records before handing out queued backlog.
                 let live_appends = self

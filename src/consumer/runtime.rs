@@ -11,6 +11,9 @@ use super::types::{CatchupConfig, Delivery, DeliveryLane, Event, Mode};
 use crate::plan::{AckTracker, CommitPlan, Progress, SideEntry, SplitToken, plan_commit};
 use crate::store::{Buffer, Lane, PartitionLayout, PartitionState, StoreError};
 
+/// The fewest records read from one partition per refill.
+pub(crate) const MIN_READ: usize = 16;
+
 /// A topic and partition.
 pub(crate) type PartitionId = (String, i32);
 
@@ -97,6 +100,8 @@ pub(crate) struct Shared {
     pub notify: Notify,
     /// Bumped on every live-lane append: lets `Concurrent` look for fresh records first.
     pub live_appends: AtomicU64,
+    /// Bumped on every revocation: the reader drops queued records of revoked partitions.
+    pub revocations: AtomicU64,
     events: broadcast::Sender<Event>,
     /// Round-robin start for fairness across partitions.
     next_start: AtomicU64,
@@ -113,6 +118,7 @@ impl Shared {
             generation: AtomicU64::new(1),
             notify: Notify::new(),
             live_appends: AtomicU64::new(0),
+            revocations: AtomicU64::new(0),
             events,
             next_start: AtomicU64::new(0),
         }
@@ -154,7 +160,7 @@ impl Shared {
         }
         let start = self.next_start.fetch_add(1, Ordering::Relaxed) as usize % count;
         let keys: Vec<PartitionId> = partitions.keys().cloned().collect();
-        let per_partition = (max / count).max(64);
+        let per_partition = (max / count).max(MIN_READ);
         let mut filled = 0;
         for index in 0..count {
             let key = &keys[(start + index) % count];
@@ -240,6 +246,14 @@ impl Shared {
         }
         acks.read_through(next);
         out
+    }
+
+    /// Whether `delivery` belongs to a current assignment of its partition.
+    pub fn is_current(&self, delivery: &Delivery) -> bool {
+        let partitions = self.partitions();
+        partitions
+            .get(&(delivery.topic.clone(), delivery.partition))
+            .is_some_and(|runtime| runtime.generation == delivery.generation)
     }
 
     /// Marks a delivery processed. Deliveries of a revoked assignment are ignored.

@@ -311,6 +311,7 @@ impl LiveState {
                 runtimes.remove(key);
             }
         }
+        self.shared.revocations.fetch_add(1, Ordering::Relaxed);
         for (topic, partition) in &partitions {
             if let Err(err) = self.shared.buffer.discard_partition(topic, *partition) {
                 self.shared.emit(Event::Error {

@@ -186,14 +186,40 @@ impl Kafka {
         first_index: usize,
         count: usize,
     ) -> Vec<Produced> {
+        self.produce_records(topic, first_index, count, |index| {
+            (index % partitions as usize) as i32
+        })
+        .await
+    }
+
+    /// Produces `count` records to one partition, numbered from `first_index`.
+    pub async fn produce_to(
+        &self,
+        topic: &str,
+        partition: i32,
+        first_index: usize,
+        count: usize,
+    ) -> Vec<Produced> {
+        self.produce_records(topic, first_index, count, |_| partition)
+            .await
+    }
+
+    /// Sends every record first and awaits the deliveries after: one round trip per batch,
+    /// not per record.
+    async fn produce_records(
+        &self,
+        topic: &str,
+        first_index: usize,
+        count: usize,
+        partition_of: impl Fn(usize) -> i32,
+    ) -> Vec<Produced> {
         let mut pending = Vec::with_capacity(count);
         for index in first_index..first_index + count {
             let (key, payload) = key_and_payload(topic, index);
-            let partition = (index % partitions as usize) as i32;
             let mut record = FutureRecord::to(topic)
                 .key(&key)
                 .payload(&payload)
-                .partition(partition);
+                .partition(partition_of(index));
             let future = loop {
                 match self.producer.send_result(record) {
                     Ok(future) => break future,
@@ -217,8 +243,8 @@ impl Kafka {
             produced.push(Produced {
                 partition,
                 offset,
-                key: key.to_vec(),
-                payload: payload.to_vec(),
+                key,
+                payload,
             });
         }
         produced
@@ -379,36 +405,4 @@ pub fn catchup_consumer(
     config: catchup::CatchupConfig,
 ) -> catchup::CatchupConsumer {
     catchup::CatchupConsumer::new(&kafka.consumer_config(group), config).expect("catchup consumer")
-}
-
-impl Kafka {
-    /// Produces `count` records to one partition, numbered from `first_index`.
-    pub async fn produce_to(
-        &self,
-        topic: &str,
-        partition: i32,
-        first_index: usize,
-        count: usize,
-    ) -> Vec<Produced> {
-        let mut produced = Vec::with_capacity(count);
-        for index in first_index..first_index + count {
-            let (key, payload) = key_and_payload(topic, index);
-            let record = FutureRecord::to(topic)
-                .key(&key)
-                .payload(&payload)
-                .partition(partition);
-            let delivery = self.producer.send(record, REQUEST_TIMEOUT).await;
-            let (partition, offset) = match delivery {
-                Ok(delivery) => (delivery.partition, delivery.offset),
-                Err((err, _)) => panic!("delivery to {topic} failed: {err}"),
-            };
-            produced.push(Produced {
-                partition,
-                offset,
-                key,
-                payload,
-            });
-        }
-        produced
-    }
 }
