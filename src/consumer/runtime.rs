@@ -40,6 +40,8 @@ pub(crate) struct PartitionRuntime {
     ordered_next: i64,
     lane_next: [i64; 2],
     drained: bool,
+    /// Per lane, bytes fetched and not yet acknowledged (for the byte budget).
+    pub buffered_bytes: [u64; 2],
 }
 
 impl PartitionRuntime {
@@ -67,6 +69,7 @@ impl PartitionRuntime {
             },
             lane_next: [catchup_next, live_next],
             drained: catchup_done,
+            buffered_bytes: [0, 0],
         }
     }
 
@@ -206,7 +209,10 @@ impl Shared {
             for (queue, deliveries) in delivered {
                 if self.config.auto_ack {
                     for delivery in &deliveries {
-                        runtime.acks[lane_index(store_lane(delivery.lane))].ack(delivery.offset);
+                        let lane = lane_index(store_lane(delivery.lane));
+                        let freed = runtime.acks[lane].ack(delivery.offset) as u64;
+                        runtime.buffered_bytes[lane] =
+                            runtime.buffered_bytes[lane].saturating_sub(freed);
                     }
                 }
                 filled += deliveries.len();
@@ -248,6 +254,25 @@ impl Shared {
         out
     }
 
+    /// Counts `bytes` appended to `lane` of `key` against the byte budget.
+    pub fn add_buffered(&self, key: &PartitionId, lane: Lane, bytes: u64) {
+        if let Some(runtime) = self.partitions().get_mut(key) {
+            runtime.buffered_bytes[lane_index(lane)] += bytes;
+        }
+    }
+
+    /// Bytes fetched and not yet acknowledged: of `lane`, or of both lanes.
+    pub fn buffered_bytes(&self, lane: Option<Lane>) -> u64 {
+        let partitions = self.partitions();
+        partitions
+            .values()
+            .map(|runtime| match lane {
+                Some(lane) => runtime.buffered_bytes[lane_index(lane)],
+                None => runtime.buffered_bytes.iter().sum(),
+            })
+            .sum()
+    }
+
     /// Whether `delivery` belongs to a current assignment of its partition.
     pub fn is_current(&self, delivery: &Delivery) -> bool {
         let partitions = self.partitions();
@@ -261,7 +286,9 @@ impl Shared {
         let mut partitions = self.partitions();
         if let Some(runtime) = partitions.get_mut(&(delivery.topic.clone(), delivery.partition)) {
             if runtime.generation == delivery.generation {
-                runtime.acks[lane_index(store_lane(delivery.lane))].ack(delivery.offset);
+                let lane = lane_index(store_lane(delivery.lane));
+                let freed = runtime.acks[lane].ack(delivery.offset) as u64;
+                runtime.buffered_bytes[lane] = runtime.buffered_bytes[lane].saturating_sub(freed);
             }
         }
     }

@@ -189,6 +189,16 @@ pub enum Event {
         /// What was stale.
         what: String,
     },
+    /// A fetcher paused because the bytes fetched and not yet acknowledged exceed
+    /// [`CatchupConfig::buffer_budget_bytes`], or resumed below half of it.
+    Backpressure {
+        /// `"live"` or `"catch-up"`.
+        fetcher: String,
+        /// Paused (true) or resumed (false).
+        paused: bool,
+        /// The bytes counted at that moment.
+        buffered_bytes: u64,
+    },
     /// A background error; the consumer keeps going where it safely can.
     Error {
         /// The error.

@@ -16,9 +16,9 @@ use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
 use super::side_log::connection_only;
-use super::to_record;
-use crate::consumer::Event;
+use super::{Budget, to_record};
 use crate::consumer::runtime::{PartitionId, Shared};
+use crate::consumer::{Event, Mode};
 use crate::store::{Lane, OffsetRange, Record};
 
 const POLL_BATCH: usize = 2000;
@@ -80,6 +80,7 @@ impl CatchupFetcher {
             .set("enable.auto.offset.store", "false")
             .set("auto.offset.reset", "error")
             .set("enable.partition.eof", "true");
+        let budget = shared.config.buffer_budget_bytes;
         let (commands, receiver) = crossbeam_channel::unbounded();
         let thread = std::thread::Builder::new()
             .name("catchup-fetcher".into())
@@ -90,6 +91,7 @@ impl CatchupFetcher {
                     consumer: None,
                     tracked: HashMap::new(),
                     queues: HashMap::new(),
+                    budget: Budget::new("catch-up", budget),
                 }
                 .run(receiver)
             })
@@ -104,6 +106,7 @@ struct Fetcher {
     consumer: Option<Arc<BaseConsumer>>,
     tracked: HashMap<PartitionId, Tracked>,
     queues: HashMap<PartitionId, Queue>,
+    budget: Budget,
 }
 
 impl Fetcher {
@@ -259,6 +262,21 @@ impl Fetcher {
         if round.out_of_range {
             self.skip_truncated()?;
         }
+        // In Ordered mode only catch-up bytes count: live records cannot be delivered before
+        // the backlog, so pausing catch-up for them would stall the reader for good.
+        let lane = match self.shared.config.mode {
+            Mode::Concurrent => None,
+            Mode::Ordered | Mode::Off => Some(Lane::Catchup),
+        };
+        let buffered = self.shared.buffered_bytes(lane);
+        let tracked: Vec<PartitionId> = self.tracked.keys().cloned().collect();
+        self.budget.apply(&self.shared, &consumer, buffered, || {
+            let mut list = TopicPartitionList::new();
+            tracked.iter().for_each(|(topic, partition)| {
+                list.add_partition(topic, *partition);
+            });
+            Some(list)
+        });
         Ok(())
     }
 
@@ -277,6 +295,8 @@ impl Fetcher {
             .append(Lane::Catchup, &key.0, key.1, records, next.min(range_end))
             .map_err(|e| e.to_string())?;
         if outcome.stored > 0 {
+            self.shared
+                .add_buffered(key, Lane::Catchup, outcome.stored_bytes);
             self.shared.notify.notify_waiters();
         }
         let previous_end = range_end;

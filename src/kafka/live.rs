@@ -493,6 +493,7 @@ fn run(
     let shared = state.shared.clone();
     let interval = shared.config.commit_interval;
     let mut last_commit = Instant::now();
+    let mut budget = Budget::new("live", shared.config.buffer_budget_bytes);
     loop {
         while let Ok(command) = commands.try_recv() {
             match command {
@@ -534,6 +535,9 @@ fn run(
         if let Err(err) = poll_into_buffer(&consumer, &shared) {
             shared.emit(Event::Error { message: err });
         }
+        budget.apply(&shared, &consumer, shared.buffered_bytes(None), || {
+            consumer.assignment().ok()
+        });
     }
 }
 
@@ -576,4 +580,61 @@ fn poll_into_buffer(consumer: &BaseConsumer<LiveContext>, shared: &Shared) -> Re
         shared.notify.notify_waiters();
     }
     Ok(())
+}
+
+/// Pauses a fetcher while the bytes it buffered and nobody acknowledged exceed the budget,
+/// and resumes it below half: the buffer stays bounded whatever the backlog.
+pub(crate) struct Budget {
+    fetcher: &'static str,
+    limit: u64,
+    paused: bool,
+}
+
+impl Budget {
+    pub fn new(fetcher: &'static str, limit: u64) -> Self {
+        Self {
+            fetcher,
+            limit,
+            paused: false,
+        }
+    }
+
+    /// Pauses or resumes `partitions` of `consumer` for `buffered` bytes, and tells
+    /// `shared` when that changes.
+    pub fn apply<C: rdkafka::consumer::ConsumerContext>(
+        &mut self,
+        shared: &Shared,
+        consumer: &BaseConsumer<C>,
+        buffered: u64,
+        partitions: impl FnOnce() -> Option<TopicPartitionList>,
+    ) {
+        let pause = buffered > self.limit;
+        let resume = self.paused && buffered <= self.limit / 2;
+        if !(pause || resume) {
+            return;
+        }
+        let Some(partitions) = partitions() else {
+            return;
+        };
+        if pause {
+            // Every round while over budget: partitions assigned meanwhile get paused too.
+            let _ = consumer.pause(&partitions);
+            if !self.paused {
+                shared.emit(Event::Backpressure {
+                    fetcher: self.fetcher.into(),
+                    paused: true,
+                    buffered_bytes: buffered,
+                });
+            }
+            self.paused = true;
+        } else {
+            let _ = consumer.resume(&partitions);
+            shared.emit(Event::Backpressure {
+                fetcher: self.fetcher.into(),
+                paused: false,
+                buffered_bytes: buffered,
+            });
+            self.paused = false;
+        }
+    }
 }

@@ -6,7 +6,7 @@ mod live;
 mod side_log;
 
 pub(crate) use catchup_fetcher::{CatchupCommand, CatchupFetcher};
-pub(crate) use live::{LiveCommand, LiveFetcher};
+pub(crate) use live::{Budget, LiveCommand, LiveFetcher};
 pub(crate) use side_log::SideLog;
 
 use rdkafka::Message;

@@ -208,6 +208,7 @@ fn catchup_lane_keeps_only_its_ranges_and_gaps_are_covered() {
         outcome,
         AppendOutcome {
             stored: 5,
+            stored_bytes: evens.iter().map(|r| r.payload_bytes() as u64).take(5).sum(),
             fetched_next: 30
         }
     );

@@ -23,6 +23,8 @@ fn estimated_size(record: &Record) -> usize {
 pub struct AppendOutcome {
     /// Records written (the batch minus what the lane already held or does not own).
     pub stored: usize,
+    /// Key, payload and header bytes of the records written.
+    pub stored_bytes: u64,
     /// The lane's fetch position after the append.
     pub fetched_next: i64,
 }
@@ -76,6 +78,7 @@ impl Buffer {
         let Some(plan) = plan else {
             return Ok(AppendOutcome {
                 stored: 0,
+                stored_bytes: 0,
                 fetched_next: state.lane(lane).fetched_next,
             });
         };
@@ -120,8 +123,10 @@ impl Buffer {
         self.db
             .apply_batch(batch)
             .map_err(|err| self.sled_error(err))?;
+        let stored_bytes = kept.iter().map(|r| r.payload_bytes() as u64).sum();
         Ok(AppendOutcome {
             stored: kept.len(),
+            stored_bytes,
             fetched_next: next,
         })
     }
