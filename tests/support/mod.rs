@@ -250,6 +250,26 @@ impl Kafka {
         produced
     }
 
+    /// Produces `(key, value)` records to one partition, in order, and waits for them.
+    pub async fn produce_keyed(&self, topic: &str, partition: i32, records: &[(String, String)]) {
+        let mut pending = Vec::with_capacity(records.len());
+        for (key, value) in records {
+            let record = FutureRecord::to(topic)
+                .key(key)
+                .payload(value)
+                .partition(partition);
+            match self.producer.send_result(record) {
+                Ok(future) => pending.push(future),
+                Err((err, _)) => panic!("producing to {topic} failed: {err}"),
+            }
+        }
+        for future in pending {
+            if let Err((err, _)) = future.await.expect("delivery future dropped") {
+                panic!("delivery to {topic} failed: {err}");
+            }
+        }
+    }
+
     /// The group's committed offset per partition (`None`: nothing committed).
     pub fn committed(&self, group: &str, topic: &str, partitions: i32) -> Vec<Option<i64>> {
         let consumer: BaseConsumer = self.consumer_config(group).create().expect("consumer");
