@@ -10,7 +10,7 @@ use catchup::{CatchupConfig, DeliveryLane, Event, Mode};
 use support::{Kafka, catchup_consumer, unique};
 
 const PARTITIONS: i32 = 8;
-const WAIT: Duration = Duration::from_secs(90);
+const WAIT: Duration = Duration::from_secs(30);
 
 async fn run(mode: Mode) {
     let kafka = Kafka::connect();
@@ -42,10 +42,12 @@ async fn run(mode: Mode) {
     let mut delivered = 0;
     let mut produced_fresh = false;
     while delivered < total {
-        let delivery = tokio::time::timeout(WAIT, consumer.recv())
-            .await
-            .expect("delivery in time")
-            .expect("recv");
+        let Ok(delivery) = tokio::time::timeout(WAIT, consumer.recv()).await else {
+            let progress: Vec<_> = seen.iter().map(|(k, v)| (k, v.len(), v.last())).collect();
+            let happened: Vec<Event> = std::iter::from_fn(|| events.try_recv().ok()).collect();
+            panic!("no delivery within {WAIT:?}: seen {progress:?}, events {happened:#?}");
+        };
+        let delivery = delivery.expect("recv");
         let lane_key = match mode {
             Mode::Concurrent => delivery.lane,
             _ => DeliveryLane::Plain, // one order per partition

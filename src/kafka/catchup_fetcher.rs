@@ -220,12 +220,16 @@ impl Fetcher {
         if round.is_empty() {
             round.take(consumer.poll(Duration::from_millis(20)), None)?;
         }
+        let mut failed = Vec::new();
         for (key, records) in std::mem::take(&mut round.batches) {
             let Some(tracked) = self.tracked.get(&key) else {
                 continue;
             };
             let next = records.last().map_or(tracked.position, |r| r.offset + 1);
-            self.append(&key, &records, next)?;
+            if let Err(message) = self.append(&key, &records, next) {
+                self.error(message);
+                failed.push(key);
+            }
         }
         // Positions move past gaps that no record shows (compaction).
         let positions = consumer
@@ -234,6 +238,9 @@ impl Fetcher {
         let mut gaps = Vec::new();
         for element in positions.elements() {
             let key = (element.topic().to_owned(), element.partition());
+            if failed.contains(&key) {
+                continue; // being refetched: its position says nothing about what is stored
+            }
             if let (Offset::Offset(position), Some(tracked)) =
                 (element.offset(), self.tracked.get(&key))
             {
@@ -248,7 +255,7 @@ impl Fetcher {
         // At the end of a partition every offset below the high watermark (the last stable
         // offset under read_committed) has been seen: what is left of the range is markers
         // and aborted records.
-        for key in round.at_end {
+        for key in round.at_end.into_iter().filter(|key| !failed.contains(key)) {
             let Some(range_end) = self.tracked.get(&key).and_then(Tracked::range_end) else {
                 continue;
             };
@@ -292,8 +299,21 @@ impl Fetcher {
         let outcome = self
             .shared
             .buffer
-            .append(Lane::Catchup, &key.0, key.1, records, next.min(range_end))
-            .map_err(|e| e.to_string())?;
+            .append(Lane::Catchup, &key.0, key.1, records, next);
+        let outcome = match outcome {
+            Ok(outcome) => outcome,
+            Err(err) => {
+                // librdkafka's position is past these records now; were it left there, the
+                // next append would cover them as a gap. Fetch them again instead.
+                let position = tracked.position;
+                self.unassign(key);
+                self.assign_at(key, position);
+                return Err(format!(
+                    "catch-up append of {}/{} (refetching from {position}): {err}",
+                    key.0, key.1
+                ));
+            }
+        };
         if outcome.stored > 0 {
             self.shared
                 .add_buffered(key, Lane::Catchup, outcome.stored_bytes);
