@@ -116,52 +116,65 @@ impl CatchupConsumer {
     }
 
     /// The next record, in the order of the configured [`Mode`]. Waits until one is there.
+    /// Cancel-safe: a `recv` dropped while waiting loses nothing.
     pub async fn recv(&self) -> Result<Delivery, Error> {
         let mut reader = self.reader.lock().await;
-        let concurrent = self.shared.config.mode == Mode::Concurrent;
         loop {
-            let revocations = self
-                .shared
-                .revocations
-                .load(std::sync::atomic::Ordering::Relaxed);
-            if revocations != reader.revocations_seen {
-                // Queued records of a revoked partition belong to its new owner now.
-                reader.revocations_seen = revocations;
-                let shared = &self.shared;
-                reader
-                    .queues
-                    .iter_mut()
-                    .for_each(|queue| queue.retain(|d| shared.is_current(d)));
-            }
-            if concurrent {
-                // Fresh first: look for new live records before handing out queued backlog.
-                let live_appends = self
-                    .shared
-                    .live_appends
-                    .load(std::sync::atomic::Ordering::Relaxed);
-                if live_appends != reader.live_appends_seen && reader.queues[1].is_empty() {
-                    reader.live_appends_seen = live_appends;
-                    self.shared
-                        .fill(&mut reader.queues, READ_AHEAD, &[Lane::Live])?;
-                }
-                if let Some(delivery) = reader.queues[1].pop_front() {
-                    return Ok(delivery);
-                }
-            }
-            if let Some(delivery) = reader.queues[0].pop_front() {
-                return Ok(delivery);
-            }
             let notified = self.shared.notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            self.shared
-                .fill(&mut reader.queues, READ_AHEAD, &[Lane::Live, Lane::Catchup])?;
-            if reader.queues.iter().all(VecDeque::is_empty) {
-                // Appends and assignments wake us; the timeout covers a wake-up that raced
-                // with the refill above.
-                let _ = tokio::time::timeout(Duration::from_millis(100), notified).await;
+            if let Some(delivery) = self.next_ready(&mut reader)? {
+                return Ok(delivery);
+            }
+            // Appends and assignments wake us; the timeout covers a wake-up that raced with
+            // the refill.
+            let _ = tokio::time::timeout(Duration::from_millis(100), notified).await;
+        }
+    }
+
+    /// The next record if one is ready now, without waiting.
+    pub async fn try_recv(&self) -> Result<Option<Delivery>, Error> {
+        let mut reader = self.reader.lock().await;
+        self.next_ready(&mut reader)
+    }
+
+    fn next_ready(&self, reader: &mut Reader) -> Result<Option<Delivery>, Error> {
+        let revocations = self
+            .shared
+            .revocations
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if revocations != reader.revocations_seen {
+            // Queued records of a revoked partition belong to its new owner now.
+            reader.revocations_seen = revocations;
+            let shared = &self.shared;
+            reader
+                .queues
+                .iter_mut()
+                .for_each(|queue| queue.retain(|d| shared.is_current(d)));
+        }
+        if self.shared.config.mode == Mode::Concurrent {
+            // Fresh first: look for new live records before handing out queued backlog.
+            let live_appends = self
+                .shared
+                .live_appends
+                .load(std::sync::atomic::Ordering::Relaxed);
+            if live_appends != reader.live_appends_seen && reader.queues[1].is_empty() {
+                reader.live_appends_seen = live_appends;
+                self.shared
+                    .fill(&mut reader.queues, READ_AHEAD, &[Lane::Live])?;
+            }
+            if let Some(delivery) = reader.queues[1].pop_front() {
+                return Ok(Some(delivery));
             }
         }
+        if let Some(delivery) = reader.queues[0].pop_front() {
+            return Ok(Some(delivery));
+        }
+        self.shared
+            .fill(&mut reader.queues, READ_AHEAD, &[Lane::Live, Lane::Catchup])?;
+        Ok(reader.queues[1]
+            .pop_front()
+            .or_else(|| reader.queues[0].pop_front()))
     }
 
     /// The deliveries as a stream (never ends; errors are items).

@@ -5,6 +5,7 @@
 
 mod dump;
 mod inspect;
+mod run;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -35,6 +36,8 @@ enum Command {
     },
     /// Print buffered records as JSON lines, in delivery order (offline, read-only).
     Dump(dump::DumpArgs),
+    /// Consume with a catchup consumer into a JSON-lines sink: the reference consumer.
+    Run(Box<run::RunArgs>),
     /// Check every value, checksum, key and cursor of a buffer (offline, read-only).
     Verify {
         /// The buffer directory.
@@ -67,6 +70,16 @@ impl From<StoreError> for Failure {
     }
 }
 
+/// The exit code class of a library error: a buffer that cannot be opened or a bad
+/// setting is usage (2); anything else is a run-time failure (1).
+fn failure(err: catchup::Error) -> Failure {
+    match err {
+        catchup::Error::Store(store) => Failure::from(store),
+        catchup::Error::Config(message) => Failure::Usage(message),
+        other => Failure::Runtime(other.to_string()),
+    }
+}
+
 /// Opens a read-only snapshot of `dir`, with a progress bar when copying takes a while.
 fn open_snapshot(dir: &Path) -> Result<Snapshot, Failure> {
     let bar = indicatif::ProgressBar::new(0).with_message("copying the buffer");
@@ -84,6 +97,12 @@ fn open_snapshot(dir: &Path) -> Result<Snapshot, Failure> {
 
 fn run(cli: Cli) -> Result<ExitCode, Failure> {
     match cli.command {
+        Command::Run(args) => {
+            let runtime = tokio::runtime::Runtime::new()
+                .map_err(|e| Failure::Runtime(format!("starting the runtime: {e}")))?;
+            runtime.block_on(run::run(*args))?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Inspect { dir, json } => {
             let snapshot = open_snapshot(&dir)?;
             inspect::print(&dir, snapshot.buffer(), json)?;

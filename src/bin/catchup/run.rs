@@ -1,0 +1,304 @@
+//! `catchup run`: a reference consumer with a file sink, and the processing loop the demo
+//! shares.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use base64::Engine;
+use catchup::{CatchupConfig, CatchupConsumer, Delivery, Mode};
+use rdkafka::ClientConfig;
+use serde_json::{Value, json};
+
+use crate::Failure;
+
+/// Arguments of `catchup run`.
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// Bootstrap servers, `host:port[,host:port...]`.
+    #[arg(long)]
+    pub brokers: String,
+    /// Consumer group.
+    #[arg(long)]
+    pub group: String,
+    /// Topic to consume (repeat for several).
+    #[arg(long = "topic", required = true)]
+    pub topics: Vec<String>,
+    /// The buffer directory (one per consumer instance).
+    #[arg(long)]
+    pub buffer_dir: PathBuf,
+    /// Delivery mode.
+    #[arg(long, value_enum, default_value = "ordered")]
+    pub mode: ModeArg,
+    /// Split a partition only when its backlog is at least this many offsets.
+    #[arg(long, default_value_t = 1000)]
+    pub min_lag: u64,
+    /// Append one JSON line per processed record to this file (fsynced before the ack).
+    #[arg(long)]
+    pub sink: Option<PathBuf>,
+    /// Simulated work per record, in microseconds.
+    #[arg(long, default_value_t = 0)]
+    pub process_us: u64,
+    /// Exit once nothing arrived for this many seconds and everything is committed and merged.
+    #[arg(long)]
+    pub exit_when_idle: Option<u64>,
+    /// An rdkafka property, `KEY=VALUE` (repeatable), e.g. `group.protocol=consumer`.
+    #[arg(long = "config", value_parser = parse_key_value)]
+    pub config: Vec<(String, String)>,
+}
+
+/// `--mode` values.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum ModeArg {
+    /// Backlog first, then live: strictly increasing offsets.
+    Ordered,
+    /// Fresh records first, each lane in order.
+    Concurrent,
+    /// No split: the baseline.
+    Off,
+}
+
+impl From<ModeArg> for Mode {
+    fn from(mode: ModeArg) -> Self {
+        match mode {
+            ModeArg::Ordered => Mode::Ordered,
+            ModeArg::Concurrent => Mode::Concurrent,
+            ModeArg::Off => Mode::Off,
+        }
+    }
+}
+
+fn parse_key_value(text: &str) -> Result<(String, String), String> {
+    let (key, value) = text
+        .split_once('=')
+        .ok_or_else(|| format!("expected KEY=VALUE, got '{text}'"))?;
+    if key.is_empty() {
+        return Err(format!("empty key in '{text}'"));
+    }
+    Ok((key.to_owned(), value.to_owned()))
+}
+
+/// The rdkafka settings of a consumer in `group` on `brokers`, with `extra` on top.
+pub fn client_config(brokers: &str, group: &str, extra: &[(String, String)]) -> ClientConfig {
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", brokers)
+        .set("group.id", group)
+        .set("auto.offset.reset", "earliest");
+    for (key, value) in extra {
+        config.set(key, value);
+    }
+    config
+}
+
+/// Appends processed records as JSON lines; durable before they are acknowledged.
+pub struct Sink {
+    path: PathBuf,
+    writer: BufWriter<File>,
+}
+
+impl Sink {
+    pub fn open(path: PathBuf) -> Result<Self, Failure> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(|e| Failure::Usage(format!("cannot open the sink {}: {e}", path.display())))?;
+        Ok(Self {
+            path,
+            writer: BufWriter::new(file),
+        })
+    }
+
+    fn write(&mut self, delivery: &Delivery, processed_at_ms: u128) -> Result<(), Failure> {
+        let mut line = json!({
+            "topic": delivery.topic,
+            "partition": delivery.partition,
+            "offset": delivery.offset,
+            "lane": delivery.lane.as_str(),
+            "processed_at_ms": processed_at_ms as u64,
+        });
+        let text_or_b64 = |name: &str, bytes: &Option<Vec<u8>>| -> (String, Value) {
+            match bytes.as_deref().map(std::str::from_utf8) {
+                None => (name.to_owned(), Value::Null),
+                Some(Ok(text)) => (name.to_owned(), Value::String(text.to_owned())),
+                Some(Err(_)) => (
+                    format!("{name}_b64"),
+                    Value::String(
+                        base64::engine::general_purpose::STANDARD
+                            .encode(bytes.as_deref().unwrap_or_default()),
+                    ),
+                ),
+            }
+        };
+        if let Value::Object(fields) = &mut line {
+            let (name, value) = text_or_b64("key", &delivery.key);
+            fields.insert(name, value);
+            let (name, value) = text_or_b64("value", &delivery.payload);
+            fields.insert(name, value);
+        }
+        writeln!(self.writer, "{line}").map_err(|e| self.error(e))
+    }
+
+    /// Flushes and fsyncs: everything written so far survives a crash.
+    fn sync(&mut self) -> Result<(), Failure> {
+        self.writer.flush().map_err(|e| self.error(e))?;
+        self.writer.get_ref().sync_data().map_err(|e| self.error(e))
+    }
+
+    fn error(&self, err: std::io::Error) -> Failure {
+        Failure::Runtime(format!("writing the sink {}: {err}", self.path.display()))
+    }
+}
+
+/// How records are processed.
+pub struct Processing {
+    pub process_us: u64,
+    pub sink: Option<Sink>,
+    pub exit_when_idle: Option<Duration>,
+}
+
+/// What a processing loop did.
+#[derive(Debug, Default, Clone)]
+pub struct Summary {
+    pub processed: u64,
+    pub elapsed: Duration,
+}
+
+/// Most records handled (written, synced, acknowledged) as one batch.
+const BATCH: usize = 500;
+
+fn now_ms() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis())
+}
+
+/// Simulated work: a busy wait, like CPU-bound processing.
+fn work(micros: u64) {
+    if micros == 0 {
+        return;
+    }
+    let until = Instant::now() + Duration::from_micros(micros);
+    while Instant::now() < until {
+        std::hint::spin_loop();
+    }
+}
+
+/// Receives, processes, syncs the sink and acknowledges, batch by batch, until `stop` says
+/// so or the consumer has been idle and settled for `exit_when_idle`.
+pub async fn process(
+    consumer: &CatchupConsumer,
+    processing: &mut Processing,
+    mut observe: impl FnMut(&Delivery),
+    mut stop: impl FnMut() -> bool,
+) -> Result<Summary, Failure> {
+    let started = Instant::now();
+    let mut summary = Summary::default();
+    let mut last_delivery = Instant::now();
+    let mut batch = Vec::with_capacity(BATCH);
+    while !stop() {
+        let first = tokio::time::timeout(Duration::from_millis(100), consumer.recv()).await;
+        match first {
+            Ok(delivery) => batch.push(delivery.map_err(|e| Failure::Runtime(e.to_string()))?),
+            Err(_) => {
+                if let Some(idle) = processing.exit_when_idle {
+                    if last_delivery.elapsed() >= idle {
+                        consumer
+                            .commit()
+                            .await
+                            .map_err(|e| Failure::Runtime(e.to_string()))?;
+                        if consumer.settled() {
+                            break;
+                        }
+                    }
+                }
+                continue;
+            }
+        }
+        while batch.len() < BATCH {
+            match consumer
+                .try_recv()
+                .await
+                .map_err(|e| Failure::Runtime(e.to_string()))?
+            {
+                Some(delivery) => batch.push(delivery),
+                None => break,
+            }
+        }
+        for delivery in &batch {
+            work(processing.process_us);
+            observe(delivery);
+            if let Some(sink) = &mut processing.sink {
+                sink.write(delivery, now_ms())?;
+            }
+        }
+        if let Some(sink) = &mut processing.sink {
+            sink.sync()?;
+        }
+        summary.processed += batch.len() as u64;
+        for delivery in batch.drain(..) {
+            consumer.ack(&delivery);
+        }
+        last_delivery = Instant::now();
+    }
+    summary.elapsed = started.elapsed();
+    Ok(summary)
+}
+
+/// `catchup run`.
+pub async fn run(args: RunArgs) -> Result<(), Failure> {
+    let client = client_config(&args.brokers, &args.group, &args.config);
+    let config = CatchupConfig {
+        mode: args.mode.into(),
+        min_lag: args.min_lag,
+        ..CatchupConfig::new(&args.buffer_dir)
+    };
+    let consumer = CatchupConsumer::new(&client, config).map_err(crate::failure)?;
+    let topics: Vec<&str> = args.topics.iter().map(String::as_str).collect();
+    consumer.subscribe(&topics).map_err(crate::failure)?;
+    let mut processing = Processing {
+        process_us: args.process_us,
+        sink: args.sink.clone().map(Sink::open).transpose()?,
+        exit_when_idle: args.exit_when_idle.map(Duration::from_secs),
+    };
+    let stop = stop_on_signals()
+        .map_err(|e| Failure::Runtime(format!("installing signal handlers: {e}")))?;
+    let result = process(
+        &consumer,
+        &mut processing,
+        |_| {},
+        || stop.load(Ordering::Relaxed),
+    )
+    .await;
+    // Whatever happened, commit what was acknowledged and leave the group cleanly.
+    let closed = consumer.close().await;
+    let summary = result?;
+    closed.map_err(|e| Failure::Runtime(e.to_string()))?;
+    eprintln!(
+        "catchup: processed {} record(s) in {:.1} s",
+        summary.processed,
+        summary.elapsed.as_secs_f64()
+    );
+    Ok(())
+}
+
+/// A flag raised by SIGINT or SIGTERM: stop fetching, commit, close, exit 0.
+fn stop_on_signals() -> std::io::Result<Arc<AtomicBool>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut terminate = signal(SignalKind::terminate())?;
+    let flag = stop.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = interrupt.recv() => {}
+            _ = terminate.recv() => {}
+        }
+        flag.store(true, Ordering::Relaxed);
+    });
+    Ok(stop)
+}
