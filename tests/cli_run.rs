@@ -152,7 +152,8 @@ async fn sigterm_commits_what_was_processed_and_exits_0() {
         .expect("spawn");
     let deadline = Instant::now() + Duration::from_secs(60);
     // Complete lines only: the child may be in the middle of writing one.
-    let written = || std::fs::read(&sink).map_or(0, |bytes| bytes.iter().filter(|&&b| b == b'\n').count());
+    let written =
+        || std::fs::read(&sink).map_or(0, |bytes| bytes.iter().filter(|&&b| b == b'\n').count());
     while written() < 200 {
         assert!(Instant::now() < deadline, "nothing processed within 60 s");
         std::thread::sleep(Duration::from_millis(50));

@@ -3,6 +3,7 @@
 //! Exit codes: `0` success; `1` a run-time failure, or `verify` found problems; `2` bad usage
 //! or a buffer that cannot be opened (missing, not a buffer, damaged, newer format, in use).
 
+mod demo;
 mod dump;
 mod inspect;
 mod run;
@@ -38,6 +39,8 @@ enum Command {
     Dump(dump::DumpArgs),
     /// Consume with a catchup consumer into a JSON-lines sink: the reference consumer.
     Run(Box<run::RunArgs>),
+    /// Build a backlog, then restart a consumer three ways (off, ordered, concurrent) and compare.
+    Demo(demo::DemoArgs),
     /// Check every value, checksum, key and cursor of a buffer (offline, read-only).
     Verify {
         /// The buffer directory.
@@ -95,12 +98,19 @@ fn open_snapshot(dir: &Path) -> Result<Snapshot, Failure> {
     Ok(snapshot?)
 }
 
+fn tokio_runtime() -> Result<tokio::runtime::Runtime, Failure> {
+    tokio::runtime::Runtime::new()
+        .map_err(|e| Failure::Runtime(format!("starting the runtime: {e}")))
+}
+
 fn run(cli: Cli) -> Result<ExitCode, Failure> {
     match cli.command {
         Command::Run(args) => {
-            let runtime = tokio::runtime::Runtime::new()
-                .map_err(|e| Failure::Runtime(format!("starting the runtime: {e}")))?;
-            runtime.block_on(run::run(*args))?;
+            tokio_runtime()?.block_on(run::run(*args))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Demo(args) => {
+            tokio_runtime()?.block_on(demo::demo(args))?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Inspect { dir, json } => {

@@ -1,0 +1,65 @@
+//! `catchup demo` against the test broker with a small backlog: it runs the three modes and
+//! writes its figures and chart.
+
+mod support;
+
+use std::process::Command;
+
+#[test]
+fn demo_compares_the_three_modes() {
+    let brokers = support::bootstrap();
+    let out = tempfile::tempdir().expect("tempdir");
+    let output = Command::new(env!("CARGO_BIN_EXE_catchup"))
+        .args([
+            "demo",
+            "--brokers",
+            &brokers,
+            "--backlog",
+            "20000",
+            "--process-us",
+            "100",
+        ])
+        .arg("--out")
+        .arg(out.path())
+        .output()
+        .expect("run the demo");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    for mode in ["off", "ordered", "concurrent"] {
+        assert!(
+            stdout.lines().any(|line| line.starts_with(mode)),
+            "no row for {mode}:\n{stdout}"
+        );
+    }
+    let figures: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.path().join("demo.json")).expect("demo.json"))
+            .expect("json");
+    let runs = figures["runs"].as_array().expect("runs");
+    assert_eq!(runs.len(), 3);
+    for run in runs {
+        assert_eq!(run["duplicates"], 0, "{run}");
+        assert!(
+            run["processed"].as_u64().is_some_and(|n| n >= 20_000),
+            "{run}"
+        );
+    }
+    // Concurrent hands out a fresh record while its backlog is still being worked off.
+    let concurrent = &runs[2];
+    let first_fresh = concurrent["first_fresh_s"]
+        .as_f64()
+        .expect("a fresh record");
+    assert!(
+        first_fresh < concurrent["backlog_drained_s"].as_f64().unwrap_or(0.0),
+        "{concurrent}"
+    );
+    let chart = std::fs::read_to_string(out.path().join("demo.svg")).expect("demo.svg");
+    assert!(
+        chart.starts_with("<svg") && chart.contains("concurrent"),
+        "not a chart"
+    );
+}
