@@ -42,6 +42,8 @@ pub(crate) struct PartitionRuntime {
     drained: bool,
     /// Per lane, bytes fetched and not yet acknowledged (for the byte budget).
     pub buffered_bytes: [u64; 2],
+    /// When the partition was assigned, until its first live record is delivered.
+    awaiting_fresh_since: Option<std::time::Instant>,
 }
 
 impl PartitionRuntime {
@@ -70,6 +72,7 @@ impl PartitionRuntime {
             lane_next: [catchup_next, live_next],
             drained: catchup_done,
             buffered_bytes: [0, 0],
+            awaiting_fresh_since: Some(std::time::Instant::now()),
         }
     }
 
@@ -234,6 +237,14 @@ impl Shared {
         next: i64,
     ) -> Vec<Delivery> {
         let delivery_lane = runtime.delivery_lane(lane);
+        if lane == Lane::Live && !records.is_empty() {
+            if let Some(since) = runtime.awaiting_fresh_since.take() {
+                metrics::histogram!("catchup_time_to_first_fresh_seconds")
+                    .record(since.elapsed().as_secs_f64());
+            }
+        }
+        metrics::counter!("catchup_records_delivered_total", "lane" => lane.as_str())
+            .increment(records.len() as u64);
         let acks = &mut runtime.acks[lane_index(lane)];
         let mut out = Vec::with_capacity(records.len());
         for record in records {
@@ -296,8 +307,25 @@ impl Shared {
     /// The commits due for `only` (or every assigned partition).
     pub fn pending_commits(&self, only: Option<&[PartitionId]>) -> Vec<PendingCommit> {
         let mut partitions = self.partitions();
+        let mut lag = [0i64; 2];
         for (key, runtime) in partitions.iter_mut() {
             self.skip_trailing_gaps(key, runtime);
+            if let Ok(Some(state)) = self.buffer.partition_state(&key.0, key.1) {
+                for lane in Lane::ALL {
+                    let processed = runtime.acks[lane_index(lane)].committable();
+                    lag[lane_index(lane)] += (state.lane(lane).fetched_next - processed).max(0);
+                }
+            }
+        }
+        for lane in Lane::ALL {
+            // Offsets fetched into the buffer and not yet processed.
+            metrics::gauge!("catchup_lag_offsets", "lane" => lane.as_str())
+                .set(lag[lane_index(lane)] as f64);
+            let bytes: u64 = partitions
+                .values()
+                .map(|r| r.buffered_bytes[lane_index(lane)])
+                .sum();
+            metrics::gauge!("catchup_buffered_bytes", "lane" => lane.as_str()).set(bytes as f64);
         }
         partitions
             .iter()
@@ -387,6 +415,13 @@ impl Shared {
                 self.buffer
                     .record_committed(Lane::Live, topic, *partition, *offset)?;
                 drop(partitions);
+                tracing::info!(
+                    topic,
+                    partition,
+                    offset,
+                    "split merged into the group's offsets"
+                );
+                metrics::counter!("catchup_merges_total").increment(1);
                 self.emit(Event::Merged {
                     topic: topic.clone(),
                     partition: *partition,

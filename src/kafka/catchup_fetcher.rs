@@ -315,6 +315,8 @@ impl Fetcher {
             }
         };
         if outcome.stored > 0 {
+            metrics::counter!("catchup_records_fetched_total", "lane" => "catchup")
+                .increment(outcome.stored as u64);
             self.shared
                 .add_buffered(key, Lane::Catchup, outcome.stored_bytes);
             self.shared.notify.notify_waiters();
@@ -323,6 +325,11 @@ impl Fetcher {
         tracked.position = outcome.fetched_next;
         match tracked.range_end() {
             None => {
+                tracing::info!(
+                    topic = key.0,
+                    partition = key.1,
+                    "catch-up lane fetched; partition leaves the catch-up consumer"
+                );
                 self.tracked.remove(key);
                 self.queues.remove(key);
                 self.unassign(key);

@@ -161,6 +161,8 @@ impl LiveState {
         topic: &str,
         partition: i32,
     ) -> Result<i64, crate::Error> {
+        let _span = tracing::info_span!("assign", topic, partition).entered();
+        let _span = tracing::info_span!("assign", topic, partition).entered();
         let shared = &self.shared;
         let main = committed
             .find_partition(topic, partition)
@@ -286,6 +288,8 @@ impl LiveState {
     fn on_revoke(&self, consumer: &BaseConsumer<LiveContext>, tpl: &TopicPartitionList) {
         let partitions = partitions_of(tpl);
         let lost = consumer.assignment_lost();
+        let _span = tracing::info_span!("revoke", count = partitions.len(), lost).entered();
+        let _span = tracing::info_span!("revoke", count = partitions.len(), lost).entered();
         if self.abandoned.load(Ordering::Relaxed) {
             return; // a simulated crash: leave Kafka and the buffer as they are
         }
@@ -331,6 +335,8 @@ impl LiveState {
     ) -> Result<(), KafkaError> {
         let mut first_error = None;
         for pending in self.shared.pending_commits(only) {
+            tracing::debug!(partition = ?pending.partition, plan = ?pending.plan, "commit");
+            tracing::debug!(partition = ?pending.partition, plan = ?pending.plan, "commit");
             match self.apply_commit(consumer, &pending) {
                 Ok(()) => {
                     if let Err(err) = self.shared.commit_applied(&pending) {
@@ -559,19 +565,33 @@ fn poll_into_buffer(consumer: &BaseConsumer<LiveContext>, shared: &Shared) -> Re
         timeout = Duration::ZERO;
     }
     let mut appended = false;
-    for ((topic, partition), records) in batches {
-        if !shared
-            .partitions()
-            .contains_key(&(topic.clone(), partition))
-        {
+    for (key, records) in batches {
+        if !shared.partitions().contains_key(&key) {
             continue; // not (or no longer) ours
         }
         let next = records.last().map_or(0, |r| r.offset + 1);
-        shared
+        match shared
             .buffer
-            .append(Lane::Live, &topic, partition, &records, next)
-            .map_err(|e| e.to_string())?;
-        appended = true;
+            .append(Lane::Live, &key.0, key.1, &records, next)
+        {
+            Ok(outcome) => {
+                metrics::counter!("catchup_records_fetched_total", "lane" => "live")
+                    .increment(outcome.stored as u64);
+                shared.add_buffered(&key, Lane::Live, outcome.stored_bytes);
+                appended = true;
+            }
+            Err(err) => {
+                // The consumer's position is past these records: go back to what the buffer
+                // holds, or the next append would cover them as a gap.
+                let held = shared.buffer.partition_state(&key.0, key.1).ok().flatten();
+                if let Some(position) = held.map(|state| state.live.fetched_next) {
+                    let _ = consumer.seek(&key.0, key.1, Offset::Offset(position), REQUEST_TIMEOUT);
+                }
+                shared.emit(Event::Error {
+                    message: format!("live append of {}/{}: {err}", key.0, key.1),
+                });
+            }
+        }
     }
     if appended {
         shared
