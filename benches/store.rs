@@ -270,40 +270,27 @@ fn summary_table() {
         let mb = |d: Duration| payload / d.as_secs_f64() / 1e6;
         let ratio = |bytes: u64| format!("{:.2}x", bytes as f64 / payload);
 
-        let dir = tempfile::tempdir().expect("tempdir");
-        let mut chunked = Chunked::open(dir.path());
-        let result = pass(&mut chunked, dir.path(), size);
-        let [buffered, drained, again] = result.disk;
-        println!(
-            "{:<11} {:>7} {:>13.0} {:>7.1} {:>14.0} {:>7.1} {:>9} {:>9} {:>9}",
-            "chunked",
-            format!("{size} B"),
-            rate(result.append),
-            mb(result.append),
-            rate(result.read_commit),
-            mb(result.read_commit),
-            ratio(buffered),
-            ratio(drained),
-            ratio(again)
-        );
-        drop(chunked);
-
-        let dir = tempfile::tempdir().expect("tempdir");
-        let mut per_record = PerRecord::open(dir.path());
-        let result = pass(&mut per_record, dir.path(), size);
-        let [buffered, drained, again] = result.disk;
-        println!(
-            "{:<11} {:>7} {:>13.0} {:>7.1} {:>14.0} {:>7.1} {:>9} {:>9} {:>9}",
-            "per-record",
-            format!("{size} B"),
-            rate(result.append),
-            mb(result.append),
-            rate(result.read_commit),
-            mb(result.read_commit),
-            ratio(buffered),
-            ratio(drained),
-            ratio(again)
-        );
+        let layouts: [(&str, OpenLayout); 2] = [
+            ("chunked", |dir| Box::new(Chunked::open(dir))),
+            ("per-record", |dir| Box::new(PerRecord::open(dir))),
+        ];
+        for (name, open) in layouts {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let mut layout = open(dir.path());
+            let result = pass(layout.as_mut(), dir.path(), size);
+            let [buffered, drained, again] = result.disk;
+            println!(
+                "{name:<11} {:>7} {:>13.0} {:>7.1} {:>14.0} {:>7.1} {:>9} {:>9} {:>9}",
+                format!("{size} B"),
+                rate(result.append),
+                mb(result.append),
+                rate(result.read_commit),
+                mb(result.read_commit),
+                ratio(buffered),
+                ratio(drained),
+                ratio(again)
+            );
+        }
     }
 
     // Reopen with 1M buffered records: what a restart pays before the first delivery.

@@ -178,42 +178,27 @@ async fn sigterm_commits_what_was_processed_and_exits_0() {
 
 #[test]
 fn bad_usage_exits_2() {
+    let base = [
+        "run",
+        "--brokers",
+        "127.0.0.1:1",
+        "--group",
+        "g",
+        "--topic",
+        "t",
+        "--buffer-dir",
+        "/tmp/x",
+    ];
+    let with = |extra: &[&'static str]| base.iter().chain(extra).copied().collect::<Vec<&str>>();
+    let missing_group: Vec<&str> = base
+        .iter()
+        .copied()
+        .filter(|a| *a != "--group" && *a != "g")
+        .collect();
     for args in [
-        vec![
-            "run",
-            "--brokers",
-            "127.0.0.1:1",
-            "--topic",
-            "t",
-            "--buffer-dir",
-            "/tmp/x",
-        ],
-        vec![
-            "run",
-            "--brokers",
-            "127.0.0.1:1",
-            "--group",
-            "g",
-            "--topic",
-            "t",
-            "--buffer-dir",
-            "/tmp/x",
-            "--config",
-            "novalue",
-        ],
-        vec![
-            "run",
-            "--brokers",
-            "127.0.0.1:1",
-            "--group",
-            "g",
-            "--topic",
-            "t",
-            "--buffer-dir",
-            "/tmp/x",
-            "--mode",
-            "fast",
-        ],
+        missing_group,
+        with(&["--config", "novalue"]),
+        with(&["--mode", "fast"]),
         vec!["frobnicate"],
     ] {
         let output = catchup().args(&args).output().expect("run");

@@ -5,7 +5,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use catchup::{CatchupConfig, Event, Mode};
+use catchup::{Event, Mode};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{Message, Offset, TopicPartitionList};
 use support::{Kafka, catchup_consumer, unique, wait_for_event};
@@ -76,12 +76,7 @@ async fn compacted_backlog_still_ends_at_the_boundary() {
     let group = unique("compacted-group");
     kafka.commit_as_operator(&group, &topic, &[0]);
     let dir = tempfile::tempdir().expect("tempdir");
-    let config = CatchupConfig {
-        mode: Mode::Ordered,
-        min_lag: 10,
-        commit_interval: Duration::from_millis(200),
-        ..CatchupConfig::new(dir.path())
-    };
+    let config = support::test_config(dir.path(), Mode::Ordered, 10);
     let consumer = catchup_consumer(&kafka, &group, config);
     let mut events = consumer.events();
     consumer.subscribe(&[&topic]).expect("subscribe");

@@ -6,7 +6,7 @@ mod support;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use catchup::{CatchupConfig, DeliveryLane, Event, Mode};
+use catchup::{DeliveryLane, Event, Mode};
 use support::{Kafka, catchup_consumer, unique};
 
 const PARTITIONS: i32 = 8;
@@ -25,12 +25,7 @@ async fn run(mode: Mode) {
     }
     let group = unique("eight-group");
     let dir = tempfile::tempdir().expect("tempdir");
-    let config = CatchupConfig {
-        mode,
-        min_lag: 100,
-        commit_interval: Duration::from_millis(200),
-        ..CatchupConfig::new(dir.path())
-    };
+    let config = support::test_config(dir.path(), mode, 100);
     let consumer = catchup_consumer(&kafka, &group, config);
     let mut events = consumer.events();
     consumer.subscribe(&[&topic]).expect("subscribe");

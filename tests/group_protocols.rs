@@ -5,7 +5,7 @@ mod support;
 
 use std::time::Duration;
 
-use catchup::{CatchupConfig, CatchupConsumer, DeliveryLane, Event, Mode};
+use catchup::{CatchupConsumer, DeliveryLane, Event, Mode};
 use support::{Kafka, unique, wait_for_event};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -26,12 +26,7 @@ async fn scenario(settings: &[(&str, &str)]) {
         client.set(*key, *value);
     }
     let dir = tempfile::tempdir().expect("tempdir");
-    let config = CatchupConfig {
-        mode: Mode::Ordered,
-        min_lag: 100,
-        commit_interval: Duration::from_millis(200),
-        ..CatchupConfig::new(dir.path())
-    };
+    let config = support::test_config(dir.path(), Mode::Ordered, 100);
     let consumer = CatchupConsumer::new(&client, config).expect("consumer");
     let mut events = consumer.events();
     consumer.subscribe(&[&topic]).expect("subscribe");

@@ -5,7 +5,7 @@ mod support;
 
 use std::time::Duration;
 
-use catchup::{CatchupConfig, Event, Mode};
+use catchup::{Event, Mode};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use support::{Kafka, catchup_consumer, unique, wait_for_event};
 
@@ -26,12 +26,7 @@ async fn a_split_reports_its_metrics() {
     let group = unique("metrics-group");
     kafka.commit_as_operator(&group, &topic, &[0]);
     let dir = tempfile::tempdir().expect("tempdir");
-    let config = CatchupConfig {
-        mode: Mode::Concurrent,
-        min_lag: 100,
-        commit_interval: Duration::from_millis(100),
-        ..CatchupConfig::new(dir.path())
-    };
+    let config = support::test_config(dir.path(), Mode::Concurrent, 100);
     let consumer = catchup_consumer(&kafka, &group, config);
     let mut events = consumer.events();
     consumer.subscribe(&[&topic]).expect("subscribe");

@@ -20,12 +20,7 @@ async fn setup(kafka: &Kafka) -> (String, String) {
 }
 
 fn config(dir: &tempfile::TempDir, mode: Mode) -> CatchupConfig {
-    CatchupConfig {
-        mode,
-        min_lag: 10,
-        commit_interval: Duration::from_millis(200),
-        ..CatchupConfig::new(dir.path())
-    }
+    support::test_config(dir.path(), mode, 10)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,7 +6,7 @@ mod support;
 
 use std::time::Duration;
 
-use catchup::{CatchupConfig, CatchupConsumer, Event, Mode};
+use catchup::{CatchupConsumer, Event, Mode};
 use rdkafka::ClientConfig;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use support::{Kafka, unique, wait_for_event};
@@ -65,12 +65,7 @@ async fn aborted_transactions_and_markers_do_not_stall_catch_up() {
     let mut client = kafka.consumer_config(&group);
     client.set("isolation.level", "read_committed");
     let dir = tempfile::tempdir().expect("tempdir");
-    let config = CatchupConfig {
-        mode: Mode::Ordered,
-        min_lag: 50,
-        commit_interval: Duration::from_millis(200),
-        ..CatchupConfig::new(dir.path())
-    };
+    let config = support::test_config(dir.path(), Mode::Ordered, 50);
     let consumer = CatchupConsumer::new(&client, config).expect("consumer");
     let mut events = consumer.events();
     consumer.subscribe(&[&topic]).expect("subscribe");

@@ -14,12 +14,7 @@ const PER_PARTITION: i64 = 5000;
 const WAIT: Duration = Duration::from_secs(60);
 
 fn config(dir: &tempfile::TempDir) -> CatchupConfig {
-    CatchupConfig {
-        mode: Mode::Ordered,
-        min_lag: 100,
-        commit_interval: Duration::from_millis(100),
-        ..CatchupConfig::new(dir.path())
-    }
+    support::test_config(dir.path(), Mode::Ordered, 100)
 }
 
 /// Consumes (acking each record) until `partitions` are read through `end`; returns the

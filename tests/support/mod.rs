@@ -418,6 +418,20 @@ pub async fn wait_for_event(
     }
 }
 
+/// Test settings: `mode`, `min_lag`, frequent commits, the buffer in `dir`.
+pub fn test_config(
+    dir: &std::path::Path,
+    mode: catchup::Mode,
+    min_lag: u64,
+) -> catchup::CatchupConfig {
+    catchup::CatchupConfig {
+        mode,
+        min_lag,
+        commit_interval: Duration::from_millis(200),
+        ..catchup::CatchupConfig::new(dir)
+    }
+}
+
 /// A catchup consumer for `group` on this broker.
 pub fn catchup_consumer(
     kafka: &Kafka,
