@@ -113,6 +113,7 @@ fn partitions_of(tpl: &TopicPartitionList) -> Vec<PartitionId> {
 impl LiveState {
     fn on_assign(&self, consumer: &BaseConsumer<LiveContext>, tpl: &mut TopicPartitionList) {
         let partitions = partitions_of(tpl);
+        tracing::info!(count = partitions.len(), "partitions assigned: reconciling");
         let committed = match consumer.committed_offsets(tpl.clone(), REQUEST_TIMEOUT) {
             Ok(committed) => committed,
             Err(err) => {
@@ -148,6 +149,10 @@ impl LiveState {
                 }),
             }
         }
+        tracing::info!(
+            count = partitions.len(),
+            "partitions reconciled and assigned"
+        );
         self.shared.emit(Event::Assigned { partitions });
         self.shared.notify.notify_waiters();
     }

@@ -58,8 +58,12 @@ impl SideLog {
             .map_err(|e| KafkaError::client("creating an admin client", e))?;
         let topic = NewTopic::new(&self.topic, 1, TopicReplication::Fixed(-1))
             .set("cleanup.policy", "compact")
+            // Every assignment reads the whole topic: roll segments often so that compaction
+            // keeps it at about one entry per split partition, and drop tombstones after an
+            // hour (far longer than any read of the topic takes).
             .set("min.cleanable.dirty.ratio", "0.1")
-            .set("segment.ms", "600000");
+            .set("segment.ms", "60000")
+            .set("delete.retention.ms", "3600000");
         let options = AdminOptions::new().operation_timeout(Some(SIDE_TIMEOUT));
         let results = futures::executor::block_on(admin.create_topics([&topic], &options))
             .map_err(|e| KafkaError::side(&self.topic, format!("cannot create it: {e}")))?;

@@ -34,7 +34,7 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 4)]
     pub partitions: i32,
     /// Simulated work per record, in microseconds.
-    #[arg(long, default_value_t = 25)]
+    #[arg(long, default_value_t = 50)]
     pub process_us: u64,
     /// Fresh records produced per second while the consumer catches up.
     #[arg(long, default_value_t = 200)]

@@ -154,6 +154,11 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse(); // exits 2 on bad usage, with clap's message
+    // Decisions are traced; `RUST_LOG=catchup=info` (or debug) shows them on stderr.
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
     // A bug must not print a backtrace at the user: report it as one plain line.
     std::panic::set_hook(Box::new(|_| {}));
     match std::panic::catch_unwind(|| run(cli)) {
