@@ -144,7 +144,8 @@ pub enum Event {
         /// Partition.
         partition: i32,
     },
-    /// Every catch-up record of the partition was delivered.
+    /// Every catch-up record of the partition was read from the buffer for delivery (the
+    /// reader's queue holds the last of them).
     CatchupDrained {
         /// Topic.
         topic: String,
