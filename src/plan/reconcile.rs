@@ -225,42 +225,15 @@ fn fresh(
     clear_token: bool,
     side: SideWrite,
     next_epoch: u64,
-    mut events: Vec<PlanEvent>,
+    events: Vec<PlanEvent>,
 ) -> Decision {
     let backlog = inputs.high.saturating_sub(committed);
     if inputs
         .min_lag
         .is_some_and(|min_lag| backlog > 0 && backlog as u64 >= min_lag)
     {
-        let token = SplitToken {
-            epoch: next_epoch,
-            from: committed,
-            boundary: inputs.high,
-        };
-        let entry = SideEntry {
-            epoch: next_epoch,
-            boundary: inputs.high,
-            ranges: vec![OffsetRange::new(committed, inputs.high)],
-            live_next: inputs.high,
-        };
-        events.push(PlanEvent::SplitStarted {
-            epoch: next_epoch,
-            from: committed,
-            boundary: inputs.high,
-        });
-        let layout = PartitionLayout::split(next_epoch, committed, inputs.high);
-        return Decision {
-            local: local_action(inputs.local, &layout, committed, inputs.high),
-            layout,
-            token: Some(token),
-            side_entry: Some(entry.clone()),
-            main_log: Some(MainLogCommit {
-                offset: committed,
-                metadata: token.encode(),
-            }),
-            side: SideWrite::Write(entry),
-            events,
-        };
+        let ranges = vec![OffsetRange::new(committed, inputs.high)];
+        return new_split(inputs, committed, committed, ranges, next_epoch, events);
     }
     let layout = PartitionLayout::plain(committed);
     let main_log = clear_token.then(|| MainLogCommit {
@@ -312,29 +285,50 @@ fn resume(
     }
     // The live lane's own backlog becomes one more catch-up range under a new epoch.
     ranges.push(OffsetRange::new(side.live_next, inputs.high));
+    new_split(
+        inputs,
+        committed,
+        side.live_next,
+        ranges,
+        next_epoch,
+        events,
+    )
+}
+
+/// A split under `epoch` with the boundary at the high watermark: catch-up `ranges` (from
+/// the committed offset on), live from the boundary; the token and the side entry to write.
+fn new_split(
+    inputs: &Inputs<'_>,
+    committed: i64,
+    split_from: i64,
+    ranges: Vec<OffsetRange>,
+    epoch: u64,
+    mut events: Vec<PlanEvent>,
+) -> Decision {
+    let boundary = inputs.high;
     let token = SplitToken {
-        epoch: next_epoch,
+        epoch,
         from: committed,
-        boundary: inputs.high,
+        boundary,
     };
     let entry = SideEntry {
-        epoch: next_epoch,
-        boundary: inputs.high,
+        epoch,
+        boundary,
         ranges: ranges.clone(),
-        live_next: inputs.high,
+        live_next: boundary,
     };
     events.push(PlanEvent::SplitStarted {
-        epoch: next_epoch,
-        from: side.live_next,
-        boundary: inputs.high,
+        epoch,
+        from: split_from,
+        boundary,
     });
     let layout = PartitionLayout {
-        epoch: next_epoch,
+        epoch,
         catchup_ranges: ranges,
-        live_from: inputs.high,
+        live_from: boundary,
     };
     Decision {
-        local: local_action(inputs.local, &layout, committed, inputs.high),
+        local: local_action(inputs.local, &layout, committed, boundary),
         layout,
         token: Some(token),
         side_entry: Some(entry.clone()),
