@@ -164,6 +164,12 @@ impl Layout for PerRecord {
 
 type OpenLayout = fn(&Path) -> Box<dyn Layout>;
 
+/// The layouts compared, side by side in every run.
+const LAYOUTS: [(&str, OpenLayout); 2] = [
+    ("chunked", |dir| Box::new(Chunked::open(dir))),
+    ("per-record", |dir| Box::new(PerRecord::open(dir))),
+];
+
 fn bench_groups(c: &mut Criterion) {
     for size in SIZES {
         let mut group = c.benchmark_group(format!("{size}B"));
@@ -172,11 +178,7 @@ fn bench_groups(c: &mut Criterion) {
             .measurement_time(Duration::from_secs(3))
             .warm_up_time(Duration::from_secs(1))
             .sample_size(20);
-        let layouts: [(&str, OpenLayout); 2] = [
-            ("chunked", |dir| Box::new(Chunked::open(dir))),
-            ("per-record", |dir| Box::new(PerRecord::open(dir))),
-        ];
-        for (name, open) in layouts {
+        for (name, open) in LAYOUTS {
             let dir = tempfile::tempdir().expect("tempdir");
             let mut layout = open(dir.path());
             let mut offset = 0;
@@ -270,11 +272,7 @@ fn summary_table() {
         let mb = |d: Duration| payload / d.as_secs_f64() / 1e6;
         let ratio = |bytes: u64| format!("{:.2}x", bytes as f64 / payload);
 
-        let layouts: [(&str, OpenLayout); 2] = [
-            ("chunked", |dir| Box::new(Chunked::open(dir))),
-            ("per-record", |dir| Box::new(PerRecord::open(dir))),
-        ];
-        for (name, open) in layouts {
+        for (name, open) in LAYOUTS {
             let dir = tempfile::tempdir().expect("tempdir");
             let mut layout = open(dir.path());
             let result = pass(layout.as_mut(), dir.path(), size);

@@ -78,19 +78,18 @@ async fn compacted_backlog_still_ends_at_the_boundary() {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = support::test_config(dir.path(), Mode::Ordered, 10);
     let consumer = catchup_consumer(&kafka, &group, config);
-    let mut events = consumer.events();
-    consumer.subscribe(&[&topic]).expect("subscribe");
-    wait_for_event(&mut events, WAIT, |e| {
+    let (mut events, split) = support::subscribe_until_split(&consumer, &topic).await;
+    assert!(
         matches!(
-            e,
+            split,
             Event::SplitStarted {
                 from: 0,
                 boundary: 1001,
                 ..
             }
-        )
-    })
-    .await;
+        ),
+        "{split:?}"
+    );
     // The cleaner may compact further while we read: read up to the last record (it sits in
     // the active segment, which is never compacted).
     let mut delivered = Vec::new();

@@ -28,12 +28,7 @@ async fn scenario(settings: &[(&str, &str)]) {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = support::test_config(dir.path(), Mode::Ordered, 100);
     let consumer = CatchupConsumer::new(&client, config).expect("consumer");
-    let mut events = consumer.events();
-    consumer.subscribe(&[&topic]).expect("subscribe");
-    let split = wait_for_event(&mut events, WAIT, |e| {
-        matches!(e, Event::SplitStarted { .. })
-    })
-    .await;
+    let (mut events, split) = support::subscribe_until_split(&consumer, &topic).await;
     assert_eq!(
         split,
         Event::SplitStarted {

@@ -28,12 +28,7 @@ async fn a_split_reports_its_metrics() {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = support::test_config(dir.path(), Mode::Concurrent, 100);
     let consumer = catchup_consumer(&kafka, &group, config);
-    let mut events = consumer.events();
-    consumer.subscribe(&[&topic]).expect("subscribe");
-    wait_for_event(&mut events, WAIT, |e| {
-        matches!(e, Event::SplitStarted { .. })
-    })
-    .await;
+    let (mut events, _split) = support::subscribe_until_split(&consumer, &topic).await;
     kafka.produce_from(&topic, 1, 300, 10).await;
     for _ in 0..310 {
         let delivery = tokio::time::timeout(WAIT, consumer.recv())

@@ -26,12 +26,11 @@ async fn reset_offsets_make_the_side_entry_stale() {
     let side_key = format!("{group}/{topic}/0");
     {
         let consumer = catchup_consumer(&kafka, &group, config());
-        let mut events = consumer.events();
-        consumer.subscribe(&[&topic]).expect("subscribe");
-        wait_for_event(&mut events, WAIT, |e| {
-            matches!(e, Event::SplitStarted { epoch: 1, .. })
-        })
-        .await;
+        let (_events, split) = support::subscribe_until_split(&consumer, &topic).await;
+        assert!(
+            matches!(split, Event::SplitStarted { epoch: 1, .. }),
+            "{split:?}"
+        );
         for _ in 0..100 {
             let delivery = tokio::time::timeout(WAIT, consumer.recv())
                 .await

@@ -29,13 +29,7 @@ async fn ordered_delivers_the_backlog_then_live_and_merges() {
     let (topic, group) = setup(&kafka).await;
     let dir = tempfile::tempdir().expect("tempdir");
     let consumer = catchup_consumer(&kafka, &group, config(&dir, Mode::Ordered));
-    let mut events = consumer.events();
-    consumer.subscribe(&[&topic]).expect("subscribe");
-
-    let split = wait_for_event(&mut events, WAIT, |e| {
-        matches!(e, Event::SplitStarted { .. })
-    })
-    .await;
+    let (mut events, split) = support::subscribe_until_split(&consumer, &topic).await;
     assert_eq!(
         split,
         Event::SplitStarted {
@@ -96,12 +90,11 @@ async fn concurrent_delivers_fresh_records_before_the_backlog_is_done() {
     let (topic, group) = setup(&kafka).await;
     let dir = tempfile::tempdir().expect("tempdir");
     let consumer = catchup_consumer(&kafka, &group, config(&dir, Mode::Concurrent));
-    let mut events = consumer.events();
-    consumer.subscribe(&[&topic]).expect("subscribe");
-    wait_for_event(&mut events, WAIT, |e| {
-        matches!(e, Event::SplitStarted { boundary: 120, .. })
-    })
-    .await;
+    let (mut events, split) = support::subscribe_until_split(&consumer, &topic).await;
+    assert!(
+        matches!(split, Event::SplitStarted { boundary: 120, .. }),
+        "{split:?}"
+    );
 
     let mut catchup_seen = Vec::new();
     let mut live_seen = Vec::new();

@@ -132,19 +132,18 @@ async fn drop_without_close_resumes_from_the_buffer() {
     let dir = tempfile::tempdir().expect("tempdir");
     let first_run = {
         let consumer = catchup_consumer(&kafka, &group, config(dir.path()));
-        let mut events = consumer.events();
-        consumer.subscribe(&[&topic]).expect("subscribe");
-        wait_for_event(&mut events, WAIT, |e| {
+        let (_events, split) = support::subscribe_until_split(&consumer, &topic).await;
+        assert!(
             matches!(
-                e,
+                split,
                 Event::SplitStarted {
                     from: 0,
                     boundary: 3000,
                     ..
                 }
-            )
-        })
-        .await;
+            ),
+            "{split:?}"
+        );
         process(&consumer, FIRST_RUN).await
         // dropped here without close
     };

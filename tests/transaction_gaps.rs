@@ -67,12 +67,7 @@ async fn aborted_transactions_and_markers_do_not_stall_catch_up() {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = support::test_config(dir.path(), Mode::Ordered, 50);
     let consumer = CatchupConsumer::new(&client, config).expect("consumer");
-    let mut events = consumer.events();
-    consumer.subscribe(&[&topic]).expect("subscribe");
-    let split = wait_for_event(&mut events, WAIT, |e| {
-        matches!(e, Event::SplitStarted { .. })
-    })
-    .await;
+    let (mut events, split) = support::subscribe_until_split(&consumer, &topic).await;
     assert!(
         matches!(
             split,

@@ -309,12 +309,26 @@ impl Shared {
         let mut partitions = self.partitions();
         let mut lag = [0i64; 2];
         for (key, runtime) in partitions.iter_mut() {
-            self.skip_trailing_gaps(key, runtime);
-            if let Ok(Some(state)) = self.buffer.partition_state(&key.0, key.1) {
-                for lane in Lane::ALL {
-                    let processed = runtime.acks[lane_index(lane)].committable();
-                    lag[lane_index(lane)] += (state.lane(lane).fetched_next - processed).max(0);
+            let state = match self.buffer.partition_state(&key.0, key.1) {
+                Ok(Some(state)) => state,
+                Ok(None) => continue,
+                Err(err) => {
+                    self.emit(Event::Error {
+                        message: err.to_string(),
+                    });
+                    continue;
                 }
+            };
+            for lane in Lane::ALL {
+                let fetched_next = state.lane(lane).fetched_next;
+                self.skip_trailing_gap(
+                    key,
+                    lane,
+                    &mut runtime.acks[lane_index(lane)],
+                    fetched_next,
+                );
+                let processed = runtime.acks[lane_index(lane)].committable();
+                lag[lane_index(lane)] += (fetched_next - processed).max(0);
             }
         }
         for lane in Lane::ALL {
@@ -354,22 +368,27 @@ impl Shared {
     /// Offsets past the last delivered record that hold no record (transaction markers,
     /// compaction) count as processed once everything delivered is acknowledged — even when
     /// the reader has not been asked for more since.
-    fn skip_trailing_gaps(&self, key: &PartitionId, runtime: &mut PartitionRuntime) {
-        for lane in Lane::ALL {
-            let acks = &mut runtime.acks[lane_index(lane)];
-            if acks.unacked() > 0 {
-                continue;
+    fn skip_trailing_gap(
+        &self,
+        key: &PartitionId,
+        lane: Lane,
+        acks: &mut AckTracker,
+        fetched_next: i64,
+    ) {
+        let from = acks.delivered_next();
+        // Only a lane read through everything it delivered, with fetched offsets beyond, can
+        // have such a gap; anything else needs no read.
+        if acks.unacked() > 0 || from >= fetched_next {
+            return;
+        }
+        match self.buffer.read(lane, &key.0, key.1, from, 1) {
+            Ok(batch) if batch.records.is_empty() && batch.next > from => {
+                acks.read_through(batch.next)
             }
-            let from = acks.delivered_next();
-            match self.buffer.read(lane, &key.0, key.1, from, 1) {
-                Ok(batch) if batch.records.is_empty() && batch.next > from => {
-                    acks.read_through(batch.next)
-                }
-                Ok(_) => {}
-                Err(err) => self.emit(Event::Error {
-                    message: err.to_string(),
-                }),
-            }
+            Ok(_) => {}
+            Err(err) => self.emit(Event::Error {
+                message: err.to_string(),
+            }),
         }
     }
 

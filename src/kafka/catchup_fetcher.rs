@@ -45,6 +45,8 @@ pub(crate) enum CatchupCommand {
 struct Tracked {
     position: i64,
     ranges: Vec<OffsetRange>,
+    /// The partition's own queue; it holds the consumer, so it goes with the partition.
+    queue: Option<Queue>,
 }
 
 /// A tracked partition's own queue: its end-of-partition event names it unambiguously
@@ -90,7 +92,6 @@ impl CatchupFetcher {
                     shared,
                     consumer: None,
                     tracked: HashMap::new(),
-                    queues: HashMap::new(),
                     budget: Budget::new("catch-up", budget),
                 }
                 .run(receiver)
@@ -105,7 +106,6 @@ struct Fetcher {
     shared: Arc<Shared>,
     consumer: Option<Arc<BaseConsumer>>,
     tracked: HashMap<PartitionId, Tracked>,
-    queues: HashMap<PartitionId, Queue>,
     budget: Budget,
 }
 
@@ -129,13 +129,19 @@ impl Fetcher {
                         partition,
                         position,
                         ranges,
-                    } => self.add((topic, partition), Tracked { position, ranges }),
+                    } => self.add(
+                        (topic, partition),
+                        Tracked {
+                            position,
+                            ranges,
+                            queue: None,
+                        },
+                    ),
                     CatchupCommand::Remove { partitions, done } => {
                         for key in &partitions {
                             if self.tracked.remove(key).is_some() {
                                 self.unassign(key);
                             }
-                            self.queues.remove(key);
                         }
                         let _ = done.send(());
                     }
@@ -155,7 +161,7 @@ impl Fetcher {
         self.shared.emit(Event::Error { message });
     }
 
-    fn add(&mut self, key: PartitionId, tracked: Tracked) {
+    fn add(&mut self, key: PartitionId, mut tracked: Tracked) {
         if tracked.range_end().is_none() {
             return;
         }
@@ -165,13 +171,10 @@ impl Fetcher {
                 Err(err) => return self.error(format!("creating the catch-up consumer: {err}")),
             }
         }
-        if let Some(queue) = self
+        tracked.queue = self
             .consumer
             .as_ref()
-            .and_then(|c| c.split_partition_queue(&key.0, key.1))
-        {
-            self.queues.insert(key.clone(), queue);
-        }
+            .and_then(|c| c.split_partition_queue(&key.0, key.1));
         self.assign_at(&key, tracked.position);
         self.tracked.insert(key, tracked);
     }
@@ -210,7 +213,11 @@ impl Fetcher {
         let mut round = Round::default();
         // The main queue serves callbacks and any message fetched before its queue split.
         round.take(consumer.poll(Duration::ZERO), None)?;
-        for (key, queue) in &self.queues {
+        for (key, queue) in self
+            .tracked
+            .iter()
+            .filter_map(|(k, t)| Some((k, t.queue.as_ref()?)))
+        {
             for _ in 0..POLL_BATCH {
                 if !round.take(queue.poll(Duration::ZERO), Some(key))? {
                     break;
@@ -331,7 +338,6 @@ impl Fetcher {
                     "catch-up lane fetched; partition leaves the catch-up consumer"
                 );
                 self.tracked.remove(key);
-                self.queues.remove(key);
                 self.unassign(key);
                 self.shared.emit(Event::CatchupFetched {
                     topic: key.0.clone(),

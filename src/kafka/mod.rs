@@ -1,12 +1,14 @@
 //! rdkafka adapters: the live fetcher (the group member, with its rebalance context), the
 //! catch-up fetcher, and the side log. Thin I/O around the decisions in [`crate::plan`].
 
+mod budget;
 mod catchup_fetcher;
 mod live;
 mod side_log;
 
+pub(crate) use budget::Budget;
 pub(crate) use catchup_fetcher::{CatchupCommand, CatchupFetcher};
-pub(crate) use live::{Budget, LiveCommand, LiveFetcher};
+pub(crate) use live::{LiveCommand, LiveFetcher};
 pub(crate) use side_log::SideLog;
 
 use rdkafka::Message;

@@ -432,6 +432,24 @@ pub fn test_config(
     }
 }
 
+/// Subscribes `consumer` to `topic` and waits (bounded) for the first split; returns the
+/// event receiver, subscribed before anything could happen, and that split event.
+pub async fn subscribe_until_split(
+    consumer: &catchup::CatchupConsumer,
+    topic: &str,
+) -> (
+    tokio::sync::broadcast::Receiver<catchup::Event>,
+    catchup::Event,
+) {
+    let mut events = consumer.events();
+    consumer.subscribe(&[topic]).expect("subscribe");
+    let split = wait_for_event(&mut events, Duration::from_secs(60), |e| {
+        matches!(e, catchup::Event::SplitStarted { .. })
+    })
+    .await;
+    (events, split)
+}
+
 /// A catchup consumer for `group` on this broker.
 pub fn catchup_consumer(
     kafka: &Kafka,

@@ -100,7 +100,9 @@ fn dump_lane(
     Ok(left)
 }
 
-fn bytes_field(name: &str, bytes: &Option<Vec<u8>>) -> (String, Value) {
+/// A JSON field for `bytes`: `name` with the text when it is UTF-8, else `name_b64` with
+/// base64; `null` for no bytes. Shared by `dump` and the `run` sink.
+pub fn bytes_field(name: &str, bytes: &Option<Vec<u8>>) -> (String, Value) {
     match bytes {
         None => (name.to_owned(), Value::Null),
         Some(bytes) => match std::str::from_utf8(bytes) {

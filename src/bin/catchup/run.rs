@@ -8,12 +8,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use base64::Engine;
 use catchup::{CatchupConfig, CatchupConsumer, Delivery, Mode};
 use rdkafka::ClientConfig;
 use serde_json::{Value, json};
 
 use crate::Failure;
+use crate::dump::bytes_field;
 
 /// Arguments of `catchup run`.
 #[derive(clap::Args)]
@@ -121,23 +121,10 @@ impl Sink {
             "lane": delivery.lane.as_str(),
             "processed_at_ms": processed_at_ms as u64,
         });
-        let text_or_b64 = |name: &str, bytes: &Option<Vec<u8>>| -> (String, Value) {
-            match bytes.as_deref().map(std::str::from_utf8) {
-                None => (name.to_owned(), Value::Null),
-                Some(Ok(text)) => (name.to_owned(), Value::String(text.to_owned())),
-                Some(Err(_)) => (
-                    format!("{name}_b64"),
-                    Value::String(
-                        base64::engine::general_purpose::STANDARD
-                            .encode(bytes.as_deref().unwrap_or_default()),
-                    ),
-                ),
-            }
-        };
         if let Value::Object(fields) = &mut line {
-            let (name, value) = text_or_b64("key", &delivery.key);
+            let (name, value) = bytes_field("key", &delivery.key);
             fields.insert(name, value);
-            let (name, value) = text_or_b64("value", &delivery.payload);
+            let (name, value) = bytes_field("value", &delivery.payload);
             fields.insert(name, value);
         }
         writeln!(self.writer, "{line}").map_err(|e| self.error(e))
