@@ -13,7 +13,7 @@ use std::hint::black_box;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use catchup::store::{Buffer, BufferOptions, Lane, PartitionLayout, Record, Timestamp};
+use catchup::store::{Buffer, BufferOptions, Fetched, Lane, PartitionLayout, Record, Timestamp};
 use criterion::{BenchmarkId, Criterion, Throughput};
 
 const BATCH: usize = 1000;
@@ -60,6 +60,7 @@ trait Layout {
 struct Chunked {
     buffer: Buffer,
     next: i64,
+    fetched_next: i64,
 }
 
 impl Chunked {
@@ -68,16 +69,32 @@ impl Chunked {
         buffer
             .reset_partition("bench", 0, PartitionLayout::plain(0))
             .expect("layout");
-        Self { buffer, next: 0 }
+        Self {
+            buffer,
+            next: 0,
+            fetched_next: 0,
+        }
     }
 }
 
 impl Layout for Chunked {
     fn append(&mut self, batch: &[Record]) {
-        let end = batch.last().map_or(self.next, |r| r.offset + 1);
+        let end = batch.last().map_or(self.fetched_next, |r| r.offset + 1);
+        let layout = self
+            .buffer
+            .layout_id("bench", 0)
+            .expect("layout id")
+            .expect("laid out");
+        let fetched = Fetched {
+            layout,
+            continues_from: self.fetched_next,
+            records: batch,
+            next: end,
+        };
         self.buffer
-            .append(Lane::Live, "bench", 0, batch, end)
+            .append(Lane::Live, "bench", 0, fetched)
             .expect("append");
+        self.fetched_next = end;
     }
 
     fn read_commit(&mut self) -> usize {

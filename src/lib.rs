@@ -35,11 +35,14 @@
 //!
 //! * [`store`] — the crash-safe on-disk buffer (sled) both lanes write into;
 //! * [`plan`] — pure decisions: reconciliation on assignment, commits, token formats;
+//! * [`fetch`] — pure decisions of the fetchers: what a poll proves, what to append, when to
+//!   reposition, which partitions to pause;
 //! * `kafka` — rdkafka adapters (live fetcher, catch-up fetcher, side log);
 //! * [`consumer`] — the public API around [`CatchupConsumer`].
 
 pub mod consumer;
 mod error;
+pub mod fetch;
 mod kafka;
 pub mod plan;
 pub mod store;

@@ -15,7 +15,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use catchup::store::{
-    Buffer, BufferOptions, Lane, PartitionLayout, PartitionState, Record, Timestamp,
+    Buffer, BufferOptions, Fetched, Lane, PartitionLayout, PartitionState, Record, Timestamp,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -100,16 +100,23 @@ fn child(dir: &Path, oracle: &Path, seed: u64) -> ! {
         let epoch = states[&partition].layout.epoch;
         match rng.gen_range(0..100) {
             0..=59 => {
-                let from = states[&partition].lane(lane).fetched_next;
-                // Sometimes refetch a little of what is there already: must be a no-op.
-                let start =
-                    (from - rng.gen_range(0..3)).max(states[&partition].lane(lane).retained_from);
+                let start = states[&partition].lane(lane).fetched_next;
                 let count = rng.gen_range(1..500);
                 let batch: Vec<Record> = (start..start + count)
                     .map(|o| record(epoch, partition, lane, o))
                     .collect();
+                let layout = buffer
+                    .layout_id(TOPIC, partition)
+                    .expect("layout id")
+                    .expect("laid out");
+                let fetched = Fetched {
+                    layout,
+                    continues_from: start,
+                    records: &batch,
+                    next: start + count,
+                };
                 buffer
-                    .append(lane, TOPIC, partition, &batch, start + count)
+                    .append(lane, TOPIC, partition, fetched)
                     .expect("append");
             }
             60..=84 => {

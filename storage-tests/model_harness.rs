@@ -12,7 +12,9 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use catchup::store::{Buffer, BufferOptions, Lane, PartitionLayout, Record, Timestamp};
+use catchup::store::{
+    Buffer, BufferOptions, Fetched, Lane, PartitionLayout, Record, StoreError, Timestamp,
+};
 
 /// Partitions the harness uses.
 pub const PARTITIONS: u8 = 3;
@@ -274,17 +276,38 @@ impl Harness {
                 let records: Vec<Record> = (start..start + i64::from(count))
                     .map(|o| record(model.layout.epoch, partition, lane, o))
                     .collect();
-                self.buffer()?
-                    .append(
-                        lane,
-                        TOPIC,
-                        i32::from(partition),
-                        &records,
-                        start + i64::from(count),
-                    )
-                    .map_err(err)?;
-                if let Some(model) = self.model.get_mut(&partition) {
-                    model.append(lane, start, i64::from(count));
+                let buffer = self.buffer()?;
+                let layout = buffer
+                    .layout_id(TOPIC, i32::from(partition))
+                    .map_err(err)?
+                    .ok_or("a laid-out partition has no layout id")?;
+                let result = buffer.append(
+                    lane,
+                    TOPIC,
+                    i32::from(partition),
+                    Fetched {
+                        layout,
+                        continues_from: start,
+                        records: &records,
+                        next: start + i64::from(count),
+                    },
+                );
+                match result {
+                    // Invariant 8: a batch that does not continue from fetched_next is refused
+                    // and changes nothing (the comparison below checks the latter).
+                    Err(StoreError::Discontinuous { .. }) if start != lane_model.fetched_next => {}
+                    Err(other) => return Err(err(other)),
+                    Ok(_) if start != lane_model.fetched_next => {
+                        return Err(format!(
+                            "an append continuing from {start} was accepted at fetched_next {}",
+                            lane_model.fetched_next
+                        ));
+                    }
+                    Ok(_) => {
+                        if let Some(model) = self.model.get_mut(&partition) {
+                            model.append(lane, start, i64::from(count));
+                        }
+                    }
                 }
             }
             Op::Read { .. } => {} // every step compares the whole observable state below

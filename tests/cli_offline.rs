@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Command, Output};
 
-use catchup::store::{Buffer, BufferOptions, Header, Lane, PartitionLayout, Record, Timestamp};
+use catchup::store::{
+    Buffer, BufferOptions, Fetched, Header, Lane, PartitionLayout, Record, Timestamp,
+};
 
 fn catchup(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_catchup"))
@@ -41,6 +43,27 @@ fn assert_exit(output: &Output, code: i32) {
     );
 }
 
+/// Appends as the fetcher would, continuing from wherever the lane stands.
+fn append(buffer: &Buffer, lane: Lane, partition: i32, records: &[Record], next: i64) {
+    let state = buffer
+        .partition_state("orders", partition)
+        .expect("state")
+        .expect("laid out");
+    let layout = buffer
+        .layout_id("orders", partition)
+        .expect("layout id")
+        .expect("laid out");
+    let fetched = Fetched {
+        layout,
+        continues_from: state.lane(lane).fetched_next,
+        records,
+        next,
+    };
+    buffer
+        .append(lane, "orders", partition, fetched)
+        .expect("append");
+}
+
 fn record(offset: i64, payload: &[u8]) -> Record {
     Record {
         offset,
@@ -63,30 +86,18 @@ fn sample_buffer(dir: &Path) {
     let catchup: Vec<Record> = (70..100)
         .map(|o| record(o, format!("c{o}").as_bytes()))
         .collect();
-    buffer
-        .append(Lane::Catchup, "orders", 0, &catchup, 100)
-        .expect("append");
+    append(&buffer, Lane::Catchup, 0, &catchup, 100);
     let live: Vec<Record> = (120..125)
         .map(|o| record(o, format!("l{o}").as_bytes()))
         .collect();
-    buffer
-        .append(Lane::Live, "orders", 0, &live, 125)
-        .expect("append");
+    append(&buffer, Lane::Live, 0, &live, 125);
     buffer
         .record_committed(Lane::Catchup, "orders", 0, 80)
         .expect("commit");
     buffer
         .reset_partition("orders", 1, PartitionLayout::plain(5))
         .expect("layout");
-    buffer
-        .append(
-            Lane::Live,
-            "orders",
-            1,
-            &[record(5, &[0xff, 0xfe, 0x00])],
-            6,
-        )
-        .expect("append");
+    append(&buffer, Lane::Live, 1, &[record(5, &[0xff, 0xfe, 0x00])], 6);
     buffer.sync().expect("sync");
 }
 

@@ -138,7 +138,20 @@ impl CatchupConsumer {
         self.next_ready(&mut reader)
     }
 
+    /// The next delivery, handed out: with [`CatchupConfig::auto_ack`] it counts as processed
+    /// from here on — not before, so records still queued when a partition is revoked or the
+    /// consumer closes are never committed (finding F3).
     fn next_ready(&self, reader: &mut Reader) -> Result<Option<Delivery>, Error> {
+        let delivery = self.next_queued(reader)?;
+        if self.shared.config.auto_ack {
+            if let Some(delivery) = &delivery {
+                self.shared.ack(delivery);
+            }
+        }
+        Ok(delivery)
+    }
+
+    fn next_queued(&self, reader: &mut Reader) -> Result<Option<Delivery>, Error> {
         let revocations = self
             .shared
             .revocations
@@ -185,8 +198,8 @@ impl CatchupConsumer {
     }
 
     /// Marks `delivery` processed: only acknowledged records count towards commits
-    /// (at-least-once). With [`CatchupConfig::auto_ack`] every delivery is acknowledged as
-    /// it is handed out.
+    /// (at-least-once). With [`CatchupConfig::auto_ack`] every delivery is acknowledged when
+    /// `recv` returns it.
     pub fn ack(&self, delivery: &Delivery) {
         self.shared.ack(delivery);
     }

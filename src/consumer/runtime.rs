@@ -8,8 +8,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::{Notify, broadcast};
 
 use super::types::{CatchupConfig, Delivery, DeliveryLane, Event, Mode};
+use crate::fetch::FetchCursor;
 use crate::plan::{AckTracker, CommitPlan, Progress, SideEntry, SplitToken, plan_commit};
-use crate::store::{Buffer, Lane, PartitionLayout, PartitionState, StoreError};
+use crate::store::{Buffer, Lane, LayoutId, PartitionLayout, PartitionState, StoreError};
 
 /// The fewest records read from one partition per refill.
 pub(crate) const MIN_READ: usize = 16;
@@ -40,8 +41,12 @@ pub(crate) struct PartitionRuntime {
     ordered_next: i64,
     lane_next: [i64; 2],
     drained: bool,
-    /// Per lane, bytes fetched and not yet acknowledged (for the byte budget).
-    pub buffered_bytes: [u64; 2],
+    /// Per lane, bytes fetched and not yet acknowledged (for the byte budget). Signed: the
+    /// reader may acknowledge a record before its fetcher has counted the append that
+    /// stored it, and the two must cancel out whatever their order (finding F7).
+    buffered_bytes: [i64; 2],
+    /// The live fetcher's cursor on this partition (positioned at assignment).
+    pub live_cursor: FetchCursor,
     /// When the partition was assigned, until its first live record is delivered.
     awaiting_fresh_since: Option<std::time::Instant>,
 }
@@ -50,6 +55,7 @@ impl PartitionRuntime {
     pub fn new(
         generation: u64,
         state: &PartitionState,
+        layout_id: LayoutId,
         token: Option<SplitToken>,
         side: Option<SideEntry>,
         main_committed: i64,
@@ -72,8 +78,19 @@ impl PartitionRuntime {
             lane_next: [catchup_next, live_next],
             drained: catchup_done,
             buffered_bytes: [0, 0],
+            live_cursor: FetchCursor::new(layout_id, state.live.fetched_next),
             awaiting_fresh_since: Some(std::time::Instant::now()),
         }
+    }
+
+    /// Unacknowledged bytes of `lane`.
+    pub fn buffered(&self, lane: Lane) -> u64 {
+        self.buffered_bytes[lane_index(lane)].max(0) as u64
+    }
+
+    /// Whether the catch-up lane still has offsets to fetch (it is one of the budget's slots).
+    pub fn catchup_fetching(&self) -> bool {
+        !self.drained
     }
 
     fn delivery_lane(&self, lane: Lane) -> DeliveryLane {
@@ -210,14 +227,6 @@ impl Shared {
                 });
             }
             for (queue, deliveries) in delivered {
-                if self.config.auto_ack {
-                    for delivery in &deliveries {
-                        let lane = lane_index(store_lane(delivery.lane));
-                        let freed = runtime.acks[lane].ack(delivery.offset) as u64;
-                        runtime.buffered_bytes[lane] =
-                            runtime.buffered_bytes[lane].saturating_sub(freed);
-                    }
-                }
                 filled += deliveries.len();
                 queues[queue].extend(deliveries);
             }
@@ -268,19 +277,24 @@ impl Shared {
     /// Counts `bytes` appended to `lane` of `key` against the byte budget.
     pub fn add_buffered(&self, key: &PartitionId, lane: Lane, bytes: u64) {
         if let Some(runtime) = self.partitions().get_mut(key) {
-            runtime.buffered_bytes[lane_index(lane)] += bytes;
+            runtime.buffered_bytes[lane_index(lane)] += bytes as i64;
         }
     }
 
-    /// Bytes fetched and not yet acknowledged: of `lane`, or of both lanes.
-    pub fn buffered_bytes(&self, lane: Option<Lane>) -> u64 {
-        let partitions = self.partitions();
-        partitions
+    /// Unacknowledged bytes of `lane` per assigned partition.
+    pub fn buffered_by_partition(&self, lane: Lane) -> BTreeMap<PartitionId, u64> {
+        self.partitions()
+            .iter()
+            .map(|(key, runtime)| (key.clone(), runtime.buffered(lane)))
+            .collect()
+    }
+
+    /// The byte budget's slots: a live lane per assigned partition, plus a catch-up lane per
+    /// partition whose backlog is not read through yet.
+    pub fn budget_slots(&self) -> usize {
+        self.partitions()
             .values()
-            .map(|runtime| match lane {
-                Some(lane) => runtime.buffered_bytes[lane_index(lane)],
-                None => runtime.buffered_bytes.iter().sum(),
-            })
+            .map(|runtime| 1 + usize::from(runtime.catchup_fetching()))
             .sum()
     }
 
@@ -298,8 +312,8 @@ impl Shared {
         if let Some(runtime) = partitions.get_mut(&(delivery.topic.clone(), delivery.partition)) {
             if runtime.generation == delivery.generation {
                 let lane = lane_index(store_lane(delivery.lane));
-                let freed = runtime.acks[lane].ack(delivery.offset) as u64;
-                runtime.buffered_bytes[lane] = runtime.buffered_bytes[lane].saturating_sub(freed);
+                let freed = runtime.acks[lane].ack(delivery.offset) as i64;
+                runtime.buffered_bytes[lane] -= freed;
             }
         }
     }
@@ -335,10 +349,7 @@ impl Shared {
             // Offsets fetched into the buffer and not yet processed.
             metrics::gauge!("catchup_lag_offsets", "lane" => lane.as_str())
                 .set(lag[lane_index(lane)] as f64);
-            let bytes: u64 = partitions
-                .values()
-                .map(|r| r.buffered_bytes[lane_index(lane)])
-                .sum();
+            let bytes: u64 = partitions.values().map(|r| r.buffered(lane)).sum();
             metrics::gauge!("catchup_buffered_bytes", "lane" => lane.as_str()).set(bytes as f64);
         }
         partitions

@@ -34,7 +34,8 @@ pub struct CatchupConfig {
     pub commit_interval: Duration,
     /// Acknowledge every record on delivery (the proposal's auto-commit behaviour).
     pub auto_ack: bool,
-    /// Bytes of unprocessed records above which the fetchers pause; they resume below half.
+    /// Bytes of unprocessed records the buffer may hold, divided evenly over the lanes being
+    /// fetched: a partition's lane pauses above its share and resumes below half of it.
     pub buffer_budget_bytes: u64,
 }
 
@@ -190,15 +191,22 @@ pub enum Event {
         /// What was stale.
         what: String,
     },
-    /// A fetcher paused because the bytes fetched and not yet acknowledged exceed
-    /// [`CatchupConfig::buffer_budget_bytes`], or resumed below half of it.
+    /// A fetcher paused one partition because its lane's bytes fetched and not yet
+    /// acknowledged exceed its share of [`CatchupConfig::buffer_budget_bytes`], or resumed it
+    /// below half of that share. The budget is divided evenly over the lanes being fetched.
     Backpressure {
         /// `"live"` or `"catch-up"`.
         fetcher: String,
+        /// Topic.
+        topic: String,
+        /// Partition.
+        partition: i32,
         /// Paused (true) or resumed (false).
         paused: bool,
-        /// The bytes counted at that moment.
+        /// The partition's bytes in the fetcher's lane at that moment.
         buffered_bytes: u64,
+        /// The share of the budget they were measured against.
+        share: u64,
     },
     /// A background error; the consumer keeps going where it safely can.
     Error {

@@ -1,64 +1,84 @@
-//! The buffer's byte budget, applied by each fetcher to its own consumer.
+//! The buffer's byte budget, applied by each fetcher to its own consumer: the decisions come
+//! from [`PausePolicy`]; this only pauses, resumes and reports.
 
 use rdkafka::TopicPartitionList;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 
 use crate::consumer::Event;
-use crate::consumer::runtime::Shared;
+use crate::consumer::runtime::{PartitionId, Shared};
+use crate::fetch::PausePolicy;
+use crate::store::Lane;
 
-/// Pauses a fetcher while the bytes it buffered and nobody acknowledged exceed the budget,
-/// and resumes it below half: the buffer stays bounded whatever the backlog.
+/// One fetcher's side of the byte budget.
 pub(crate) struct Budget {
     fetcher: &'static str,
+    lane: Lane,
     limit: u64,
-    paused: bool,
+    policy: PausePolicy<PartitionId>,
 }
 
 impl Budget {
-    pub fn new(fetcher: &'static str, limit: u64) -> Self {
+    pub fn new(fetcher: &'static str, lane: Lane, limit: u64) -> Self {
         Self {
             fetcher,
+            lane,
             limit,
-            paused: false,
+            policy: PausePolicy::new(),
         }
     }
 
-    /// Pauses or resumes `partitions` of `consumer` for `buffered` bytes, and tells
-    /// `shared` when that changes.
+    /// Whether the budget holds `key` paused.
+    pub fn is_paused(&self, key: &PartitionId) -> bool {
+        self.policy.is_paused(key)
+    }
+
+    /// Pauses and resumes the partitions of `consumer` that `fetching` says it fetches,
+    /// by their bytes in this fetcher's lane.
     pub fn apply<C: ConsumerContext>(
         &mut self,
         shared: &Shared,
         consumer: &BaseConsumer<C>,
-        buffered: u64,
-        partitions: impl FnOnce() -> Option<TopicPartitionList>,
+        fetching: impl Fn(&PartitionId) -> bool,
     ) {
-        let pause = buffered > self.limit;
-        let resume = self.paused && buffered <= self.limit / 2;
-        if !(pause || resume) {
-            return;
-        }
-        let Some(partitions) = partitions() else {
-            return;
-        };
-        if pause {
-            // Every round while over budget: partitions assigned meanwhile get paused too.
-            let _ = consumer.pause(&partitions);
-            if !self.paused {
-                shared.emit(Event::Backpressure {
-                    fetcher: self.fetcher.into(),
-                    paused: true,
-                    buffered_bytes: buffered,
+        let mut usage = shared.buffered_by_partition(self.lane);
+        usage.retain(|key, _| fetching(key));
+        let changes = self
+            .policy
+            .decide(self.limit, shared.budget_slots(), &usage);
+        for change in changes {
+            let (topic, partition) = &change.partition;
+            let mut list = TopicPartitionList::new();
+            list.add_partition(topic, *partition);
+            let result = if change.paused {
+                consumer.pause(&list)
+            } else {
+                consumer.resume(&list)
+            };
+            if let Err(err) = result {
+                shared.emit(Event::Error {
+                    message: format!(
+                        "{} fetcher: pausing or resuming {topic}/{partition}: {err}",
+                        self.fetcher
+                    ),
                 });
             }
-            self.paused = true;
-        } else {
-            let _ = consumer.resume(&partitions);
+            tracing::debug!(
+                fetcher = self.fetcher,
+                topic,
+                partition,
+                paused = change.paused,
+                buffered = change.buffered_bytes,
+                share = change.share,
+                "byte budget"
+            );
             shared.emit(Event::Backpressure {
                 fetcher: self.fetcher.into(),
-                paused: false,
-                buffered_bytes: buffered,
+                topic: topic.clone(),
+                partition: *partition,
+                paused: change.paused,
+                buffered_bytes: change.buffered_bytes,
+                share: change.share,
             });
-            self.paused = false;
         }
     }
 }

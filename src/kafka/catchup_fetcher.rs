@@ -6,23 +6,25 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use rdkafka::consumer::base_consumer::PartitionQueue;
 use rdkafka::consumer::{BaseConsumer, Consumer, DefaultConsumerContext};
 use rdkafka::error::KafkaError as RdError;
-use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
 use super::side_log::connection_only;
 use super::{Budget, to_record};
+use crate::consumer::Event;
 use crate::consumer::runtime::{PartitionId, Shared};
-use crate::consumer::{Event, Mode};
-use crate::store::{Lane, OffsetRange, Record};
+use crate::fetch::{AppendResult, FetchCursor, PollErrorKind, classify_poll_error};
+use crate::store::{Fetched, Lane, LayoutId, OffsetRange, Record, StoreError};
 
 const POLL_BATCH: usize = 2000;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a partition whose position lies past the log end waits before it is fetched again.
+const OUT_OF_RANGE_BACKOFF: Duration = Duration::from_secs(1);
 
 /// Requests to the catch-up thread.
 pub(crate) enum CatchupCommand {
@@ -30,6 +32,8 @@ pub(crate) enum CatchupCommand {
     Add {
         topic: String,
         partition: i32,
+        /// The layout the partition was laid out under; appends name it.
+        layout: LayoutId,
         position: i64,
         ranges: Vec<OffsetRange>,
     },
@@ -43,10 +47,13 @@ pub(crate) enum CatchupCommand {
 }
 
 struct Tracked {
-    position: i64,
     ranges: Vec<OffsetRange>,
+    /// What the fetcher has proven since it last positioned the consumer here.
+    cursor: FetchCursor,
     /// The partition's own queue; it holds the consumer, so it goes with the partition.
     queue: Option<Queue>,
+    /// No repositioning before this (the log currently ends below the position).
+    hold_until: Option<Instant>,
 }
 
 /// A tracked partition's own queue: its end-of-partition event names it unambiguously
@@ -54,13 +61,18 @@ struct Tracked {
 type Queue = PartitionQueue<DefaultConsumerContext>;
 
 impl Tracked {
-    /// The end of the range `position` is in; `None` when every range is fetched.
-    fn range_end(&self) -> Option<i64> {
-        self.ranges
-            .iter()
-            .find(|r| r.start <= self.position && self.position < r.end)
-            .map(|r| r.end)
+    /// Whether every range is fetched once the lane stands at `fetched_next`.
+    fn complete_at(&self, fetched_next: i64) -> bool {
+        self.ranges.last().is_none_or(|r| fetched_next >= r.end)
     }
+}
+
+/// What polling brought for one partition, in order.
+enum Polled {
+    Message(Record),
+    EndOfPartition,
+    OutOfRange,
+    BreaksChain(String),
 }
 
 /// The catch-up fetcher thread.
@@ -92,7 +104,7 @@ impl CatchupFetcher {
                     shared,
                     consumer: None,
                     tracked: HashMap::new(),
-                    budget: Budget::new("catch-up", budget),
+                    budget: Budget::new("catch-up", Lane::Catchup, budget),
                 }
                 .run(receiver)
             })
@@ -127,14 +139,16 @@ impl Fetcher {
                     CatchupCommand::Add {
                         topic,
                         partition,
+                        layout,
                         position,
                         ranges,
                     } => self.add(
                         (topic, partition),
                         Tracked {
-                            position,
                             ranges,
+                            cursor: FetchCursor::new(layout, position),
                             queue: None,
+                            hold_until: None,
                         },
                     ),
                     CatchupCommand::Remove { partitions, done } => {
@@ -162,7 +176,7 @@ impl Fetcher {
     }
 
     fn add(&mut self, key: PartitionId, mut tracked: Tracked) {
-        if tracked.range_end().is_none() {
+        if tracked.complete_at(tracked.cursor.stored_next()) {
             return;
         }
         if self.consumer.is_none() {
@@ -175,14 +189,18 @@ impl Fetcher {
             .consumer
             .as_ref()
             .and_then(|c| c.split_partition_queue(&key.0, key.1));
-        self.assign_at(&key, tracked.position);
+        if !self.assign_at(&key, tracked.cursor.stored_next()) {
+            tracked.cursor.break_chain(); // repositioned (assigned) next round
+        }
         self.tracked.insert(key, tracked);
     }
 
-    fn assign_at(&self, (topic, partition): &PartitionId, position: i64) {
+    /// Assigns the partition at `position`; reports and returns `false` on failure.
+    fn assign_at(&self, key: &PartitionId, position: i64) -> bool {
         let Some(consumer) = &self.consumer else {
-            return;
+            return false;
         };
+        let (topic, partition) = key;
         let mut tpl = TopicPartitionList::new();
         let result = tpl
             .add_partition_offset(topic, *partition, Offset::Offset(position))
@@ -191,7 +209,13 @@ impl Fetcher {
             self.error(format!(
                 "catch-up assign of {topic}/{partition} at {position}: {err}"
             ));
+            return false;
         }
+        if self.budget.is_paused(key) {
+            // A new assignment starts unpaused; the budget still holds.
+            let _ = consumer.pause(&tpl);
+        }
+        true
     }
 
     fn unassign(&self, (topic, partition): &PartitionId) {
@@ -205,230 +229,296 @@ impl Fetcher {
         }
     }
 
-    /// One poll round, then the positions and end-of-partition checks.
+    /// One round: poll every partition queue, feed the cursors, read the positions, append
+    /// what is proven, handle truncation, reposition broken chains, apply the budget.
     fn fetch(&mut self) -> Result<(), String> {
         let Some(consumer) = self.consumer.clone() else {
             return Ok(());
         };
-        let mut round = Round::default();
-        // The main queue serves callbacks and any message fetched before its queue split.
-        round.take(consumer.poll(Duration::ZERO), None)?;
+        let mut polled = self.poll_round(&consumer);
+        if polled.is_empty() {
+            // Nothing anywhere: serve callbacks and wait a little on the main queue.
+            self.poll_main(&consumer, Duration::from_millis(20), &mut polled);
+        }
+        let mut out_of_range = Vec::new();
+        for (key, event) in polled {
+            let Some(tracked) = self.tracked.get_mut(&key) else {
+                continue;
+            };
+            match event {
+                Polled::Message(record) => tracked.cursor.message(record),
+                Polled::EndOfPartition => tracked.cursor.end_of_partition(),
+                Polled::OutOfRange => {
+                    tracked.cursor.break_chain();
+                    out_of_range.push(key);
+                }
+                Polled::BreaksChain(message) => {
+                    tracked.cursor.break_chain();
+                    self.shared.emit(Event::Error {
+                        message: format!(
+                            "catch-up fetch of {}/{}: {message}; refetching from the buffer's position",
+                            key.0, key.1
+                        ),
+                    });
+                }
+            }
+        }
+        // Positions move past offsets without records (compaction, transaction markers);
+        // each cursor decides whether its generation's position can be trusted.
+        let positions = consumer
+            .position()
+            .map_err(|e| format!("catch-up position: {e}"))?;
+        for element in positions.elements() {
+            let key = (element.topic().to_owned(), element.partition());
+            if let (Offset::Offset(position), Some(tracked)) =
+                (element.offset(), self.tracked.get_mut(&key))
+            {
+                tracked.cursor.position(position);
+            }
+        }
+        let keys: Vec<PartitionId> = self.tracked.keys().cloned().collect();
+        for key in &keys {
+            self.append(key);
+        }
+        for key in out_of_range {
+            self.skip_truncated(&consumer, &key);
+        }
+        self.reposition();
+        let tracked = &self.tracked;
+        self.budget
+            .apply(&self.shared, &consumer, |key| tracked.contains_key(key));
+        Ok(())
+    }
+
+    /// Polls the main queue (callbacks, and messages fetched before a queue was split) and
+    /// every partition queue, up to `POLL_BATCH` each. Errors end a queue's turn, never the
+    /// round: what was polled before them is kept.
+    fn poll_round(&self, consumer: &BaseConsumer) -> Vec<(PartitionId, Polled)> {
+        let mut polled = Vec::new();
+        self.poll_main(consumer, Duration::ZERO, &mut polled);
         for (key, queue) in self
             .tracked
             .iter()
             .filter_map(|(k, t)| Some((k, t.queue.as_ref()?)))
         {
             for _ in 0..POLL_BATCH {
-                if !round.take(queue.poll(Duration::ZERO), Some(key))? {
-                    break;
+                match queue.poll(Duration::ZERO) {
+                    None => break,
+                    Some(Ok(message)) => {
+                        polled.push((key.clone(), Polled::Message(to_record(&message))))
+                    }
+                    Some(Err(err)) => {
+                        if let Some(event) = partition_error(&err) {
+                            polled.push((key.clone(), event));
+                        }
+                        break;
+                    }
                 }
             }
         }
-        if round.is_empty() {
-            round.take(consumer.poll(Duration::from_millis(20)), None)?;
-        }
-        let mut failed = Vec::new();
-        for (key, records) in std::mem::take(&mut round.batches) {
-            let Some(tracked) = self.tracked.get(&key) else {
-                continue;
-            };
-            let next = records.last().map_or(tracked.position, |r| r.offset + 1);
-            if let Err(message) = self.append(&key, &records, next) {
-                self.error(message);
-                failed.push(key);
-            }
-        }
-        // Positions move past gaps that no record shows (compaction).
-        let positions = consumer
-            .position()
-            .map_err(|e| format!("catch-up position: {e}"))?;
-        let mut gaps = Vec::new();
-        for element in positions.elements() {
-            let key = (element.topic().to_owned(), element.partition());
-            if failed.contains(&key) {
-                continue; // being refetched: its position says nothing about what is stored
-            }
-            if let (Offset::Offset(position), Some(tracked)) =
-                (element.offset(), self.tracked.get(&key))
-            {
-                if position > tracked.position {
-                    gaps.push((key, position));
-                }
-            }
-        }
-        for (key, position) in gaps {
-            self.append(&key, &[], position)?;
-        }
-        // At the end of a partition every offset below the high watermark (the last stable
-        // offset under read_committed) has been seen: what is left of the range is markers
-        // and aborted records.
-        for key in round.at_end.into_iter().filter(|key| !failed.contains(key)) {
-            let Some(range_end) = self.tracked.get(&key).and_then(Tracked::range_end) else {
-                continue;
-            };
-            let (_, high) = consumer
-                .fetch_watermarks(&key.0, key.1, REQUEST_TIMEOUT)
-                .map_err(|e| format!("catch-up watermarks of {}/{}: {e}", key.0, key.1))?;
-            if high >= range_end {
-                self.append(&key, &[], range_end)?;
-            }
-        }
-        if round.out_of_range {
-            self.skip_truncated()?;
-        }
-        // In Ordered mode only catch-up bytes count: live records cannot be delivered before
-        // the backlog, so pausing catch-up for them would stall the reader for good.
-        let lane = match self.shared.config.mode {
-            Mode::Concurrent => None,
-            Mode::Ordered | Mode::Off => Some(Lane::Catchup),
-        };
-        let buffered = self.shared.buffered_bytes(lane);
-        let tracked: Vec<PartitionId> = self.tracked.keys().cloned().collect();
-        self.budget.apply(&self.shared, &consumer, buffered, || {
-            let mut list = TopicPartitionList::new();
-            tracked.iter().for_each(|(topic, partition)| {
-                list.add_partition(topic, *partition);
-            });
-            Some(list)
-        });
-        Ok(())
+        polled
     }
 
-    /// Appends to the catch-up lane and follows the lane's position: to the next range, or
-    /// out of the fetcher once every range is fetched.
-    fn append(&mut self, key: &PartitionId, records: &[Record], next: i64) -> Result<(), String> {
+    fn poll_main(
+        &self,
+        consumer: &BaseConsumer,
+        timeout: Duration,
+        polled: &mut Vec<(PartitionId, Polled)>,
+    ) {
+        match consumer.poll(timeout) {
+            None => {}
+            Some(Ok(message)) => polled.push((
+                (message.topic().to_owned(), message.partition()),
+                Polled::Message(to_record(&message)),
+            )),
+            Some(Err(err)) => {
+                // The main queue does not say which partition an error is about: every
+                // chain that could be affected ends.
+                if let Some(event @ (Polled::OutOfRange | Polled::BreaksChain(_))) =
+                    partition_error(&err)
+                {
+                    for key in self.tracked.keys() {
+                        let event = match &event {
+                            Polled::OutOfRange => Polled::OutOfRange,
+                            _ => Polled::BreaksChain(err.to_string()),
+                        };
+                        polled.push((key.clone(), event));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Appends what the partition's cursor proved, and follows the lane: out of the fetcher
+    /// once every range is fetched.
+    fn append(&mut self, key: &PartitionId) {
         let Some(tracked) = self.tracked.get_mut(key) else {
-            return Ok(());
+            return;
         };
-        let Some(range_end) = tracked.range_end() else {
-            return Ok(());
+        let Some(append) = tracked.cursor.take_append() else {
+            return;
         };
-        let outcome = self
+        let fetched = Fetched {
+            layout: append.layout,
+            continues_from: append.continues_from,
+            records: &append.records,
+            next: append.next,
+        };
+        let answer = match self
             .shared
             .buffer
-            .append(Lane::Catchup, &key.0, key.1, records, next);
-        let outcome = match outcome {
-            Ok(outcome) => outcome,
-            Err(err) => {
-                // librdkafka's position is past these records now; were it left there, the
-                // next append would cover them as a gap. Fetch them again instead.
-                let position = tracked.position;
-                self.unassign(key);
-                self.assign_at(key, position);
-                return Err(format!(
-                    "catch-up append of {}/{} (refetching from {position}): {err}",
-                    key.0, key.1
-                ));
+            .append(Lane::Catchup, &key.0, key.1, fetched)
+        {
+            Ok(outcome) => {
+                if outcome.stored > 0 {
+                    metrics::counter!("catchup_records_fetched_total", "lane" => "catchup")
+                        .increment(outcome.stored as u64);
+                    self.shared
+                        .add_buffered(key, Lane::Catchup, outcome.stored_bytes);
+                    self.shared.notify.notify_waiters();
+                }
+                AppendResult::Stored {
+                    fetched_next: outcome.fetched_next,
+                }
             }
-        };
-        if outcome.stored > 0 {
-            metrics::counter!("catchup_records_fetched_total", "lane" => "catchup")
-                .increment(outcome.stored as u64);
-            self.shared
-                .add_buffered(key, Lane::Catchup, outcome.stored_bytes);
-            self.shared.notify.notify_waiters();
-        }
-        let previous_end = range_end;
-        tracked.position = outcome.fetched_next;
-        match tracked.range_end() {
-            None => {
-                tracing::info!(
+            Err(StoreError::StaleLayout { .. }) => {
+                // Re-laid out since this partition was added: a newer Add (or a Remove) is on
+                // its way; this writer must not touch the new layout.
+                tracing::debug!(
                     topic = key.0,
                     partition = key.1,
-                    "catch-up lane fetched; partition leaves the catch-up consumer"
+                    "stale catch-up writer dropped"
                 );
                 self.tracked.remove(key);
                 self.unassign(key);
-                self.shared.emit(Event::CatchupFetched {
-                    topic: key.0.clone(),
-                    partition: key.1,
-                });
-                self.shared.notify.notify_waiters();
+                return;
             }
-            Some(end) if end != previous_end => {
-                // The next range starts elsewhere: move the fetch position there.
-                let position = tracked.position;
-                self.unassign(key);
-                self.assign_at(key, position);
+            Err(StoreError::Discontinuous { fetched_next, .. }) => {
+                self.error(format!(
+                    "catch-up append of {}/{} refused as discontinuous; refetching from {fetched_next}",
+                    key.0, key.1
+                ));
+                AppendResult::Refused { fetched_next }
             }
-            Some(_) => {}
-        }
-        Ok(())
+            Err(err) => {
+                self.error(format!(
+                    "catch-up append of {}/{} (refetching): {err}",
+                    key.0, key.1
+                ));
+                AppendResult::Failed
+            }
+        };
+        self.appended(key, answer);
     }
 
-    /// Retention removed offsets we still needed: report it and continue at the low mark.
-    fn skip_truncated(&mut self) -> Result<(), String> {
-        let Some(consumer) = &self.consumer else {
-            return Ok(());
+    /// Tells the partition's cursor how its append went; a partition whose every range is
+    /// fetched leaves the fetcher.
+    fn appended(&mut self, key: &PartitionId, answer: AppendResult) {
+        let Some(tracked) = self.tracked.get_mut(key) else {
+            return;
         };
-        let mut skips = Vec::new();
-        for (key, tracked) in &self.tracked {
-            let (low, _) = consumer
-                .fetch_watermarks(&key.0, key.1, REQUEST_TIMEOUT)
-                .map_err(|e| format!("catch-up watermarks of {}/{}: {e}", key.0, key.1))?;
-            if tracked.position < low {
-                skips.push((key.clone(), tracked.position, low));
-            }
-        }
-        for (key, from, low) in skips {
-            self.shared.emit(Event::Truncated {
+        tracked.cursor.appended(answer);
+        if tracked.complete_at(tracked.cursor.stored_next()) {
+            tracing::info!(
+                topic = key.0,
+                partition = key.1,
+                "catch-up lane fetched; partition leaves the catch-up consumer"
+            );
+            self.tracked.remove(key);
+            self.unassign(key);
+            self.shared.emit(Event::CatchupFetched {
                 topic: key.0.clone(),
                 partition: key.1,
-                from,
-                to: low,
             });
-            self.append(&key, &[], low)?;
-            if let Some(tracked) = self.tracked.get(&key) {
-                let position = tracked.position;
-                self.unassign(&key);
-                self.assign_at(&key, position);
-            }
+            self.shared.notify.notify_waiters();
         }
-        Ok(())
-    }
-}
-
-/// What one poll round brought.
-#[derive(Default)]
-struct Round {
-    batches: HashMap<PartitionId, Vec<Record>>,
-    at_end: Vec<PartitionId>,
-    out_of_range: bool,
-}
-
-impl Round {
-    fn is_empty(&self) -> bool {
-        self.batches.is_empty() && self.at_end.is_empty() && !self.out_of_range
     }
 
-    /// Takes one poll result (of the queue of `queue_key`, or of the main queue); returns
-    /// whether there was anything.
-    fn take(
-        &mut self,
-        polled: Option<rdkafka::error::KafkaResult<rdkafka::message::BorrowedMessage<'_>>>,
-        queue_key: Option<&PartitionId>,
-    ) -> Result<bool, String> {
-        match polled {
-            None => return Ok(false),
-            Some(Ok(message)) => {
-                let key = (message.topic().to_owned(), message.partition());
-                self.batches
-                    .entry(key)
-                    .or_default()
-                    .push(to_record(&message));
-            }
-            Some(Err(RdError::PartitionEOF(_))) => {
-                if let Some(key) = queue_key {
-                    self.at_end.push(key.clone());
+    /// Moves the consumer to the buffer's position on every partition whose chain broke
+    /// (after an error, a refused append, or a range that ended where the next does not
+    /// start): a new assignment, so nothing polled before it counts.
+    fn reposition(&mut self) {
+        let now = Instant::now();
+        let targets: Vec<(PartitionId, i64)> = self
+            .tracked
+            .iter()
+            .filter(|(_, t)| t.hold_until.is_none_or(|until| now >= until))
+            .filter_map(|(key, t)| Some((key.clone(), t.cursor.reposition()?)))
+            .collect();
+        for (key, at) in targets {
+            self.unassign(&key);
+            if self.assign_at(&key, at) {
+                if let Some(tracked) = self.tracked.get_mut(&key) {
+                    tracked.cursor.repositioned(at);
+                    tracked.hold_until = None;
                 }
-                return Ok(false);
             }
-            Some(Err(RdError::MessageConsumption(RDKafkaErrorCode::AutoOffsetReset)))
-            | Some(Err(RdError::MessageConsumption(RDKafkaErrorCode::OffsetOutOfRange))) => {
-                self.out_of_range = true
-            }
-            Some(Err(err)) => return Err(format!("catch-up fetch: {err}")),
         }
-        Ok(true)
+    }
+
+    /// After an out-of-range error: retention removed offsets the lane still needed — report
+    /// it and continue at the log start; or the log ends below the position (truncated by an
+    /// unclean election) — wait for it to grow back before fetching there again.
+    fn skip_truncated(&mut self, consumer: &BaseConsumer, key: &PartitionId) {
+        let Some(tracked) = self.tracked.get_mut(key) else {
+            return;
+        };
+        let Some(at) = tracked.cursor.reposition() else {
+            return;
+        };
+        let low = match consumer.fetch_watermarks(&key.0, key.1, REQUEST_TIMEOUT) {
+            Ok((low, _)) => low,
+            Err(err) => {
+                tracked.hold_until = Some(Instant::now() + OUT_OF_RANGE_BACKOFF);
+                return self.error(format!("catch-up watermarks of {}/{}: {err}", key.0, key.1));
+            }
+        };
+        if at >= low {
+            tracked.hold_until = Some(Instant::now() + OUT_OF_RANGE_BACKOFF);
+            return self.error(format!(
+                "catch-up of {}/{}: position {at} is past the log end; retrying",
+                key.0, key.1
+            ));
+        }
+        self.shared.emit(Event::Truncated {
+            topic: key.0.clone(),
+            partition: key.1,
+            from: at,
+            to: low,
+        });
+        let layout = tracked.cursor.layout();
+        let fetched = Fetched {
+            layout,
+            continues_from: at,
+            records: &[],
+            next: low,
+        };
+        let answer = match self
+            .shared
+            .buffer
+            .append(Lane::Catchup, &key.0, key.1, fetched)
+        {
+            Ok(outcome) => AppendResult::Stored {
+                fetched_next: outcome.fetched_next,
+            },
+            Err(StoreError::Discontinuous { fetched_next, .. }) => {
+                AppendResult::Refused { fetched_next }
+            }
+            Err(err) => {
+                self.error(format!("catch-up of {}/{}: {err}", key.0, key.1));
+                AppendResult::Failed
+            }
+        };
+        self.appended(key, answer);
+    }
+}
+
+/// What an error polled from a partition queue means for that partition (`None`: nothing).
+fn partition_error(err: &RdError) -> Option<Polled> {
+    match classify_poll_error(err) {
+        PollErrorKind::EndOfPartition => Some(Polled::EndOfPartition),
+        PollErrorKind::Transient => None,
+        PollErrorKind::OutOfRange => Some(Polled::OutOfRange),
+        PollErrorKind::BreaksChain => Some(Polled::BreaksChain(err.to_string())),
     }
 }

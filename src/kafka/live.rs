@@ -2,7 +2,6 @@
 //! partition (DESIGN §5) and assigns it at absolute offsets; its thread fetches the live lane
 //! into the buffer and commits processed offsets — the only client that commits (invariant 4).
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
@@ -18,13 +17,16 @@ use rdkafka::{ClientConfig, ClientContext, Message, Offset, TopicPartitionList};
 use super::{Budget, CatchupCommand, KafkaError, SideLog, to_record};
 use crate::consumer::runtime::{PartitionId, PartitionRuntime, PendingCommit, Shared};
 use crate::consumer::{Event, Mode};
+use crate::fetch::{AppendResult, PendingAppend, PollErrorKind, classify_poll_error};
 use crate::plan::{
     CommitPlan, Committed, Inputs, LocalAction, OffsetReset, PlanEvent, SideWrite, reconcile,
 };
-use crate::store::{Lane, Record};
+use crate::store::{Fetched, Lane, LayoutId, Record, StoreError};
 
 /// Timeout of one broker request made during a rebalance or a commit.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long repositioning one partition of the live lane may take.
+const SEEK_TIMEOUT: Duration = Duration::from_secs(5);
 /// Most messages taken from one poll round before they are appended.
 const POLL_BATCH: usize = 2000;
 
@@ -167,7 +169,6 @@ impl LiveState {
         partition: i32,
     ) -> Result<i64, crate::Error> {
         let _span = tracing::info_span!("assign", topic, partition).entered();
-        let _span = tracing::info_span!("assign", topic, partition).entered();
         let shared = &self.shared;
         let main = committed
             .find_partition(topic, partition)
@@ -263,9 +264,13 @@ impl LiveState {
             },
             |commit| commit.offset,
         );
+        let layout_id = shared.buffer.layout_id(topic, partition)?.ok_or_else(|| {
+            crate::Error::Config(format!("{topic}/{partition} vanished from the buffer"))
+        })?;
         let runtime = PartitionRuntime::new(
             shared.next_generation(),
             &state,
+            layout_id,
             decision.token,
             decision.side_entry.clone(),
             main_committed,
@@ -280,6 +285,7 @@ impl LiveState {
             let command = CatchupCommand::Add {
                 topic: topic.to_owned(),
                 partition,
+                layout: layout_id,
                 position: state.catchup.fetched_next,
                 ranges: state.layout.catchup_ranges.clone(),
             };
@@ -293,7 +299,6 @@ impl LiveState {
     fn on_revoke(&self, consumer: &BaseConsumer<LiveContext>, tpl: &TopicPartitionList) {
         let partitions = partitions_of(tpl);
         let lost = consumer.assignment_lost();
-        let _span = tracing::info_span!("revoke", count = partitions.len(), lost).entered();
         let _span = tracing::info_span!("revoke", count = partitions.len(), lost).entered();
         if self.abandoned.load(Ordering::Relaxed) {
             return; // a simulated crash: leave Kafka and the buffer as they are
@@ -340,7 +345,6 @@ impl LiveState {
     ) -> Result<(), KafkaError> {
         let mut first_error = None;
         for pending in self.shared.pending_commits(only) {
-            tracing::debug!(partition = ?pending.partition, plan = ?pending.plan, "commit");
             tracing::debug!(partition = ?pending.partition, plan = ?pending.plan, "commit");
             match self.apply_commit(consumer, &pending) {
                 Ok(()) => {
@@ -471,10 +475,15 @@ impl LiveFetcher {
         {
             config.set("partition.assignment.strategy", "cooperative-sticky");
         }
+        // Where a group without a commit starts is decided at assignment (reconciliation),
+        // from the user's setting with librdkafka's default (the log end). Past that the
+        // client must never jump by itself: a reset would skip records silently (F9), so an
+        // out-of-range position is an error the fetcher handles, with an event.
         let reset = match config.get("auto.offset.reset") {
-            Some("latest") | Some("largest") | Some("end") => OffsetReset::Latest,
-            _ => OffsetReset::Earliest,
+            Some("earliest") | Some("smallest") | Some("beginning") => OffsetReset::Earliest,
+            _ => OffsetReset::Latest,
         };
+        config.set("auto.offset.reset", "error");
         let state = Arc::new(LiveState {
             shared: shared.clone(),
             side_log,
@@ -504,7 +513,7 @@ fn run(
     let shared = state.shared.clone();
     let interval = shared.config.commit_interval;
     let mut last_commit = Instant::now();
-    let mut budget = Budget::new("live", shared.config.buffer_budget_bytes);
+    let mut budget = Budget::new("live", Lane::Live, shared.config.buffer_budget_bytes);
     loop {
         while let Ok(command) = commands.try_recv() {
             match command {
@@ -543,66 +552,225 @@ fn run(
             let _ = state.commit(&consumer, None);
             last_commit = Instant::now();
         }
-        if let Err(err) = poll_into_buffer(&consumer, &shared) {
-            shared.emit(Event::Error { message: err });
-        }
-        budget.apply(&shared, &consumer, shared.buffered_bytes(None), || {
-            consumer.assignment().ok()
-        });
+        poll_into_buffer(&consumer, &shared);
+        budget.apply(&shared, &consumer, |_| true);
     }
 }
 
-/// One poll round: up to `POLL_BATCH` messages, appended to the live lane per partition.
-fn poll_into_buffer(consumer: &BaseConsumer<LiveContext>, shared: &Shared) -> Result<(), String> {
-    let mut batches: BTreeMap<PartitionId, Vec<Record>> = BTreeMap::new();
-    let mut timeout = Duration::from_millis(50);
-    for _ in 0..POLL_BATCH {
-        match consumer.poll(timeout) {
-            None => break,
-            Some(Ok(message)) => {
-                batches
-                    .entry((message.topic().to_owned(), message.partition()))
-                    .or_default()
-                    .push(to_record(&message));
+/// One poll round of the live lane: up to `POLL_BATCH` messages fed to the partitions'
+/// cursors, the appends they prove, and the repositioning of every partition whose chain of
+/// proof broke (DESIGN invariant 8).
+fn poll_into_buffer(consumer: &BaseConsumer<LiveContext>, shared: &Shared) {
+    let round = poll_round(consumer, shared);
+    let appends: Vec<(PartitionId, PendingAppend)> = {
+        let mut partitions = shared.partitions();
+        for (key, record) in round.messages {
+            // Not (or no longer) ours: a rebalance in this round took it away.
+            if let Some(runtime) = partitions.get_mut(&key) {
+                runtime.live_cursor.message(record);
             }
-            Some(Err(err)) => return Err(format!("live fetch: {err}")),
         }
-        timeout = Duration::ZERO;
-    }
-    let mut appended = false;
-    for (key, records) in batches {
-        if !shared.partitions().contains_key(&key) {
-            continue; // not (or no longer) ours
-        }
-        let next = records.last().map_or(0, |r| r.offset + 1);
-        match shared
-            .buffer
-            .append(Lane::Live, &key.0, key.1, &records, next)
-        {
-            Ok(outcome) => {
-                metrics::counter!("catchup_records_fetched_total", "lane" => "live")
-                    .increment(outcome.stored as u64);
-                shared.add_buffered(&key, Lane::Live, outcome.stored_bytes);
-                appended = true;
-            }
-            Err(err) => {
-                // The consumer's position is past these records: go back to what the buffer
-                // holds, or the next append would cover them as a gap.
-                let held = shared.buffer.partition_state(&key.0, key.1).ok().flatten();
-                if let Some(position) = held.map(|state| state.live.fetched_next) {
-                    let _ = consumer.seek(&key.0, key.1, Offset::Offset(position), REQUEST_TIMEOUT);
+        partitions
+            .iter_mut()
+            .filter_map(|(key, runtime)| {
+                if round.chain_broken {
+                    runtime.live_cursor.break_chain();
                 }
-                shared.emit(Event::Error {
-                    message: format!("live append of {}/{}: {err}", key.0, key.1),
-                });
+                runtime.live_cursor.take_append().map(|a| (key.clone(), a))
+            })
+            .collect()
+    };
+    let mut stored = false;
+    for (key, append) in appends {
+        let Some(answer) = append_live(shared, &key, &append) else {
+            continue;
+        };
+        stored |= matches!(answer, AppendResult::Stored { .. });
+        if let Some(runtime) = shared.partitions().get_mut(&key) {
+            if runtime.live_cursor.layout() == append.layout {
+                runtime.live_cursor.appended(answer);
             }
         }
     }
-    if appended {
+    if round.out_of_range {
+        skip_truncated(consumer, shared);
+    }
+    reposition(consumer, shared);
+    if stored {
         shared
             .live_appends
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         shared.notify.notify_waiters();
     }
-    Ok(())
+}
+
+/// What one round of `poll` brought.
+#[derive(Default)]
+struct LiveRound {
+    messages: Vec<(PartitionId, Record)>,
+    /// An error that may have skipped messages ended the round.
+    chain_broken: bool,
+    /// That error was an out-of-range position.
+    out_of_range: bool,
+}
+
+fn poll_round(consumer: &BaseConsumer<LiveContext>, shared: &Shared) -> LiveRound {
+    let mut round = LiveRound::default();
+    let mut timeout = Duration::from_millis(50);
+    for _ in 0..POLL_BATCH {
+        match consumer.poll(timeout) {
+            None => break,
+            Some(Ok(message)) => round.messages.push((
+                (message.topic().to_owned(), message.partition()),
+                to_record(&message),
+            )),
+            // An error is not the end of what was polled (DESIGN §6): what came before it
+            // stays in the round.
+            Some(Err(err)) => match classify_poll_error(&err) {
+                PollErrorKind::EndOfPartition => {}
+                PollErrorKind::Transient => {
+                    tracing::debug!(%err, "live fetch: transient client error");
+                    break;
+                }
+                PollErrorKind::OutOfRange => {
+                    tracing::warn!(%err, "live fetch: position out of range");
+                    round.chain_broken = true;
+                    round.out_of_range = true;
+                    break;
+                }
+                PollErrorKind::BreaksChain => {
+                    // The client does not say which partition: every chain ends here.
+                    shared.emit(Event::Error {
+                        message: format!(
+                            "live fetch: {err}; refetching from the buffer's positions"
+                        ),
+                    });
+                    round.chain_broken = true;
+                    break;
+                }
+            },
+        }
+        timeout = Duration::ZERO;
+    }
+    round
+}
+
+/// Appends one partition's proven batch; `None` when the partition was re-laid out meanwhile
+/// (its new runtime has a cursor of its own).
+fn append_live(shared: &Shared, key: &PartitionId, append: &PendingAppend) -> Option<AppendResult> {
+    let fetched = Fetched {
+        layout: append.layout,
+        continues_from: append.continues_from,
+        records: &append.records,
+        next: append.next,
+    };
+    match shared.buffer.append(Lane::Live, &key.0, key.1, fetched) {
+        Ok(outcome) => {
+            metrics::counter!("catchup_records_fetched_total", "lane" => "live")
+                .increment(outcome.stored as u64);
+            shared.add_buffered(key, Lane::Live, outcome.stored_bytes);
+            Some(AppendResult::Stored {
+                fetched_next: outcome.fetched_next,
+            })
+        }
+        Err(StoreError::StaleLayout { .. }) => None,
+        Err(StoreError::Discontinuous { fetched_next, .. }) => {
+            shared.emit(Event::Error {
+                message: format!(
+                    "live append of {}/{} refused as discontinuous; refetching from {fetched_next}",
+                    key.0, key.1
+                ),
+            });
+            Some(AppendResult::Refused { fetched_next })
+        }
+        Err(err) => {
+            shared.emit(Event::Error {
+                message: format!("live append of {}/{}: {err}", key.0, key.1),
+            });
+            Some(AppendResult::Failed)
+        }
+    }
+}
+
+/// Moves the consumer back to the buffer's position on every partition whose chain broke.
+/// A seek that fails is retried next round; until then that partition's records are dropped.
+fn reposition(consumer: &BaseConsumer<LiveContext>, shared: &Shared) {
+    let targets: Vec<(PartitionId, i64)> = shared
+        .partitions()
+        .iter()
+        .filter_map(|(key, runtime)| Some((key.clone(), runtime.live_cursor.reposition()?)))
+        .collect();
+    for (key, at) in targets {
+        match consumer.seek(&key.0, key.1, Offset::Offset(at), SEEK_TIMEOUT) {
+            Ok(()) => {
+                tracing::debug!(
+                    topic = key.0,
+                    partition = key.1,
+                    at,
+                    "live lane repositioned"
+                );
+                if let Some(runtime) = shared.partitions().get_mut(&key) {
+                    runtime.live_cursor.repositioned(at);
+                }
+            }
+            Err(err) => shared.emit(Event::Error {
+                message: format!(
+                    "live lane of {}/{}: seeking back to {at} failed ({err}); retrying",
+                    key.0, key.1
+                ),
+            }),
+        }
+    }
+}
+
+/// After an out-of-range error: for every broken partition whose position retention has
+/// passed, report the truncation (DESIGN §5, last row) and record the deleted offsets as
+/// covered — they no longer exist in the log — so the lane continues at the log start.
+fn skip_truncated(consumer: &BaseConsumer<LiveContext>, shared: &Shared) {
+    let broken: Vec<(PartitionId, LayoutId, i64)> = shared
+        .partitions()
+        .iter()
+        .filter_map(|(key, runtime)| {
+            let cursor = &runtime.live_cursor;
+            cursor
+                .reposition()
+                .map(|at| (key.clone(), cursor.layout(), at))
+        })
+        .collect();
+    for (key, layout, at) in broken {
+        let low = match consumer.fetch_watermarks(&key.0, key.1, REQUEST_TIMEOUT) {
+            Ok((low, _)) => low,
+            Err(err) => {
+                shared.emit(Event::Error {
+                    message: format!(
+                        "live lane of {}/{}: reading watermarks: {err}",
+                        key.0, key.1
+                    ),
+                });
+                continue;
+            }
+        };
+        if at >= low {
+            continue;
+        }
+        shared.emit(Event::Truncated {
+            topic: key.0.clone(),
+            partition: key.1,
+            from: at,
+            to: low,
+        });
+        let append = PendingAppend {
+            layout,
+            continues_from: at,
+            records: Vec::new(),
+            next: low,
+        };
+        if let Some(answer) = append_live(shared, &key, &append) {
+            if let Some(runtime) = shared.partitions().get_mut(&key) {
+                if runtime.live_cursor.layout() == layout {
+                    runtime.live_cursor.appended(answer);
+                }
+            }
+        }
+    }
 }

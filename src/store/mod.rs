@@ -50,7 +50,7 @@ pub use record::{Header, Record, Timestamp};
 pub use snapshot::Snapshot;
 pub use state::{LaneState, OffsetRange, PartitionLayout, PartitionState};
 pub use verify::Finding;
-pub use write::AppendOutcome;
+pub use write::{AppendOutcome, Fetched};
 
 use keys::PartitionKey;
 
@@ -79,6 +79,20 @@ impl Lane {
 impl fmt::Display for Lane {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+/// Names one layout of one partition for as long as this process has the buffer open:
+/// [`Buffer::reset_partition`] and [`Buffer::discard_partition`] give the partition a new one.
+/// A fetcher positions itself under a layout and names it in every append, so a writer that
+/// outlived a revoke or a re-layout is refused instead of writing into the new layout. Stale
+/// writers are threads of this process, so an id needs no persistence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LayoutId(pub u64);
+
+impl fmt::Display for LayoutId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "layout #{}", self.0)
     }
 }
 
@@ -172,6 +186,44 @@ pub enum StoreError {
         /// The underlying error.
         source: sled::Error,
     },
+    /// An append fetched under an earlier layout of the partition (the partition was revoked,
+    /// discarded or laid out again since): refused, the writer is stale.
+    #[error(
+        "buffer {dir}, {topic}/{partition} {lane} lane: append fetched under {fetched_under}, the partition is now at {current}; refused"
+    )]
+    StaleLayout {
+        /// The buffer directory.
+        dir: PathBuf,
+        /// Topic of the append.
+        topic: String,
+        /// Partition of the append.
+        partition: i32,
+        /// Lane of the append.
+        lane: Lane,
+        /// The layout the fetcher named.
+        fetched_under: LayoutId,
+        /// The partition's layout now.
+        current: LayoutId,
+    },
+    /// An append that does not continue from where the lane stands: the offsets in between
+    /// were never proven fetched (invariant 8). Refused; refetch from `fetched_next`.
+    #[error(
+        "buffer {dir}, {topic}/{partition} {lane} lane: batch continues from {continues_from} but the lane is fetched up to {fetched_next}; refused, refetch from {fetched_next}"
+    )]
+    Discontinuous {
+        /// The buffer directory.
+        dir: PathBuf,
+        /// Topic of the append.
+        topic: String,
+        /// Partition of the append.
+        partition: i32,
+        /// Lane of the append.
+        lane: Lane,
+        /// Where the batch said it continues from.
+        continues_from: i64,
+        /// Where the lane stands.
+        fetched_next: i64,
+    },
     /// A call that does not fit the partition's state (a bug in the caller, reported rather
     /// than written).
     #[error("buffer {dir}, {topic}/{partition}: {reason}")]
@@ -209,6 +261,9 @@ pub struct Buffer {
     topics: RwLock<HashMap<String, u32>>,
     topic_alloc: Mutex<()>,
     partition_locks: Vec<Mutex<()>>,
+    /// The current layout of each partition this process has touched (see [`LayoutId`]).
+    layouts: Mutex<HashMap<PartitionKey, LayoutId>>,
+    next_layout: std::sync::atomic::AtomicU64,
 }
 
 impl fmt::Debug for Buffer {
@@ -285,6 +340,8 @@ impl Buffer {
             topics: RwLock::new(HashMap::new()),
             topic_alloc: Mutex::new(()),
             partition_locks: (0..LOCK_SHARDS).map(|_| Mutex::new(())).collect(),
+            layouts: Mutex::new(HashMap::new()),
+            next_layout: std::sync::atomic::AtomicU64::new(1),
         };
         buffer.load_meta(create)?;
         buffer.load_topics()?;
@@ -405,6 +462,40 @@ impl Buffer {
         Ok(id)
     }
 
+    /// The current layout of `topic`/`partition`, to name in appends; `None` when the
+    /// partition is not laid out.
+    pub fn layout_id(&self, topic: &str, partition: i32) -> Result<Option<LayoutId>, StoreError> {
+        let Some(part) = self.partition_key(topic, partition)? else {
+            return Ok(None);
+        };
+        let _guard = self.partition_lock(part);
+        if self.load_state(part)?.is_none() {
+            return Ok(None);
+        }
+        Ok(Some(self.layout_id_of(part)))
+    }
+
+    /// The layout id of `part`, allocated on first use (a state reused from an earlier run).
+    /// Call with the partition's lock held.
+    fn layout_id_of(&self, part: PartitionKey) -> LayoutId {
+        *lock(&self.layouts).entry(part).or_insert_with(|| {
+            LayoutId(
+                self.next_layout
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            )
+        })
+    }
+
+    /// Gives `part` a new layout id: every writer positioned under the old one is stale.
+    /// Call with the partition's lock held.
+    fn new_layout_id(&self, part: PartitionKey) {
+        let id = LayoutId(
+            self.next_layout
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        );
+        lock(&self.layouts).insert(part, id);
+    }
+
     fn partition_key(
         &self,
         topic: &str,
@@ -489,6 +580,36 @@ impl StoreError {
             StoreError::NewerFormat { found, .. } => StoreError::NewerFormat { dir, found },
             StoreError::Damaged { reason, .. } => StoreError::Damaged { dir, reason },
             StoreError::Sled { source, .. } => StoreError::Sled { dir, source },
+            StoreError::StaleLayout {
+                topic,
+                partition,
+                lane,
+                fetched_under,
+                current,
+                ..
+            } => StoreError::StaleLayout {
+                dir,
+                topic,
+                partition,
+                lane,
+                fetched_under,
+                current,
+            },
+            StoreError::Discontinuous {
+                topic,
+                partition,
+                lane,
+                continues_from,
+                fetched_next,
+                ..
+            } => StoreError::Discontinuous {
+                dir,
+                topic,
+                partition,
+                lane,
+                continues_from,
+                fetched_next,
+            },
             StoreError::Rejected {
                 topic,
                 partition,

@@ -23,6 +23,30 @@ fn offsets(batch: &ReadBatch) -> Vec<i64> {
     batch.records.iter().map(|r| r.offset).collect()
 }
 
+/// Appends as a fetcher that continued from wherever the lane stands.
+fn append(
+    buffer: &Buffer,
+    lane: Lane,
+    topic: &str,
+    partition: i32,
+    records: &[Record],
+    next: i64,
+) -> Result<AppendOutcome, StoreError> {
+    let state = buffer.partition_state(topic, partition)?;
+    let layout = buffer.layout_id(topic, partition)?.unwrap_or(LayoutId(0));
+    buffer.append(
+        lane,
+        topic,
+        partition,
+        Fetched {
+            layout,
+            continues_from: state.map_or(0, |s| s.lane(lane).fetched_next),
+            records,
+            next,
+        },
+    )
+}
+
 fn open(dir: &tempfile::TempDir) -> Buffer {
     Buffer::open(dir.path().join("buf"), BufferOptions::default()).expect("open buffer")
 }
@@ -35,15 +59,13 @@ fn append_read_commit_delete() {
         .reset_partition("t", 0, PartitionLayout::split(1, 70, 120))
         .expect("layout");
     assert_eq!(
-        buffer
-            .append(Lane::Catchup, "t", 0, &records(70..100), 100)
+        append(&buffer, Lane::Catchup, "t", 0, &records(70..100), 100)
             .expect("append")
             .stored,
         30
     );
     assert_eq!(
-        buffer
-            .append(Lane::Live, "t", 0, &records(120..125), 125)
+        append(&buffer, Lane::Live, "t", 0, &records(120..125), 125)
             .expect("append")
             .stored,
         5
@@ -62,9 +84,7 @@ fn append_read_commit_delete() {
             .records
             .is_empty()
     );
-    buffer
-        .append(Lane::Catchup, "t", 0, &records(100..121), 121)
-        .expect("append");
+    append(&buffer, Lane::Catchup, "t", 0, &records(100..121), 121).expect("append");
     let batch = buffer.read_ordered("t", 0, 100, 1000).expect("read");
     assert_eq!((offsets(&batch), batch.next), ((100..120).collect(), 120));
     let batch = buffer.read_ordered("t", 0, 120, 1000).expect("read");
@@ -118,36 +138,78 @@ fn append_read_commit_delete() {
 }
 
 #[test]
-fn refetch_is_idempotent() {
+fn appends_must_continue_from_fetched_next_under_the_current_layout() {
     let dir = tempfile::tempdir().expect("tempdir");
     let buffer = open(&dir);
     buffer
         .reset_partition("t", 3, PartitionLayout::plain(0))
         .expect("layout");
+    let layout = buffer.layout_id("t", 3).expect("id").expect("laid out");
+    fn fetched(layout: LayoutId, continues_from: i64, batch: &[Record], next: i64) -> Fetched<'_> {
+        Fetched {
+            layout,
+            continues_from,
+            records: batch,
+            next,
+        }
+    }
+    let first = records(0..50);
     buffer
-        .append(Lane::Live, "t", 3, &records(0..50), 50)
+        .append(Lane::Live, "t", 3, fetched(layout, 0, &first, 50))
         .expect("append");
     // Partitions only: sled's background flush may change the bytes on disk meanwhile.
     let before = buffer.stats().expect("stats").partitions;
-    assert_eq!(
-        buffer
-            .append(Lane::Live, "t", 3, &records(10..50), 50)
-            .expect("append")
-            .stored,
-        0
-    );
+    // A batch that starts past fetched_next: the offsets in between were never proven empty.
+    let ahead = records(60..70);
+    assert!(matches!(
+        buffer.append(Lane::Live, "t", 3, fetched(layout, 60, &ahead, 70)),
+        Err(StoreError::Discontinuous {
+            continues_from: 60,
+            fetched_next: 50,
+            ..
+        })
+    ));
+    // A batch that claims to continue from an older position (a refetch the fetcher did not
+    // reposition for) is refused too, and so is a gap claimed from a stale position.
+    let again = records(40..60);
+    assert!(matches!(
+        buffer.append(Lane::Live, "t", 3, fetched(layout, 40, &again, 60)),
+        Err(StoreError::Discontinuous { .. })
+    ));
+    assert!(matches!(
+        buffer.append(Lane::Live, "t", 3, fetched(layout, 45, &[], 90)),
+        Err(StoreError::Discontinuous { .. })
+    ));
+    // Records below the offset the batch continues from do not belong to it.
+    assert!(matches!(
+        buffer.append(Lane::Live, "t", 3, fetched(layout, 50, &again, 60)),
+        Err(StoreError::Rejected { .. })
+    ));
     assert_eq!(buffer.stats().expect("stats").partitions, before);
+    // A compaction gap the fetcher proved (50..55 absent) is stored as covered.
+    let after_gap = records(55..60);
     assert_eq!(
         buffer
-            .append(Lane::Live, "t", 3, &records(40..60), 60)
+            .append(Lane::Live, "t", 3, fetched(layout, 50, &after_gap, 60))
             .expect("append")
-            .stored,
-        10
+            .fetched_next,
+        60
     );
-    assert_eq!(
-        offsets(&buffer.read(Lane::Live, "t", 3, 0, 1000).expect("read")),
-        (0..60).collect::<Vec<_>>()
-    );
+
+    // Re-laid out (or discarded): a writer still positioned under the old layout is stale.
+    buffer
+        .reset_partition("t", 3, PartitionLayout::plain(60))
+        .expect("layout");
+    let stale = records(60..61);
+    let err = buffer
+        .append(Lane::Live, "t", 3, fetched(layout, 60, &stale, 61))
+        .expect_err("stale layout");
+    assert!(matches!(err, StoreError::StaleLayout { .. }), "{err}");
+    assert!(err.to_string().contains("refused"), "{err}");
+    let current = buffer.layout_id("t", 3).expect("id").expect("laid out");
+    assert_ne!(current, layout);
+    buffer.discard_partition("t", 3).expect("discard");
+    assert_eq!(buffer.layout_id("t", 3).expect("id"), None);
     assert_eq!(buffer.verify().expect("verify"), vec![]);
 }
 
@@ -162,9 +224,7 @@ fn large_batches_are_cut_into_bounded_chunks() {
     buffer
         .reset_partition("t", 0, PartitionLayout::plain(0))
         .expect("layout");
-    buffer
-        .append(Lane::Live, "t", 0, &records(0..1000), 1000)
-        .expect("append");
+    append(&buffer, Lane::Live, "t", 0, &records(0..1000), 1000).expect("append");
     let stats = buffer.stats().expect("stats");
     let live = &stats.partitions[0].lanes[1];
     assert!(live.chunks > 20, "{} chunks", live.chunks);
@@ -201,9 +261,7 @@ fn catchup_lane_keeps_only_its_ranges_and_gaps_are_covered() {
     buffer.reset_partition("t", 0, layout).expect("layout");
     // A compacted log: only even offsets exist; the fetch overshoots the first range.
     let evens: Vec<Record> = (10..24).step_by(2).map(record).collect();
-    let outcome = buffer
-        .append(Lane::Catchup, "t", 0, &evens, 23)
-        .expect("append");
+    let outcome = append(&buffer, Lane::Catchup, "t", 0, &evens, 23).expect("append");
     assert_eq!(
         outcome,
         AppendOutcome {
@@ -213,12 +271,8 @@ fn catchup_lane_keeps_only_its_ranges_and_gaps_are_covered() {
         }
     );
     // Transaction markers only at the end of the second range.
-    buffer
-        .append(Lane::Catchup, "t", 0, &records(30..35), 35)
-        .expect("append");
-    buffer
-        .append(Lane::Catchup, "t", 0, &[], 40)
-        .expect("append");
+    append(&buffer, Lane::Catchup, "t", 0, &records(30..35), 35).expect("append");
+    append(&buffer, Lane::Catchup, "t", 0, &[], 40).expect("append");
     assert!(
         buffer
             .partition_state("t", 0)
@@ -244,27 +298,23 @@ fn catchup_lane_keeps_only_its_ranges_and_gaps_are_covered() {
 fn rejects_calls_that_do_not_fit_the_state() {
     let dir = tempfile::tempdir().expect("tempdir");
     let buffer = open(&dir);
-    let err = buffer
-        .append(Lane::Live, "t", 0, &records(0..1), 1)
-        .expect_err("no layout");
+    let err = append(&buffer, Lane::Live, "t", 0, &records(0..1), 1).expect_err("no layout");
     assert!(err.to_string().contains("reset_partition"), "{err}");
     buffer
         .reset_partition("t", 0, PartitionLayout::plain(0))
         .expect("layout");
-    buffer
-        .append(Lane::Live, "t", 0, &records(0..10), 10)
-        .expect("append");
+    append(&buffer, Lane::Live, "t", 0, &records(0..10), 10).expect("append");
     assert!(matches!(
         buffer.record_committed(Lane::Live, "t", 0, 11),
         Err(StoreError::Rejected { .. })
     ));
     assert!(matches!(
-        buffer.append(Lane::Live, "t", -1, &[], 1),
+        append(&buffer, Lane::Live, "t", -1, &[], 1),
         Err(StoreError::Rejected { .. })
     ));
     let unordered = vec![record(12), record(11)];
     assert!(matches!(
-        buffer.append(Lane::Live, "t", 0, &unordered, 13),
+        append(&buffer, Lane::Live, "t", 0, &unordered, 13),
         Err(StoreError::Rejected { .. })
     ));
     assert_eq!(buffer.verify().expect("verify"), vec![]);
@@ -279,9 +329,15 @@ fn survives_reopen_and_discard() {
             buffer
                 .reset_partition("orders", partition, PartitionLayout::split(1, 0, 10))
                 .expect("layout");
-            buffer
-                .append(Lane::Catchup, "orders", partition, &records(0..10), 10)
-                .expect("append");
+            append(
+                &buffer,
+                Lane::Catchup,
+                "orders",
+                partition,
+                &records(0..10),
+                10,
+            )
+            .expect("append");
         }
         buffer
             .reset_partition("payments", 0, PartitionLayout::plain(5))
@@ -413,15 +469,9 @@ fn verify_reports_damage_holes_and_orphans() {
     buffer
         .reset_partition("t", 0, PartitionLayout::plain(0))
         .expect("layout");
-    buffer
-        .append(Lane::Live, "t", 0, &records(0..10), 10)
-        .expect("append");
-    buffer
-        .append(Lane::Live, "t", 0, &records(10..20), 20)
-        .expect("append");
-    buffer
-        .append(Lane::Live, "t", 0, &records(20..30), 30)
-        .expect("append");
+    append(&buffer, Lane::Live, "t", 0, &records(0..10), 10).expect("append");
+    append(&buffer, Lane::Live, "t", 0, &records(10..20), 20).expect("append");
+    append(&buffer, Lane::Live, "t", 0, &records(20..30), 30).expect("append");
     let part = PartitionKey {
         topic_id: 0,
         partition: 0,

@@ -4,7 +4,7 @@
 use bincode::Encode;
 
 use super::keys::{self, PartitionKey};
-use super::{Buffer, Lane, PartitionLayout, PartitionState, Record, StoreError, codec};
+use super::{Buffer, Lane, LayoutId, PartitionLayout, PartitionState, Record, StoreError, codec};
 
 /// A chunk as it is encoded: borrows the records (same bytes as [`super::record::Chunk`]).
 #[derive(Encode)]
@@ -16,6 +16,22 @@ struct ChunkRef<'a> {
 /// Rough encoded size of a record, to cut batches into chunks of a bounded size.
 fn estimated_size(record: &Record) -> usize {
     record.payload_bytes() + 16 + 4 * record.headers.len()
+}
+
+/// A batch as a fetcher polled it, with what makes it provably continuous (invariant 8):
+/// the layout it was fetched under and the lane offset it continues from.
+#[derive(Debug, Clone, Copy)]
+pub struct Fetched<'a> {
+    /// The partition's layout when the fetcher was positioned ([`Buffer::layout_id`]).
+    pub layout: LayoutId,
+    /// The lane's `fetched_next` the fetcher started this batch from. Every offset between it
+    /// and `next` that is not in `records` was proven absent by the fetcher.
+    pub continues_from: i64,
+    /// The records, in increasing offset order, none below `continues_from`.
+    pub records: &'a [Record],
+    /// The fetcher's proven position after the batch: past the last record, further only
+    /// where the same fetch proved the offsets empty.
+    pub next: i64,
 }
 
 /// What an append stored.
@@ -53,14 +69,17 @@ impl Buffer {
         self.db
             .apply_batch(batch)
             .map_err(|err| self.sled_error(err))?;
+        self.new_layout_id(part);
         Ok(state)
     }
 
-    /// Appends records fetched for `lane` of `topic`/`partition`, where `next_offset` is the
-    /// fetcher's position after them (past the last record; further when the log has gaps).
+    /// Appends a batch fetched for `lane` of `topic`/`partition`.
     ///
-    /// Idempotent: records the lane already holds are skipped, so a refetch after a crash
-    /// changes nothing. In the catch-up lane, records at or past the current range's end are
+    /// The buffer proves before it stores (invariant 8): the batch must carry the partition's
+    /// current [`layout`](Buffer::layout_id) and continue exactly from the lane's
+    /// `fetched_next`; anything else is refused with [`StoreError::StaleLayout`] or
+    /// [`StoreError::Discontinuous`] and changes nothing — the fetcher refetches from
+    /// `fetched_next`. In the catch-up lane, records at or past the current range's end are
     /// dropped (the live lane owns them). The records and the lane's new `fetched_next` are
     /// written in one atomic batch.
     pub fn append(
@@ -68,10 +87,49 @@ impl Buffer {
         lane: Lane,
         topic: &str,
         partition: i32,
-        records: &[Record],
-        next_offset: i64,
+        fetched: Fetched<'_>,
     ) -> Result<AppendOutcome, StoreError> {
+        let Fetched {
+            layout,
+            continues_from,
+            records,
+            next: next_offset,
+        } = fetched;
         let (part, _guard, mut state) = self.locked_state(topic, partition)?;
+        let current = self.layout_id_of(part);
+        if layout != current {
+            return Err(StoreError::StaleLayout {
+                dir: self.dir.clone(),
+                topic: topic.to_owned(),
+                partition,
+                lane,
+                fetched_under: layout,
+                current,
+            });
+        }
+        let expected = state.lane(lane).fetched_next;
+        if continues_from != expected {
+            return Err(StoreError::Discontinuous {
+                dir: self.dir.clone(),
+                topic: topic.to_owned(),
+                partition,
+                lane,
+                continues_from,
+                fetched_next: expected,
+            });
+        }
+        if let Some(first) = records.first() {
+            if first.offset < continues_from {
+                return Err(self.rejected(
+                    topic,
+                    partition,
+                    format!(
+                        "{lane} lane: record {} lies below the offset {continues_from} the batch continues from",
+                        first.offset
+                    ),
+                ));
+            }
+        }
         let plan = state
             .plan_append(lane, records, next_offset)
             .map_err(|reason| self.rejected(topic, partition, format!("{lane} lane: {reason}")))?;
@@ -204,6 +262,7 @@ impl Buffer {
         self.db
             .apply_batch(batch)
             .map_err(|err| self.sled_error(err))?;
+        self.new_layout_id(part);
         Ok(existed)
     }
 

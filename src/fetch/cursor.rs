@@ -1,0 +1,333 @@
+//! One fetcher's view of one partition: what it has polled since its consumer was last
+//! positioned, and what that proves.
+
+use crate::store::{LayoutId, Record};
+
+/// What a fetcher has proven about one partition since it positioned its consumer there.
+///
+/// The life of a cursor: the adapter positions its consumer at the lane's `fetched_next`
+/// (assign or seek) and creates the cursor there, or calls [`repositioned`](Self::repositioned).
+/// Polled messages and ends of partition go in; [`take_append`](Self::take_append) says what
+/// to append, [`appended`](Self::appended) takes the buffer's answer, and
+/// [`reposition`](Self::reposition) says where the consumer must be moved when the chain of
+/// proof broke. Records polled while the chain is broken are dropped: they are refetched.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FetchCursor {
+    /// The layout the fetcher was positioned under; every append names it.
+    layout: LayoutId,
+    /// Where the lane stands in the buffer, as the last append (or the positioning) left it.
+    stored_next: i64,
+    /// Bumped at every positioning: what an older one polled proves nothing now.
+    generation: u64,
+    /// Everything below this is proven fetched in this generation (past the last polled
+    /// record, or further where a position of this generation showed offsets without records).
+    polled_next: i64,
+    /// Whether this generation has polled anything (a message or an end of partition). Until
+    /// then the client may still report the position of an earlier assignment.
+    heard: bool,
+    /// The chain of proof broke: append what was polled before, then reposition.
+    broken: bool,
+    /// Polled records not yet appended, in offset order.
+    pending: Vec<Record>,
+    /// An append was taken and its result is not known yet.
+    in_flight: bool,
+    /// Records dropped because they arrived while the chain was broken.
+    dropped: u64,
+}
+
+/// An append to make, with the proof the buffer checks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingAppend {
+    /// The layout the records were fetched under.
+    pub layout: LayoutId,
+    /// The lane offset the batch continues from.
+    pub continues_from: i64,
+    /// The records, in offset order.
+    pub records: Vec<Record>,
+    /// Proven position after the batch.
+    pub next: i64,
+}
+
+/// What the buffer said to an append.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AppendResult {
+    /// Stored; the lane now stands at `fetched_next` (normalized: the next range's start).
+    Stored {
+        /// The lane's position after the append.
+        fetched_next: i64,
+    },
+    /// Refused as discontinuous: the lane stands at `fetched_next`.
+    Refused {
+        /// Where the lane stands.
+        fetched_next: i64,
+    },
+    /// The write failed (I/O); the lane did not move.
+    Failed,
+}
+
+impl FetchCursor {
+    /// A cursor for a consumer just positioned at `at`, the lane's `fetched_next` under
+    /// `layout`.
+    pub fn new(layout: LayoutId, at: i64) -> Self {
+        Self {
+            layout,
+            stored_next: at,
+            generation: 0,
+            polled_next: at,
+            heard: false,
+            broken: false,
+            pending: Vec::new(),
+            in_flight: false,
+            dropped: 0,
+        }
+    }
+
+    /// The layout this cursor appends under.
+    pub fn layout(&self) -> LayoutId {
+        self.layout
+    }
+
+    /// Where the lane stands in the buffer, as far as this cursor knows.
+    pub fn stored_next(&self) -> i64 {
+        self.stored_next
+    }
+
+    /// How many times the consumer was repositioned.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Whether the chain of proof is broken (waiting to be repositioned).
+    pub fn is_broken(&self) -> bool {
+        self.broken
+    }
+
+    /// Records dropped because they were polled while the chain was broken.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+
+    /// A polled message. Offsets must increase within a generation; a message that does not
+    /// breaks the chain (librdkafka never does this; if it did, nothing is trusted).
+    pub fn message(&mut self, record: Record) {
+        if self.broken {
+            self.dropped += 1;
+            return;
+        }
+        if record.offset < self.polled_next {
+            self.break_chain();
+            self.dropped += 1;
+            return;
+        }
+        self.heard = true;
+        self.polled_next = record.offset + 1;
+        self.pending.push(record);
+    }
+
+    /// An end of partition polled in this generation. It proves no offset by itself (the
+    /// client does not say which offset it reached, and a new leader may briefly report a
+    /// lower high watermark), but it means this generation has been heard from, so its
+    /// position can be trusted.
+    pub fn end_of_partition(&mut self) {
+        if !self.broken {
+            self.heard = true;
+        }
+    }
+
+    /// The consumer's position for this partition, read after a poll round. librdkafka
+    /// moves it only past what it handed to the application, transaction markers included,
+    /// so once this generation has been heard from it proves every offset below it: those
+    /// without a record are compaction gaps or markers. Before that it may belong to an
+    /// earlier assignment (the reset after an unassign is asynchronous) and proves nothing.
+    pub fn position(&mut self, position: i64) {
+        if !self.broken && self.heard && position > self.polled_next {
+            self.polled_next = position;
+        }
+    }
+
+    /// The chain of proof ends here (a poll error that may have skipped messages, an
+    /// out-of-range reset): what was polled before stays valid; nothing after is trusted.
+    pub fn break_chain(&mut self) {
+        self.broken = true;
+    }
+
+    /// The append this cursor needs now, if any: the polled records and proven gaps since
+    /// the lane's position.
+    pub fn take_append(&mut self) -> Option<PendingAppend> {
+        if self.in_flight || (self.pending.is_empty() && self.polled_next <= self.stored_next) {
+            return None;
+        }
+        self.in_flight = true;
+        Some(PendingAppend {
+            layout: self.layout,
+            continues_from: self.stored_next,
+            records: std::mem::take(&mut self.pending),
+            next: self.polled_next,
+        })
+    }
+
+    /// The buffer's answer to the append [`take_append`](Self::take_append) returned.
+    pub fn appended(&mut self, result: AppendResult) {
+        self.in_flight = false;
+        match result {
+            AppendResult::Stored { fetched_next } => {
+                self.stored_next = fetched_next;
+                // The buffer stopped elsewhere than the consumer (a catch-up range ended and
+                // the next starts further on, or the lane is complete): move the consumer.
+                if fetched_next != self.polled_next {
+                    self.broken = true;
+                }
+            }
+            AppendResult::Refused { fetched_next } => {
+                self.stored_next = fetched_next;
+                self.broken = true;
+            }
+            AppendResult::Failed => self.broken = true,
+        }
+        if self.broken {
+            // The chain is over: nothing it polled beyond the buffer's position is claimed.
+            self.pending.clear();
+            self.polled_next = self.stored_next;
+        }
+    }
+
+    /// Where the consumer must be positioned, when the chain is broken and everything
+    /// polled before the break was handed to the buffer.
+    pub fn reposition(&self) -> Option<i64> {
+        (self.broken && !self.in_flight && self.pending.is_empty()).then_some(self.stored_next)
+    }
+
+    /// The consumer was positioned at `at` (the position [`reposition`](Self::reposition)
+    /// asked for, or a later one the buffer proved, such as a retention truncation).
+    pub fn repositioned(&mut self, at: i64) {
+        self.generation += 1;
+        self.stored_next = at;
+        self.polled_next = at;
+        self.heard = false;
+        self.broken = false;
+        self.in_flight = false;
+        self.pending.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Timestamp;
+
+    fn record(offset: i64) -> Record {
+        Record {
+            offset,
+            timestamp: Timestamp::NotAvailable,
+            key: None,
+            payload: None,
+            headers: Vec::new(),
+        }
+    }
+
+    fn offsets(append: &PendingAppend) -> Vec<i64> {
+        append.records.iter().map(|r| r.offset).collect()
+    }
+
+    const LAYOUT: LayoutId = LayoutId(7);
+
+    #[test]
+    fn consecutive_messages_prove_the_gaps_between_them() {
+        let mut cursor = FetchCursor::new(LAYOUT, 100);
+        for offset in [102, 103, 107] {
+            cursor.message(record(offset));
+        }
+        let append = cursor.take_append().expect("an append");
+        assert_eq!(
+            (append.continues_from, offsets(&append), append.next),
+            (100, vec![102, 103, 107], 108)
+        );
+        cursor.appended(AppendResult::Stored { fetched_next: 108 });
+        assert_eq!(cursor.take_append(), None);
+        assert_eq!(cursor.reposition(), None);
+    }
+
+    #[test]
+    fn an_error_keeps_what_was_polled_before_and_drops_what_came_after() {
+        // F1: a poll error must never drop the batch, and must not let the next batch cover
+        // the records the client may have skipped.
+        let mut cursor = FetchCursor::new(LAYOUT, 1000);
+        (1000..1500).for_each(|o| cursor.message(record(o)));
+        cursor.break_chain();
+        (1600..1700).for_each(|o| cursor.message(record(o)));
+        let append = cursor.take_append().expect("an append");
+        assert_eq!(
+            (append.continues_from, append.records.len(), append.next),
+            (1000, 500, 1500)
+        );
+        assert_eq!(cursor.dropped(), 100);
+        assert_eq!(cursor.reposition(), None, "append first");
+        cursor.appended(AppendResult::Stored { fetched_next: 1500 });
+        assert_eq!(cursor.reposition(), Some(1500));
+        cursor.repositioned(1500);
+        assert_eq!(cursor.generation(), 1);
+        cursor.message(record(1500));
+        assert_eq!(cursor.take_append().map(|a| a.continues_from), Some(1500));
+    }
+
+    #[test]
+    fn positions_count_only_once_the_generation_was_heard_from() {
+        // F4b: right after a reposition the client may report the old assignment's position.
+        let mut cursor = FetchCursor::new(LAYOUT, 90);
+        (90..120).for_each(|o| cursor.message(record(o)));
+        cursor.appended(AppendResult::Stored { fetched_next: 125 });
+        assert_eq!(cursor.reposition(), Some(125));
+        cursor.repositioned(125);
+        cursor.position(301); // stale: nothing polled in this generation yet
+        assert_eq!(cursor.take_append(), None);
+        cursor.end_of_partition();
+        cursor.position(130);
+        let append = cursor.take_append().expect("a proven gap");
+        assert_eq!((append.continues_from, append.next), (125, 130));
+        assert!(append.records.is_empty());
+    }
+
+    #[test]
+    fn an_end_of_partition_proves_nothing_by_itself() {
+        // F2/F11: an end of partition seen before a range change, or at a lowered high
+        // watermark, must not mark the (next) range fetched.
+        let mut cursor = FetchCursor::new(LAYOUT, 110);
+        (110..450).for_each(|o| cursor.message(record(o)));
+        cursor.end_of_partition();
+        let append = cursor.take_append().expect("append");
+        assert_eq!(append.next, 450);
+        // The buffer kept 110..119 and moved the lane to the next range's start.
+        cursor.appended(AppendResult::Stored { fetched_next: 125 });
+        assert_eq!(
+            cursor.take_append(),
+            None,
+            "nothing of [125, 400) is proven"
+        );
+        assert_eq!(cursor.reposition(), Some(125));
+    }
+
+    #[test]
+    fn a_refused_or_failed_append_refetches_from_the_buffer() {
+        let mut cursor = FetchCursor::new(LAYOUT, 10);
+        (10..20).for_each(|o| cursor.message(record(o)));
+        cursor.take_append().expect("append");
+        cursor.appended(AppendResult::Failed);
+        assert_eq!(cursor.reposition(), Some(10));
+        cursor.repositioned(10);
+        (10..20).for_each(|o| cursor.message(record(o)));
+        cursor.take_append().expect("append");
+        cursor.appended(AppendResult::Refused { fetched_next: 15 });
+        assert_eq!(cursor.reposition(), Some(15));
+    }
+
+    #[test]
+    fn a_message_going_backwards_breaks_the_chain() {
+        let mut cursor = FetchCursor::new(LAYOUT, 10);
+        cursor.message(record(12));
+        cursor.message(record(11));
+        cursor.message(record(13));
+        let append = cursor.take_append().expect("append");
+        assert_eq!((offsets(&append), append.next), (vec![12], 13));
+        assert!(cursor.is_broken());
+    }
+}

@@ -1,0 +1,19 @@
+//! The fetchers' decisions, free of I/O (DESIGN §7): what a polled message, an end of
+//! partition, an error or a position proves, what to append, when to reposition a consumer,
+//! and which partitions to pause. The rdkafka adapters in `kafka` feed these state machines
+//! with what the client reports and carry out the actions they return; the simulation and
+//! the fuzz target drive the very same code without a broker.
+//!
+//! The rule they implement is invariant 8: *gaps are proven, never inferred*. A fetcher's
+//! [`FetchCursor`] follows one partition through one positioning of its consumer (a
+//! *generation*); only what that generation polled, one message after the other, proves
+//! offsets fetched. A poll error, a refused append or a repositioning ends the chain, and
+//! fetching resumes exactly where the buffer stands.
+
+mod budget;
+mod cursor;
+mod poll_error;
+
+pub use budget::{PauseChange, PausePolicy};
+pub use cursor::{AppendResult, FetchCursor, PendingAppend};
+pub use poll_error::{PollErrorKind, classify_poll_error};

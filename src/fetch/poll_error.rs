@@ -1,0 +1,92 @@
+//! What an error returned by a consumer's `poll` means for the records around it.
+
+use rdkafka::error::KafkaError;
+use rdkafka::types::RDKafkaErrorCode;
+
+/// How a fetcher treats an error its consumer's `poll` returned (DESIGN §6: an error is not
+/// the end of what was polled).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PollErrorKind {
+    /// The end of a partition (`enable.partition.eof`): nothing is wrong and nothing was
+    /// skipped.
+    EndOfPartition,
+    /// A client-wide condition the client recovers from by itself (a broker connection
+    /// dropped, all brokers down for a while, a timeout): no message was skipped; keep
+    /// polling.
+    Transient,
+    /// The fetch offset is out of range (with `auto.offset.reset=error`): retention passed
+    /// it, or the log was truncated below it. The partition stops fetching until moved.
+    OutOfRange,
+    /// Anything else (a corrupt or oversized message, an authorization or unknown-topic
+    /// error, a fatal error): the client may have moved past messages, so the chain of proof
+    /// ends and fetching resumes from the buffer's position.
+    BreaksChain,
+}
+
+/// Classifies an error returned by `poll`.
+pub fn classify_poll_error(error: &KafkaError) -> PollErrorKind {
+    use RDKafkaErrorCode as Code;
+    match error {
+        KafkaError::PartitionEOF(_) => PollErrorKind::EndOfPartition,
+        KafkaError::MessageConsumption(code) => match code {
+            Code::PartitionEOF => PollErrorKind::EndOfPartition,
+            Code::OffsetOutOfRange | Code::AutoOffsetReset => PollErrorKind::OutOfRange,
+            Code::BrokerTransportFailure
+            | Code::AllBrokersDown
+            | Code::Resolve
+            | Code::OperationTimedOut
+            | Code::RequestTimedOut
+            | Code::PollExceeded
+            | Code::NetworkException
+            | Code::NotLeaderForPartition
+            | Code::LeaderNotAvailable
+            | Code::BrokerNotAvailable => PollErrorKind::Transient,
+            _ => PollErrorKind::BreaksChain,
+        },
+        _ => PollErrorKind::BreaksChain,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classification_table() {
+        use RDKafkaErrorCode as Code;
+        let cases = [
+            (KafkaError::PartitionEOF(3), PollErrorKind::EndOfPartition),
+            (
+                KafkaError::MessageConsumption(Code::BrokerTransportFailure),
+                PollErrorKind::Transient,
+            ),
+            (
+                KafkaError::MessageConsumption(Code::AllBrokersDown),
+                PollErrorKind::Transient,
+            ),
+            (
+                KafkaError::MessageConsumption(Code::AutoOffsetReset),
+                PollErrorKind::OutOfRange,
+            ),
+            (
+                KafkaError::MessageConsumption(Code::OffsetOutOfRange),
+                PollErrorKind::OutOfRange,
+            ),
+            (
+                KafkaError::MessageConsumption(Code::BadMessage),
+                PollErrorKind::BreaksChain,
+            ),
+            (
+                KafkaError::MessageConsumption(Code::TopicAuthorizationFailed),
+                PollErrorKind::BreaksChain,
+            ),
+            (
+                KafkaError::MessageConsumptionFatal(Code::Fatal),
+                PollErrorKind::BreaksChain,
+            ),
+        ];
+        for (error, kind) in cases {
+            assert_eq!(classify_poll_error(&error), kind, "{error}");
+        }
+    }
+}
