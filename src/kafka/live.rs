@@ -562,12 +562,23 @@ fn run(
 /// proof broke (DESIGN invariant 8).
 fn poll_into_buffer(consumer: &BaseConsumer<LiveContext>, shared: &Shared) {
     let round = poll_round(consumer, shared);
+    // Positions move past offsets without records (transaction markers, compaction); each
+    // cursor decides whether its generation's position can be trusted.
+    let positions = consumer.position().ok();
     let appends: Vec<(PartitionId, PendingAppend)> = {
         let mut partitions = shared.partitions();
         for (key, record) in round.messages {
             // Not (or no longer) ours: a rebalance in this round took it away.
             if let Some(runtime) = partitions.get_mut(&key) {
                 runtime.live_cursor.message(record);
+            }
+        }
+        for element in positions.iter().flat_map(|list| list.elements()) {
+            let key = (element.topic().to_owned(), element.partition());
+            if let (Offset::Offset(position), Some(runtime)) =
+                (element.offset(), partitions.get_mut(&key))
+            {
+                runtime.live_cursor.position(position);
             }
         }
         partitions

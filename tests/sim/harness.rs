@@ -1,0 +1,766 @@
+//! A deterministic simulation of the fetch layer without a broker, driven by one seed.
+//!
+//! One partition's log (records, compaction gaps, transaction markers, retention deleting the
+//! head, records arriving while fetching, a high watermark that briefly goes back on a leader
+//! change), two simulated clients that behave like librdkafka where it matters (positions that
+//! move only past what was handed out and markers, an asynchronous position reset after a
+//! reassign, ends of partition, errors anywhere — some of which skip a message), the real
+//! [`FetchCursor`]s and the real [`Buffer`] on a temporary directory, a reader that acks in any
+//! order and commits, revokes that leave a stale writer behind, and restarts.
+//!
+//! Oracle: no record that exists in the log is committed past before it was delivered
+//! (invariant 1); deliveries strictly increase per lane within a process lifetime (invariant 2);
+//! every delivered record is the log's record at that offset; stale writers are refused
+//! (invariant 8); and once faults stop, everything is delivered and committed (no stall).
+//!
+//! Shared by `tests/simulation.rs` (thousands of seeds) and the `fetch_sim` fuzz target.
+
+#![allow(dead_code)] // the fuzz target and the test use different parts
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+
+use catchup::fetch::{AppendResult, FetchCursor};
+use catchup::plan::AckTracker;
+use catchup::store::{
+    Buffer, BufferOptions, Fetched, Lane, OffsetRange, PartitionLayout, Record, StoreError,
+    Timestamp,
+};
+
+/// splitmix64: small, fast, and the same everywhere.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    /// True with probability `permille`/1000.
+    pub fn chance(&mut self, permille: u64) -> bool {
+        self.below(1000) < permille
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Entry {
+    Record,
+    Compacted,
+    Marker,
+}
+
+/// The partition's log as the broker holds it.
+struct Log {
+    entries: Vec<Entry>,
+    /// Retention deleted everything below.
+    low: i64,
+    /// A new leader briefly reports a lower high watermark.
+    lowered_high: Option<i64>,
+}
+
+impl Log {
+    fn high(&self) -> i64 {
+        self.entries.len() as i64
+    }
+
+    fn produce(&mut self, rng: &mut Rng) {
+        let entry = match rng.below(20) {
+            0 => Entry::Marker,
+            _ => Entry::Record,
+        };
+        self.entries.push(entry);
+    }
+
+    fn is_record(&self, offset: i64) -> bool {
+        offset >= self.low && self.entries.get(offset as usize) == Some(&Entry::Record)
+    }
+}
+
+fn payload(offset: i64) -> Vec<u8> {
+    offset.to_be_bytes().to_vec()
+}
+
+fn record(offset: i64) -> Record {
+    Record {
+        offset,
+        timestamp: Timestamp::NotAvailable,
+        key: None,
+        payload: Some(payload(offset)),
+        headers: Vec::new(),
+    }
+}
+
+/// What a simulated `poll` returns.
+enum Polled {
+    Message(i64),
+    EndOfPartition,
+    Transient,
+    OutOfRange,
+    BreaksChain,
+}
+
+/// A consumer's view of the partition, as librdkafka keeps it.
+struct Client {
+    /// `None`: not fetching (stopped by an out-of-range error).
+    fetch_pos: Option<i64>,
+    /// The application position: past the last message handed out (or marker passed).
+    app_pos: Option<i64>,
+    /// After a reassign the old position is still reported for a few calls (the reset runs on
+    /// another thread).
+    stale: Option<(i64, u32)>,
+    /// The end of partition already reported at this offset.
+    eof_at: Option<i64>,
+    faults: bool,
+}
+
+impl Client {
+    fn new(at: i64, faults: bool) -> Self {
+        Self {
+            fetch_pos: Some(at),
+            app_pos: None,
+            stale: None,
+            eof_at: None,
+            faults,
+        }
+    }
+
+    fn assign(&mut self, at: i64, rng: &mut Rng) {
+        if let Some(old) = self.app_pos {
+            if rng.chance(500) {
+                self.stale = Some((old, 1 + rng.below(3) as u32));
+            }
+        }
+        self.fetch_pos = Some(at);
+        self.app_pos = None;
+        self.eof_at = None;
+    }
+
+    fn position(&mut self) -> Option<i64> {
+        if let Some((old, left)) = self.stale.as_mut() {
+            let old = *old;
+            *left -= 1;
+            if *left == 0 {
+                self.stale = None;
+            }
+            return Some(old);
+        }
+        self.app_pos
+    }
+
+    fn poll(&mut self, log: &Log, rng: &mut Rng) -> Option<Polled> {
+        let polled = self.poll_inner(log, rng);
+        if matches!(polled, Some(Polled::Message(_) | Polled::EndOfPartition)) {
+            // librdkafka resets the position when the old fetch stops, on the partition's op
+            // queue, before the new fetch starts: anything the new assignment hands out comes
+            // after the reset.
+            self.stale = None;
+        }
+        polled
+    }
+
+    fn poll_inner(&mut self, log: &Log, rng: &mut Rng) -> Option<Polled> {
+        let mut pos = self.fetch_pos?;
+        if self.faults {
+            if rng.chance(20) {
+                if rng.chance(500) {
+                    // A client that moves past a message it could not hand out.
+                    self.fetch_pos = Some(pos + 1);
+                }
+                return Some(Polled::BreaksChain);
+            }
+            if rng.chance(10) {
+                return Some(Polled::Transient);
+            }
+            if rng.chance(5) {
+                return Some(Polled::EndOfPartition); // spurious, e.g. a lowered watermark
+            }
+        }
+        loop {
+            if pos < log.low {
+                self.fetch_pos = None;
+                return Some(Polled::OutOfRange);
+            }
+            let high = log.lowered_high.unwrap_or(log.high()).min(log.high());
+            if pos >= high {
+                self.fetch_pos = Some(pos);
+                if self.eof_at != Some(pos) {
+                    self.eof_at = Some(pos);
+                    return Some(Polled::EndOfPartition);
+                }
+                return None;
+            }
+            match log.entries[pos as usize] {
+                Entry::Record => {
+                    self.fetch_pos = Some(pos + 1);
+                    self.app_pos = Some(pos + 1);
+                    return Some(Polled::Message(pos));
+                }
+                Entry::Compacted => pos += 1,
+                Entry::Marker => {
+                    pos += 1;
+                    self.app_pos = Some(pos);
+                }
+            }
+        }
+    }
+}
+
+/// One fetcher on the partition: a client and the real cursor, glued as the adapters glue them.
+struct Fetcher {
+    lane: Lane,
+    client: Client,
+    cursor: FetchCursor,
+    /// A writer left behind by a revoke: every append it makes must be refused.
+    zombie: bool,
+}
+
+/// The reader of one lane: deliveries, acks, commits.
+struct Reader {
+    lane: Lane,
+    next: i64,
+    acks: AckTracker,
+    unacked: Vec<i64>,
+    last_delivered: Option<i64>,
+    committed: i64,
+}
+
+impl Reader {
+    fn new(lane: Lane, committed: i64) -> Self {
+        Self {
+            lane,
+            next: committed,
+            acks: AckTracker::new(committed),
+            unacked: Vec::new(),
+            last_delivered: None,
+            committed,
+        }
+    }
+}
+
+/// Whether a fetcher stays after its round.
+enum RoundEnd {
+    Keep,
+    Remove,
+}
+
+/// Translates the buffer's answer to an append as the adapters do; `None`: the writer is
+/// stale and leaves. A stale writer's append that is accepted is a failure.
+fn answer(
+    result: Result<catchup::store::AppendOutcome, StoreError>,
+    zombie: bool,
+    lane: Lane,
+) -> Result<Option<AppendResult>, Failure> {
+    match result {
+        Ok(_) if zombie => Err(format!("a stale {lane} writer's append was accepted")),
+        Ok(outcome) => Ok(Some(AppendResult::Stored {
+            fetched_next: outcome.fetched_next,
+        })),
+        Err(StoreError::StaleLayout { .. }) => Ok(None),
+        Err(StoreError::Discontinuous { fetched_next, .. }) => {
+            Ok(Some(AppendResult::Refused { fetched_next }))
+        }
+        Err(other) => Err(err("append", other)),
+    }
+}
+
+/// A simulation failure: the seed replays it.
+pub type Failure = String;
+
+pub struct Sim {
+    rng: Rng,
+    dir: PathBuf,
+    buffer: Option<Buffer>,
+    topic: String,
+    log: Log,
+    layout: PartitionLayout,
+    fetchers: Vec<Fetcher>,
+    readers: [Reader; 2],
+    delivered: BTreeSet<i64>,
+    /// The first offset the oracle holds the consumer to (the group's committed offset at
+    /// the start).
+    start: i64,
+    faults: bool,
+    /// Steps run, for the report.
+    pub steps: u64,
+}
+
+fn lane_index(lane: Lane) -> usize {
+    match lane {
+        Lane::Catchup => 0,
+        Lane::Live => 1,
+    }
+}
+
+fn err(context: &str, error: StoreError) -> Failure {
+    format!("{context}: {error}")
+}
+
+impl Sim {
+    /// A new simulation in `dir` (a buffer directory shared by sequential runs; each seed
+    /// uses its own topic), or `buffer` already open there.
+    pub fn new(seed: u64, dir: PathBuf, buffer: Option<Buffer>) -> Result<Self, Failure> {
+        let mut rng = Rng::new(seed);
+        let buffer = match buffer {
+            Some(buffer) => buffer,
+            None => Buffer::open(&dir, BufferOptions::default()).map_err(|e| err("open", e))?,
+        };
+        let mut log = Log {
+            entries: Vec::new(),
+            low: 0,
+            lowered_high: None,
+        };
+        for _ in 0..rng.below(400) {
+            log.produce(&mut rng);
+        }
+        // Compaction gaps anywhere but the last entry.
+        let high = log.high();
+        for _ in 0..rng.below(30) {
+            let at = rng.below(high.max(1) as u64) as i64;
+            if at + 1 < high && log.entries[at as usize] == Entry::Record {
+                log.entries[at as usize] = Entry::Compacted;
+            }
+        }
+        let start = rng.below(high as u64 / 2 + 1) as i64;
+        let layout = match rng.below(3) {
+            0 => PartitionLayout::plain(start),
+            1 => PartitionLayout::split(1, start, high),
+            _ => {
+                // A re-split: two ranges with processed offsets in between, live from the end.
+                let first_end = start + rng.below((high - start) as u64 / 2 + 1) as i64;
+                let second_start = (first_end + rng.below(20) as i64).min(high - 1);
+                let mut ranges = Vec::new();
+                if start < first_end {
+                    ranges.push(OffsetRange::new(start, first_end));
+                }
+                if second_start >= first_end && second_start < high {
+                    ranges.push(OffsetRange::new(second_start, high));
+                }
+                PartitionLayout {
+                    epoch: 2,
+                    catchup_ranges: ranges,
+                    live_from: high,
+                }
+            }
+        };
+        let topic = format!("sim-{seed:016x}");
+        buffer
+            .reset_partition(&topic, 0, layout.clone())
+            .map_err(|e| err("layout", e))?;
+        let mut sim = Self {
+            rng,
+            dir,
+            buffer: Some(buffer),
+            topic,
+            log,
+            layout,
+            fetchers: Vec::new(),
+            readers: [Reader::new(Lane::Catchup, 0), Reader::new(Lane::Live, 0)],
+            delivered: BTreeSet::new(),
+            start,
+            faults: true,
+            steps: 0,
+        };
+        sim.restart_process()?;
+        Ok(sim)
+    }
+
+    /// Hands the buffer back for the next seed.
+    pub fn into_buffer(mut self) -> Option<Buffer> {
+        let _ = self.buffer().map(|b| b.discard_partition(&self.topic, 0));
+        self.buffer.take()
+    }
+
+    fn buffer(&self) -> Result<&Buffer, Failure> {
+        self.buffer
+            .as_ref()
+            .ok_or_else(|| "buffer closed".to_owned())
+    }
+
+    /// What a (re)started consumer builds from the buffer: readers at the committed offsets,
+    /// fetchers at the fetched ones.
+    fn restart_process(&mut self) -> Result<(), Failure> {
+        let buffer = self.buffer()?;
+        let state = buffer
+            .partition_state(&self.topic, 0)
+            .map_err(|e| err("state", e))?
+            .ok_or("partition not laid out")?;
+        let layout = buffer
+            .layout_id(&self.topic, 0)
+            .map_err(|e| err("layout id", e))?
+            .ok_or("no layout id")?;
+        self.readers = [
+            Reader::new(Lane::Catchup, state.catchup.committed_next),
+            Reader::new(Lane::Live, state.live.committed_next),
+        ];
+        self.fetchers.retain(|f| f.zombie);
+        if !state.catchup_fetched() {
+            self.fetchers.push(Fetcher {
+                lane: Lane::Catchup,
+                client: Client::new(state.catchup.fetched_next, self.faults),
+                cursor: FetchCursor::new(layout, state.catchup.fetched_next),
+                zombie: false,
+            });
+        }
+        self.fetchers.push(Fetcher {
+            lane: Lane::Live,
+            client: Client::new(state.live.fetched_next, self.faults),
+            cursor: FetchCursor::new(layout, state.live.fetched_next),
+            zombie: false,
+        });
+        Ok(())
+    }
+
+    /// Runs `steps` steps with faults, then without until everything is delivered and
+    /// committed. Returns the first violation.
+    pub fn run(&mut self, steps: u64) -> Result<(), Failure> {
+        for _ in 0..steps {
+            self.step()?;
+        }
+        self.faults = false;
+        self.log.lowered_high = None;
+        for fetcher in &mut self.fetchers {
+            fetcher.client.faults = false;
+        }
+        for _ in 0..5000 {
+            if self.settled()? {
+                return self.final_check();
+            }
+            self.step()?;
+        }
+        Err(format!("stalled: {}", self.describe()?))
+    }
+
+    fn describe(&self) -> Result<String, Failure> {
+        let state = self
+            .buffer()?
+            .partition_state(&self.topic, 0)
+            .map_err(|e| err("state", e))?;
+        Ok(format!(
+            "log high {} low {}, layout {:?}, state {state:?}, readers next/committed {:?}",
+            self.log.high(),
+            self.log.low,
+            self.layout,
+            self.readers
+                .iter()
+                .map(|r| (r.next, r.committed))
+                .collect::<Vec<_>>()
+        ))
+    }
+
+    fn step(&mut self) -> Result<(), Failure> {
+        self.steps += 1;
+        let faults = self.faults;
+        match self.rng.below(100) {
+            0..=9 if faults => {
+                for _ in 0..self.rng.below(10) {
+                    self.log.produce(&mut self.rng);
+                }
+            }
+            10..=11 if faults => {
+                // Retention deletes the head (never past what the live lane could reach).
+                let high = self.log.high();
+                self.log.low = (self.log.low + self.rng.below(30) as i64).min(high);
+            }
+            12 if faults => {
+                self.log.lowered_high = Some(self.log.high() - self.rng.below(10) as i64);
+            }
+            13 if faults => self.log.lowered_high = None,
+            14 if faults && self.rng.chance(300) => self.restart_process()?,
+            15 if faults && self.rng.chance(300) => self.revoke_and_reassign()?,
+            16..=59 => {
+                let index = self.rng.below(self.fetchers.len() as u64) as usize;
+                self.fetch_round(index)?;
+            }
+            60..=84 => {
+                let lane = if self.rng.chance(500) {
+                    Lane::Catchup
+                } else {
+                    Lane::Live
+                };
+                self.read(lane)?;
+            }
+            85..=94 => {
+                let lane = if self.rng.chance(500) {
+                    Lane::Catchup
+                } else {
+                    Lane::Live
+                };
+                self.ack(lane);
+            }
+            _ => {
+                self.commit(Lane::Catchup)?;
+                self.commit(Lane::Live)?;
+            }
+        }
+        if !self.faults {
+            // Drain: keep everything moving.
+            for index in 0..self.fetchers.len() {
+                self.fetch_round(index)?;
+            }
+            for lane in Lane::ALL {
+                self.read(lane)?;
+                self.ack_all(lane);
+                self.commit(lane)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// One poll round of one fetcher, as the adapters run it.
+    fn fetch_round(&mut self, index: usize) -> Result<(), Failure> {
+        if index >= self.fetchers.len() {
+            return Ok(());
+        }
+        match self.fetch_round_inner(index)? {
+            RoundEnd::Keep => {}
+            RoundEnd::Remove => {
+                self.fetchers.remove(index);
+            }
+        }
+        Ok(())
+    }
+
+    fn fetch_round_inner(&mut self, index: usize) -> Result<RoundEnd, Failure> {
+        let buffer = self.buffer.as_ref().ok_or("buffer closed")?;
+        let fetcher = &mut self.fetchers[index];
+        let mut out_of_range = false;
+        for _ in 0..self.rng.below(40) {
+            match fetcher.client.poll(&self.log, &mut self.rng) {
+                None => break,
+                Some(Polled::Message(offset)) => fetcher.cursor.message(record(offset)),
+                Some(Polled::EndOfPartition) => fetcher.cursor.end_of_partition(),
+                Some(Polled::Transient) => break,
+                Some(Polled::OutOfRange) => {
+                    fetcher.cursor.break_chain();
+                    out_of_range = true;
+                    break;
+                }
+                Some(Polled::BreaksChain) => {
+                    fetcher.cursor.break_chain();
+                    break;
+                }
+            }
+        }
+        if let Some(position) = fetcher.client.position() {
+            fetcher.cursor.position(position);
+        }
+        let lane = fetcher.lane;
+        let zombie = fetcher.zombie;
+        let mut appends = Vec::new();
+        if let Some(append) = fetcher.cursor.take_append() {
+            appends.push(append);
+        }
+        for append in appends {
+            let fetched = Fetched {
+                layout: append.layout,
+                continues_from: append.continues_from,
+                records: &append.records,
+                next: append.next,
+            };
+            match answer(buffer.append(lane, &self.topic, 0, fetched), zombie, lane)? {
+                Some(answer) => fetcher.cursor.appended(answer),
+                None => return Ok(RoundEnd::Remove),
+            }
+        }
+        if out_of_range {
+            if let Some(at) = fetcher.cursor.reposition() {
+                if at < self.log.low {
+                    let fetched = Fetched {
+                        layout: fetcher.cursor.layout(),
+                        continues_from: at,
+                        records: &[],
+                        next: self.log.low,
+                    };
+                    match answer(buffer.append(lane, &self.topic, 0, fetched), zombie, lane)? {
+                        Some(answer) => fetcher.cursor.appended(answer),
+                        None => return Ok(RoundEnd::Remove),
+                    }
+                }
+            }
+        }
+        if lane == Lane::Catchup && !zombie {
+            let state = buffer
+                .partition_state(&self.topic, 0)
+                .map_err(|e| err("state", e))?
+                .ok_or("partition vanished")?;
+            if state.catchup_fetched() {
+                return Ok(RoundEnd::Remove);
+            }
+        }
+        if let Some(at) = fetcher.cursor.reposition() {
+            fetcher.client.assign(at, &mut self.rng);
+            fetcher.cursor.repositioned(at);
+        }
+        Ok(RoundEnd::Keep)
+    }
+
+    /// The partition is revoked and assigned again: the buffer is laid out anew from the
+    /// committed offsets, and the old fetchers linger as stale writers for a while.
+    fn revoke_and_reassign(&mut self) -> Result<(), Failure> {
+        let buffer = self.buffer()?;
+        let state = buffer
+            .partition_state(&self.topic, 0)
+            .map_err(|e| err("state", e))?
+            .ok_or("partition not laid out")?;
+        let catchup_committed = state.catchup.committed_next;
+        let live_committed = state.live.committed_next;
+        let ranges: Vec<OffsetRange> = self
+            .layout
+            .catchup_ranges
+            .iter()
+            .filter(|r| r.end > catchup_committed)
+            .map(|r| OffsetRange::new(r.start.max(catchup_committed), r.end))
+            .collect();
+        let layout = PartitionLayout {
+            epoch: self.layout.epoch + 1,
+            live_from: if ranges.is_empty() {
+                live_committed.max(self.layout.live_from)
+            } else {
+                self.layout.live_from.max(live_committed)
+            },
+            catchup_ranges: ranges,
+        };
+        buffer
+            .reset_partition(&self.topic, 0, layout.clone())
+            .map_err(|e| err("re-layout", e))?;
+        self.layout = layout;
+        self.fetchers.retain(|f| !f.zombie);
+        for fetcher in &mut self.fetchers {
+            fetcher.zombie = true;
+        }
+        self.restart_process()
+    }
+
+    fn in_lane(&self, lane: Lane, offset: i64) -> bool {
+        match lane {
+            Lane::Catchup => self
+                .layout
+                .catchup_ranges
+                .iter()
+                .any(|r| r.contains(offset)),
+            Lane::Live => offset >= self.layout.live_from,
+        }
+    }
+
+    fn read(&mut self, lane: Lane) -> Result<(), Failure> {
+        let max = 1 + self.rng.below(50) as usize;
+        let reader = &self.readers[lane_index(lane)];
+        let batch = self
+            .buffer()?
+            .read(lane, &self.topic, 0, reader.next, max)
+            .map_err(|e| err("read", e))?;
+        for record in &batch.records {
+            let offset = record.offset;
+            if record.payload.as_deref() != Some(payload(offset).as_slice()) {
+                return Err(format!(
+                    "{lane} delivered a record that is not the log's at {offset}"
+                ));
+            }
+            let reader = &mut self.readers[lane_index(lane)];
+            if reader.last_delivered.is_some_and(|last| offset <= last) {
+                return Err(format!(
+                    "{lane} delivered {offset} after {:?}",
+                    reader.last_delivered
+                ));
+            }
+            reader.last_delivered = Some(offset);
+            reader.acks.delivered(offset, 1);
+            reader.unacked.push(offset);
+            self.delivered.insert(offset);
+        }
+        let reader = &mut self.readers[lane_index(lane)];
+        reader.acks.read_through(batch.next);
+        reader.next = reader.next.max(batch.next);
+        Ok(())
+    }
+
+    fn ack(&mut self, lane: Lane) {
+        let reader = &mut self.readers[lane_index(lane)];
+        if reader.unacked.is_empty() {
+            return;
+        }
+        let index = self.rng.below(reader.unacked.len() as u64) as usize;
+        let offset = reader.unacked.swap_remove(index);
+        reader.acks.ack(offset);
+    }
+
+    fn ack_all(&mut self, lane: Lane) {
+        let reader = &mut self.readers[lane_index(lane)];
+        for offset in reader.unacked.drain(..) {
+            reader.acks.ack(offset);
+        }
+    }
+
+    /// Commits what the lane's reader processed, after checking the oracle.
+    fn commit(&mut self, lane: Lane) -> Result<(), Failure> {
+        let reader = &self.readers[lane_index(lane)];
+        let to = reader.acks.committable();
+        let from = reader.committed;
+        if to <= from {
+            return Ok(());
+        }
+        for offset in from..to {
+            if self.in_lane(lane, offset)
+                && self.log.is_record(offset)
+                && !self.delivered.contains(&offset)
+            {
+                return Err(format!(
+                    "LOSS: {lane} commits {to} past offset {offset}, which was never delivered"
+                ));
+            }
+        }
+        self.buffer()?
+            .record_committed(lane, &self.topic, 0, to)
+            .map_err(|e| err("record_committed", e))?;
+        self.readers[lane_index(lane)].committed = to;
+        Ok(())
+    }
+
+    fn settled(&self) -> Result<bool, Failure> {
+        let state = self
+            .buffer()?
+            .partition_state(&self.topic, 0)
+            .map_err(|e| err("state", e))?
+            .ok_or("partition vanished")?;
+        Ok(state.catchup_committed() && state.live.committed_next >= self.log.high())
+    }
+
+    /// Once settled, every record of the log at or after the start is delivered.
+    fn final_check(&self) -> Result<(), Failure> {
+        for offset in self.start..self.log.high() {
+            let in_some_lane =
+                self.in_lane(Lane::Catchup, offset) || self.in_lane(Lane::Live, offset);
+            if self.log.is_record(offset) && in_some_lane && !self.delivered.contains(&offset) {
+                return Err(format!("LOSS: record {offset} was never delivered"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Runs one seed in `dir`, reusing `buffer` if given; returns the buffer for the next seed.
+pub fn run_seed(
+    seed: u64,
+    dir: PathBuf,
+    buffer: Option<Buffer>,
+) -> (Result<u64, Failure>, Option<Buffer>) {
+    let mut sim = match Sim::new(seed, dir, buffer) {
+        Ok(sim) => sim,
+        Err(failure) => return (Err(failure), None),
+    };
+    let steps = 200 + sim.rng.below(800);
+    let result = sim.run(steps).map(|()| sim.steps);
+    let buffer = sim.into_buffer();
+    (result, buffer)
+}
