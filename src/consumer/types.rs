@@ -32,7 +32,8 @@ pub struct CatchupConfig {
     pub side_topic: String,
     /// How often processed offsets are committed.
     pub commit_interval: Duration,
-    /// Acknowledge every record on delivery (the proposal's auto-commit behaviour).
+    /// Acknowledge every record when `recv` hands it out (the proposal's auto-commit
+    /// behaviour); records still queued inside the consumer are never counted.
     pub auto_ack: bool,
     /// Bytes of unprocessed records the buffer may hold, divided evenly over the lanes being
     /// fetched: a partition's lane pauses above its share and resumes below half of it.

@@ -215,14 +215,17 @@ pub fn reconcile(inputs: &Inputs<'_>) -> Decision {
     } else {
         SideWrite::Keep
     };
-    fresh(inputs, committed, token.is_some(), side, next_epoch, events)
+    // A commit the log no longer reaches is replaced in the main log too, or the group would
+    // keep the stale offset until the live lane passed it (finding F10).
+    let rewrite_main = token.is_some() || inputs.committed.is_some_and(|c| c.offset > inputs.high);
+    fresh(inputs, committed, rewrite_main, side, next_epoch, events)
 }
 
 /// No usable split: a new one when the backlog is large enough, else plain from `committed`.
 fn fresh(
     inputs: &Inputs<'_>,
     committed: i64,
-    clear_token: bool,
+    rewrite_main: bool,
     side: SideWrite,
     next_epoch: u64,
     events: Vec<PlanEvent>,
@@ -236,7 +239,7 @@ fn fresh(
         return new_split(inputs, committed, committed, ranges, next_epoch, events);
     }
     let layout = PartitionLayout::plain(committed);
-    let main_log = clear_token.then(|| MainLogCommit {
+    let main_log = rewrite_main.then(|| MainLogCommit {
         offset: committed,
         metadata: String::new(),
     });

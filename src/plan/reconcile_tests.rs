@@ -256,9 +256,15 @@ fn retention_truncation_is_reported_and_skipped() {
 #[test]
 fn commit_beyond_the_log_end_follows_auto_offset_reset() {
     let c = committed(900, "");
+    let d = reconcile(&inputs(Some(&c), None, 5));
+    assert_eq!(d.layout, PartitionLayout::plain(0));
+    // F10: the main log is rewritten to the new start, not left at the stale 900.
     assert_eq!(
-        reconcile(&inputs(Some(&c), None, 5)).layout,
-        PartitionLayout::plain(0)
+        d.main_log,
+        Some(MainLogCommit {
+            offset: 0,
+            metadata: String::new()
+        })
     );
 }
 
