@@ -17,7 +17,7 @@ const BACKLOG: usize = 3_000;
 const TRICKLE: usize = 1_000;
 const BURST: usize = 20;
 const WAIT: Duration = Duration::from_secs(60);
-const DEADLINE: Duration = Duration::from_secs(120);
+const DEADLINE: Duration = Duration::from_secs(60);
 
 /// Produces `TRICKLE` records in bursts of `BURST` every 20 ms (load, not synchronisation).
 async fn trickle(topic: String) -> Vec<(i32, i64)> {
