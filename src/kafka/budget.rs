@@ -4,6 +4,8 @@
 use rdkafka::TopicPartitionList;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 
+use std::collections::BTreeSet;
+
 use crate::consumer::Event;
 use crate::consumer::runtime::{PartitionId, Shared};
 use crate::fetch::PausePolicy;
@@ -15,6 +17,9 @@ pub(crate) struct Budget {
     lane: Lane,
     limit: u64,
     policy: PausePolicy<PartitionId>,
+    /// The partitions seen last round: one that appears (again) is resumed once, because
+    /// librdkafka keeps an application pause across a revoke and a new assignment.
+    known: BTreeSet<PartitionId>,
 }
 
 impl Budget {
@@ -24,6 +29,7 @@ impl Budget {
             lane,
             limit,
             policy: PausePolicy::new(),
+            known: BTreeSet::new(),
         }
     }
 
@@ -42,6 +48,12 @@ impl Budget {
     ) {
         let mut usage = shared.buffered_by_partition(self.lane);
         usage.retain(|key, _| fetching(key));
+        for (topic, partition) in usage.keys().filter(|key| !self.known.contains(*key)) {
+            let mut list = TopicPartitionList::new();
+            list.add_partition(topic, *partition);
+            let _ = consumer.resume(&list);
+        }
+        self.known = usage.keys().cloned().collect();
         let changes = self
             .policy
             .decide(self.limit, shared.budget_slots(), &usage);

@@ -211,10 +211,13 @@ impl Fetcher {
             ));
             return false;
         }
-        if self.budget.is_paused(key) {
-            // A new assignment starts unpaused; the budget still holds.
-            let _ = consumer.pause(&tpl);
-        }
+        // librdkafka keeps an application pause across unassign and assign: make the
+        // partition's pause state the budget's, whatever it was before.
+        let _ = if self.budget.is_paused(key) {
+            consumer.pause(&tpl)
+        } else {
+            consumer.resume(&tpl)
+        };
         true
     }
 

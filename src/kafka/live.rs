@@ -593,9 +593,7 @@ fn poll_into_buffer(consumer: &BaseConsumer<LiveContext>, shared: &Shared) {
     };
     let mut stored = false;
     for (key, append) in appends {
-        let Some(answer) = append_live(shared, &key, &append) else {
-            continue;
-        };
+        let answer = append_live(shared, &key, &append);
         stored |= matches!(answer, AppendResult::Stored { .. });
         if let Some(runtime) = shared.partitions().get_mut(&key) {
             if runtime.live_cursor.layout() == append.layout {
@@ -668,7 +666,7 @@ fn poll_round(consumer: &BaseConsumer<LiveContext>, shared: &Shared) -> LiveRoun
 
 /// Appends one partition's proven batch; `None` when the partition was re-laid out meanwhile
 /// (its new runtime has a cursor of its own).
-fn append_live(shared: &Shared, key: &PartitionId, append: &PendingAppend) -> Option<AppendResult> {
+fn append_live(shared: &Shared, key: &PartitionId, append: &PendingAppend) -> AppendResult {
     let fetched = Fetched {
         layout: append.layout,
         continues_from: append.continues_from,
@@ -680,11 +678,13 @@ fn append_live(shared: &Shared, key: &PartitionId, append: &PendingAppend) -> Op
             metrics::counter!("catchup_records_fetched_total", "lane" => "live")
                 .increment(outcome.stored as u64);
             shared.add_buffered(key, Lane::Live, outcome.stored_bytes);
-            Some(AppendResult::Stored {
+            AppendResult::Stored {
                 fetched_next: outcome.fetched_next,
-            })
+            }
         }
-        Err(StoreError::StaleLayout { .. }) => None,
+        // Only a cursor naming this layout is told (see the callers): it is stale itself and
+        // must not wait for an answer forever.
+        Err(StoreError::StaleLayout { .. }) => AppendResult::Failed,
         Err(StoreError::Discontinuous { fetched_next, .. }) => {
             shared.emit(Event::Error {
                 message: format!(
@@ -692,13 +692,13 @@ fn append_live(shared: &Shared, key: &PartitionId, append: &PendingAppend) -> Op
                     key.0, key.1
                 ),
             });
-            Some(AppendResult::Refused { fetched_next })
+            AppendResult::Refused { fetched_next }
         }
         Err(err) => {
             shared.emit(Event::Error {
                 message: format!("live append of {}/{}: {err}", key.0, key.1),
             });
-            Some(AppendResult::Failed)
+            AppendResult::Failed
         }
     }
 }
@@ -712,7 +712,10 @@ fn reposition(consumer: &BaseConsumer<LiveContext>, shared: &Shared) {
         .filter_map(|(key, runtime)| Some((key.clone(), runtime.live_cursor.reposition()?)))
         .collect();
     for (key, at) in targets {
-        match consumer.seek(&key.0, key.1, Offset::Offset(at), SEEK_TIMEOUT) {
+        let moved = consumer
+            .seek(&key.0, key.1, Offset::Offset(at), SEEK_TIMEOUT)
+            .or_else(|err| reassign_at(consumer, &key, at).map_err(|_| err));
+        match moved {
             Ok(()) => {
                 tracing::debug!(
                     topic = key.0,
@@ -726,12 +729,37 @@ fn reposition(consumer: &BaseConsumer<LiveContext>, shared: &Shared) {
             }
             Err(err) => shared.emit(Event::Error {
                 message: format!(
-                    "live lane of {}/{}: seeking back to {at} failed ({err}); retrying",
+                    "live lane of {}/{}: moving back to {at} failed ({err}); retrying",
                     key.0, key.1
                 ),
             }),
         }
     }
+}
+
+/// A partition stopped by an out-of-range error cannot be sought (librdkafka refuses a seek
+/// outside an active fetch): with an incremental protocol, unassign and assign it again at
+/// `at`. An eager assignment cannot be changed one partition at a time; the next rebalance
+/// assigns it from the reconciled position.
+fn reassign_at(
+    consumer: &BaseConsumer<LiveContext>,
+    (topic, partition): &PartitionId,
+    at: i64,
+) -> Result<(), rdkafka::error::KafkaError> {
+    if !matches!(
+        consumer.rebalance_protocol(),
+        RebalanceProtocol::Cooperative
+    ) {
+        return Err(rdkafka::error::KafkaError::Seek(
+            "eager assignment: waiting for the next rebalance".into(),
+        ));
+    }
+    let mut only = TopicPartitionList::new();
+    only.add_partition(topic, *partition);
+    consumer.incremental_unassign(&only)?;
+    let mut at_offset = TopicPartitionList::new();
+    at_offset.add_partition_offset(topic, *partition, Offset::Offset(at))?;
+    consumer.incremental_assign(&at_offset)
 }
 
 /// After an out-of-range error: for every broken partition whose position retention has
@@ -776,11 +804,10 @@ fn skip_truncated(consumer: &BaseConsumer<LiveContext>, shared: &Shared) {
             records: Vec::new(),
             next: low,
         };
-        if let Some(answer) = append_live(shared, &key, &append) {
-            if let Some(runtime) = shared.partitions().get_mut(&key) {
-                if runtime.live_cursor.layout() == layout {
-                    runtime.live_cursor.appended(answer);
-                }
+        let answer = append_live(shared, &key, &append);
+        if let Some(runtime) = shared.partitions().get_mut(&key) {
+            if runtime.live_cursor.layout() == layout {
+                runtime.live_cursor.appended(answer);
             }
         }
     }
