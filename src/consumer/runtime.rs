@@ -45,6 +45,9 @@ pub(crate) struct PartitionRuntime {
     /// reader may acknowledge a record before its fetcher has counted the append that
     /// stored it, and the two must cancel out whatever their order (finding F7).
     buffered_bytes: [i64; 2],
+    /// Per lane, records below this were in the buffer before this assignment and were never
+    /// counted: their acks free nothing from the counters.
+    counted_from: [i64; 2],
     /// The live fetcher's cursor on this partition (positioned at assignment).
     pub live_cursor: FetchCursor,
     /// When the partition was assigned, until its first live record is delivered.
@@ -78,6 +81,7 @@ impl PartitionRuntime {
             lane_next: [catchup_next, live_next],
             drained: catchup_done,
             buffered_bytes: [0, 0],
+            counted_from: [state.catchup.fetched_next, state.live.fetched_next],
             live_cursor: FetchCursor::new(layout_id, state.live.fetched_next),
             awaiting_fresh_since: Some(std::time::Instant::now()),
         }
@@ -313,7 +317,9 @@ impl Shared {
             if runtime.generation == delivery.generation {
                 let lane = lane_index(store_lane(delivery.lane));
                 let freed = runtime.acks[lane].ack(delivery.offset) as i64;
-                runtime.buffered_bytes[lane] -= freed;
+                if delivery.offset >= runtime.counted_from[lane] {
+                    runtime.buffered_bytes[lane] -= freed;
+                }
             }
         }
     }

@@ -2,8 +2,9 @@
 //! partition (DESIGN §5) and assigns it at absolute offsets; its thread fetches the live lane
 //! into the buffer and commits processed offsets — the only client that commits (invariant 4).
 
-use std::sync::Arc;
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -19,7 +20,8 @@ use crate::consumer::runtime::{PartitionId, PartitionRuntime, PendingCommit, Sha
 use crate::consumer::{Event, Mode};
 use crate::fetch::{AppendResult, PendingAppend, PollErrorKind, classify_poll_error};
 use crate::plan::{
-    CommitPlan, Committed, Inputs, LocalAction, OffsetReset, PlanEvent, SideWrite, reconcile,
+    CommitPlan, Committed, Inputs, LocalAction, OffsetReset, PlanEvent, SideWrite, SplitToken,
+    reconcile,
 };
 use crate::store::{Fetched, Lane, LayoutId, Record, StoreError};
 
@@ -27,6 +29,8 @@ use crate::store::{Fetched, Lane, LayoutId, Record, StoreError};
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long repositioning one partition of the live lane may take.
 const SEEK_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often the reconciliation of a partition that failed is tried again.
+const RECONCILE_RETRY: Duration = Duration::from_secs(1);
 /// Most messages taken from one poll round before they are appended.
 const POLL_BATCH: usize = 2000;
 
@@ -47,6 +51,10 @@ pub(crate) struct LiveState {
     catchup: Sender<CatchupCommand>,
     reset: OffsetReset,
     abandoned: AtomicBool,
+    /// Assigned partitions whose reconciliation failed (committed offsets or the side log
+    /// unreadable, a write refused): paused, with no runtime, retried from the live loop
+    /// (findings F6, F13).
+    unreconciled: Mutex<BTreeSet<PartitionId>>,
 }
 
 /// The live consumer's context: overrides the rebalance to assign at absolute offsets.
@@ -69,12 +77,17 @@ impl ConsumerContext for LiveContext {
         );
         let result = match err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
-                self.state.on_assign(consumer, tpl);
-                if cooperative {
+                let deferred = self.state.on_assign(consumer, tpl);
+                let assigned = if cooperative {
                     consumer.incremental_assign(tpl)
                 } else {
                     consumer.assign(tpl)
-                }
+                };
+                // Not reconciled: nothing may be fetched for them until a retry succeeds.
+                assigned.and_then(|()| match deferred.count() {
+                    0 => Ok(()),
+                    _ => consumer.pause(&deferred),
+                })
             }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
                 self.state.on_revoke(consumer, tpl);
@@ -113,50 +126,140 @@ fn partitions_of(tpl: &TopicPartitionList) -> Vec<PartitionId> {
 }
 
 impl LiveState {
-    fn on_assign(&self, consumer: &BaseConsumer<LiveContext>, tpl: &mut TopicPartitionList) {
+    /// Reconciles every assigned partition and sets its start offset in `tpl`; returns the
+    /// partitions that could not be reconciled (to pause and retry).
+    fn on_assign(
+        &self,
+        consumer: &BaseConsumer<LiveContext>,
+        tpl: &mut TopicPartitionList,
+    ) -> TopicPartitionList {
         let partitions = partitions_of(tpl);
         tracing::info!(count = partitions.len(), "partitions assigned: reconciling");
-        let committed = match consumer.committed_offsets(tpl.clone(), REQUEST_TIMEOUT) {
-            Ok(committed) => committed,
-            Err(err) => {
-                // Without the committed offsets nothing can be decided safely: leave the
-                // partitions at their stored offsets and unbuffered; say so.
-                self.shared.emit(Event::Error {
-                    message: format!("reading committed offsets failed: {err}"),
-                });
-                return;
-            }
-        };
-        let side_entries = self.side_log.read_all().unwrap_or_else(|err| {
-            // A missing side entry makes a token stale, which reprocesses from the committed
-            // offset: safe, at the cost of duplicates.
-            self.shared.emit(Event::Error {
-                message: format!("{err}; treating side entries as missing"),
-            });
-            Default::default()
+        let deferred = self.reconcile_all(consumer, &partitions, |topic, partition, start| {
+            tpl.set_partition_offset(topic, partition, Offset::Offset(start))
         });
-        for (topic, partition) in &partitions {
-            match self.assign_one(consumer, &committed, &side_entries, topic, *partition) {
-                Ok(start) => {
-                    if let Err(err) =
-                        tpl.set_partition_offset(topic, *partition, Offset::Offset(start))
-                    {
-                        self.shared.emit(Event::Error {
-                            message: format!("{topic}/{partition}: {err}"),
-                        });
-                    }
-                }
-                Err(err) => self.shared.emit(Event::Error {
-                    message: format!("assigning {topic}/{partition}: {err}"),
-                }),
-            }
-        }
         tracing::info!(
             count = partitions.len(),
+            deferred = deferred.len(),
             "partitions reconciled and assigned"
         );
         self.shared.emit(Event::Assigned { partitions });
         self.shared.notify.notify_waiters();
+        let mut list = TopicPartitionList::new();
+        for (topic, partition) in &deferred {
+            list.add_partition(topic, *partition);
+        }
+        self.unreconciled().extend(deferred);
+        list
+    }
+
+    fn unreconciled(&self) -> MutexGuard<'_, BTreeSet<PartitionId>> {
+        self.unreconciled
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Reconciles `partitions` and hands each start offset to `start_at`; returns those that
+    /// failed. Without the committed offsets nothing can be decided; without the side log
+    /// only the partitions with a split token must wait (their side entry holds the live
+    /// progress; treating it as missing would reprocess far more than needed).
+    fn reconcile_all(
+        &self,
+        consumer: &BaseConsumer<LiveContext>,
+        partitions: &[PartitionId],
+        mut start_at: impl FnMut(&str, i32, i64) -> rdkafka::error::KafkaResult<()>,
+    ) -> Vec<PartitionId> {
+        let mut list = TopicPartitionList::new();
+        for (topic, partition) in partitions {
+            list.add_partition(topic, *partition);
+        }
+        let committed = match consumer.committed_offsets(list, REQUEST_TIMEOUT) {
+            Ok(committed) => committed,
+            Err(err) => {
+                self.shared.emit(Event::Error {
+                    message: format!(
+                        "reading committed offsets failed: {err}; the partitions wait paused and reconciliation is retried"
+                    ),
+                });
+                return partitions.to_vec();
+            }
+        };
+        let side_entries = match self.side_log.read_all() {
+            Ok(entries) => Some(entries),
+            Err(err) => {
+                self.shared.emit(Event::Error {
+                    message: format!(
+                        "{err}; split partitions wait paused and reconciliation is retried"
+                    ),
+                });
+                None
+            }
+        };
+        let no_entries = Default::default();
+        let mut failed = Vec::new();
+        for (topic, partition) in partitions {
+            let split = committed
+                .find_partition(topic, *partition)
+                .is_some_and(|e| SplitToken::decode(e.metadata()).is_some());
+            let entries = match &side_entries {
+                Some(entries) => entries,
+                None if split => {
+                    failed.push((topic.clone(), *partition));
+                    continue;
+                }
+                None => &no_entries,
+            };
+            let result = self
+                .assign_one(consumer, &committed, entries, topic, *partition)
+                .and_then(|start| {
+                    start_at(topic, *partition, start).map_err(|err| {
+                        crate::Error::Config(format!("setting the start offset {start}: {err}"))
+                    })
+                });
+            if let Err(err) = result {
+                self.shared.emit(Event::Error {
+                    message: format!(
+                        "assigning {topic}/{partition}: {err}; the partition waits paused and reconciliation is retried"
+                    ),
+                });
+                self.shared
+                    .partitions()
+                    .remove(&(topic.clone(), *partition));
+                failed.push((topic.clone(), *partition));
+            }
+        }
+        failed
+    }
+
+    /// Tries the failed reconciliations again. A partition that succeeds gets its runtime,
+    /// and its consumer is moved to the start (its cursor begins broken, so the live loop
+    /// repositions it like any broken chain) and resumed.
+    fn retry_unreconciled(&self, consumer: &BaseConsumer<LiveContext>) {
+        let partitions: Vec<PartitionId> = std::mem::take(&mut *self.unreconciled())
+            .into_iter()
+            .collect();
+        if partitions.is_empty() {
+            return;
+        }
+        let failed = self.reconcile_all(consumer, &partitions, |_, _, _| Ok(()));
+        let reconciled: Vec<PartitionId> = partitions
+            .iter()
+            .filter(|key| !failed.contains(key))
+            .cloned()
+            .collect();
+        {
+            let mut runtimes = self.shared.partitions();
+            for key in &reconciled {
+                if let Some(runtime) = runtimes.get_mut(key) {
+                    runtime.live_cursor.break_chain();
+                }
+            }
+        }
+        self.unreconciled().extend(failed);
+        if !reconciled.is_empty() {
+            tracing::info!(count = reconciled.len(), "reconciled on retry");
+            self.shared.notify.notify_waiters();
+        }
     }
 
     /// Reconciles one partition, applies the decision and returns the live lane's start.
@@ -321,8 +424,10 @@ impl LiveState {
         }
         {
             let mut runtimes = self.shared.partitions();
+            let mut unreconciled = self.unreconciled();
             for key in &partitions {
                 runtimes.remove(key);
+                unreconciled.remove(key);
             }
         }
         self.shared.revocations.fetch_add(1, Ordering::Relaxed);
@@ -490,6 +595,7 @@ impl LiveFetcher {
             catchup,
             reset,
             abandoned: AtomicBool::new(false),
+            unreconciled: Mutex::new(BTreeSet::new()),
         });
         let consumer: BaseConsumer<LiveContext> = config
             .create_with_context(LiveContext {
@@ -513,6 +619,7 @@ fn run(
     let shared = state.shared.clone();
     let interval = shared.config.commit_interval;
     let mut last_commit = Instant::now();
+    let mut last_retry = Instant::now();
     let mut budget = Budget::new("live", Lane::Live, shared.config.buffer_budget_bytes);
     loop {
         while let Ok(command) = commands.try_recv() {
@@ -551,6 +658,10 @@ fn run(
         if last_commit.elapsed() >= interval {
             let _ = state.commit(&consumer, None);
             last_commit = Instant::now();
+        }
+        if last_retry.elapsed() >= RECONCILE_RETRY {
+            state.retry_unreconciled(&consumer);
+            last_retry = Instant::now();
         }
         poll_into_buffer(&consumer, &shared);
         budget.apply(&shared, &consumer, |_| true);
