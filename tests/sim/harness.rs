@@ -146,6 +146,19 @@ impl Client {
         self.eof_at = None;
     }
 
+    /// librdkafka's seek: refused unless the partition is fetching; moves the fetch and the
+    /// application position at once (the old fetch's messages are dropped by version).
+    fn seek(&mut self, at: i64, rng: &mut Rng) -> bool {
+        if self.fetch_pos.is_none() || (self.faults && rng.chance(100)) {
+            return false;
+        }
+        self.fetch_pos = Some(at);
+        self.app_pos = Some(at);
+        self.stale = None;
+        self.eof_at = None;
+        true
+    }
+
     fn position(&mut self) -> Option<i64> {
         if let Some((old, left)) = self.stale.as_mut() {
             let old = *old;
@@ -192,6 +205,12 @@ impl Client {
                 return Some(Polled::OutOfRange);
             }
             let high = log.lowered_high.unwrap_or(log.high()).min(log.high());
+            if pos > high {
+                // A new leader whose high watermark is below the fetch position: out of range,
+                // and with `auto.offset.reset=error` the partition stops fetching.
+                self.fetch_pos = None;
+                return Some(Polled::OutOfRange);
+            }
             if pos >= high {
                 self.fetch_pos = Some(pos);
                 if self.eof_at != Some(pos) {
@@ -599,8 +618,28 @@ impl Sim {
             }
         }
         if let Some(at) = fetcher.cursor.reposition() {
-            fetcher.client.assign(at, &mut self.rng);
-            fetcher.cursor.repositioned(at);
+            let moved = match lane {
+                // The catch-up consumer moves by unassign and assign.
+                Lane::Catchup => {
+                    fetcher.client.assign(at, &mut self.rng);
+                    true
+                }
+                // The group member seeks; a seek is refused while the partition is stopped
+                // (out of range) and may time out, and the adapter then reassigns it.
+                Lane::Live => {
+                    if fetcher.client.seek(at, &mut self.rng) {
+                        true
+                    } else if self.rng.chance(700) {
+                        fetcher.client.assign(at, &mut self.rng);
+                        true
+                    } else {
+                        false // both failed: retried next round
+                    }
+                }
+            };
+            if moved {
+                fetcher.cursor.repositioned(at);
+            }
         }
         Ok(RoundEnd::Keep)
     }
