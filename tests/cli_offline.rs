@@ -297,7 +297,15 @@ fn truncated_database_file_is_an_error_or_a_consistent_prefix() {
         // Either sled recovers a prefix that verifies clean, or the buffer is refused.
         match output.status.code() {
             Some(0) => assert!(stdout(&output).contains("sound")),
-            _ => assert_exit(&output, 2),
+            _ => {
+                assert_exit(&output, 2);
+                // A sentence naming the buffer, not a debug dump of sled's error.
+                let message = stderr(&output);
+                assert!(message.contains(copy.to_str().expect("utf-8")), "{message}");
+                for debug in ["Some(", "Inline(", "Blob(", "backtrace"] {
+                    assert!(!message.contains(debug), "{message}");
+                }
+            }
         }
     }
 }

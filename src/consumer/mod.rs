@@ -57,6 +57,10 @@ impl CatchupConsumer {
                 "the rdkafka configuration needs bootstrap.servers".into(),
             ));
         }
+        // A wrong setting is an error now, before anything touches the network.
+        client
+            .create::<rdkafka::consumer::BaseConsumer>()
+            .map_err(|e| KafkaError::client("checking the rdkafka settings", e))?;
         let buffer = Arc::new(Buffer::open(&config.buffer_dir, BufferOptions::default())?);
         let side_log = SideLog::open(client, &config.side_topic, &group)?;
         let shared = Arc::new(Shared::new(buffer, config, group));
@@ -213,6 +217,38 @@ impl CatchupConsumer {
     /// Events: assignments, splits, merges, truncations, discarded buffers, errors.
     pub fn events(&self) -> broadcast::Receiver<Event> {
         self.shared.subscribe_events()
+    }
+
+    /// The consumer group.
+    pub fn group(&self) -> &str {
+        &self.shared.group
+    }
+
+    /// Whether the group has assigned this member its partitions at least once (an empty
+    /// assignment counts: the member was told it holds none). Until then there is nothing to
+    /// consume yet — which is not the same as nothing left to consume.
+    pub fn has_assignment(&self) -> bool {
+        self.shared
+            .assignments
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > 0
+    }
+
+    /// Offsets of the current assignment the group has not committed: from each partition's
+    /// committed offset to its log end (asks the brokers for the log ends).
+    pub async fn backlog(&self) -> Result<u64, Error> {
+        let (reply, answer) = crossbeam_channel::bounded(1);
+        self.live
+            .send(LiveCommand::Backlog(reply))
+            .map_err(|_| KafkaError::Stopped("live fetcher"))?;
+        let answer =
+            tokio::task::spawn_blocking(move || answer.recv_timeout(Duration::from_secs(120)))
+                .await
+                .map_err(|e| Error::Config(format!("backlog task failed: {e}")))?;
+        match answer {
+            Ok(result) => Ok(result?),
+            Err(_) => Err(KafkaError::Stopped("live fetcher").into()),
+        }
     }
 
     /// Whether every assigned partition is merged and everything delivered is acknowledged

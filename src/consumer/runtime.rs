@@ -129,6 +129,8 @@ pub(crate) struct Shared {
     pub live_appends: AtomicU64,
     /// Bumped on every revocation: the reader drops queued records of revoked partitions.
     pub revocations: AtomicU64,
+    /// Bumped on every assignment, empty ones included.
+    pub assignments: AtomicU64,
     events: broadcast::Sender<Event>,
     /// Round-robin start for fairness across partitions.
     next_start: AtomicU64,
@@ -146,6 +148,7 @@ impl Shared {
             notify: Notify::new(),
             live_appends: AtomicU64::new(0),
             revocations: AtomicU64::new(0),
+            assignments: AtomicU64::new(0),
             events,
             next_start: AtomicU64::new(0),
         }

@@ -38,6 +38,8 @@ const POLL_BATCH: usize = 2000;
 pub(crate) enum LiveCommand {
     Subscribe(Vec<String>, Sender<Result<(), KafkaError>>),
     Commit(Sender<Result<(), KafkaError>>),
+    /// Offsets between the group's committed offsets and the log ends of the assignment.
+    Backlog(Sender<Result<u64, KafkaError>>),
     /// Commit, leave the group (revoking everything), stop.
     Close(Sender<Result<(), KafkaError>>),
     /// Stop without committing or cleaning up: what a crash would leave.
@@ -144,6 +146,7 @@ impl LiveState {
             "partitions reconciled and assigned"
         );
         self.shared.emit(Event::Assigned { partitions });
+        self.shared.assignments.fetch_add(1, Ordering::Relaxed);
         self.shared.notify.notify_waiters();
         let mut list = TopicPartitionList::new();
         for (topic, partition) in &deferred {
@@ -441,6 +444,28 @@ impl LiveState {
         self.shared.emit(Event::Revoked { partitions, lost });
     }
 
+    /// Offsets of the assignment that the group has not committed yet: from each partition's
+    /// committed offset to its log end (a partition still waiting for reconciliation counts
+    /// as one, its size being unknown).
+    fn backlog(&self, consumer: &BaseConsumer<LiveContext>) -> Result<u64, KafkaError> {
+        let committed: Vec<(PartitionId, i64)> = self
+            .shared
+            .partitions()
+            .iter()
+            .map(|(key, runtime)| (key.clone(), runtime.main_committed))
+            .collect();
+        let mut backlog = self.unreconciled().len() as u64;
+        for ((topic, partition), main_committed) in committed {
+            let (_, high) = consumer
+                .fetch_watermarks(&topic, partition, REQUEST_TIMEOUT)
+                .map_err(|e| {
+                    KafkaError::client(&format!("reading the log end of {topic}/{partition}"), e)
+                })?;
+            backlog += (high - main_committed).max(0) as u64;
+        }
+        Ok(backlog)
+    }
+
     /// Commits what is processed, for `only` or every partition. Errors are reported as
     /// events and retried at the next commit.
     fn commit(
@@ -634,6 +659,9 @@ fn run(
                 }
                 LiveCommand::Commit(reply) => {
                     let _ = reply.send(state.commit(&consumer, None));
+                }
+                LiveCommand::Backlog(reply) => {
+                    let _ = reply.send(state.backlog(&consumer));
                 }
                 LiveCommand::Close(reply) => {
                     let result = state.commit(&consumer, None);

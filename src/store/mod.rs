@@ -537,13 +537,7 @@ impl Buffer {
     }
 
     fn sled_error(&self, source: sled::Error) -> StoreError {
-        match source {
-            sled::Error::Corruption { .. } => self.damaged(source.to_string()),
-            source => StoreError::Sled {
-                dir: self.dir.clone(),
-                source,
-            },
-        }
+        sled_error(&self.dir, source)
     }
 
     fn damaged(&self, reason: String) -> StoreError {
@@ -635,13 +629,43 @@ fn classify_open_error(dir: PathBuf, err: sled::Error) -> StoreError {
             action: "opening the database".into(),
             source: io,
         },
-        sled::Error::Corruption { .. }
-        | sled::Error::Unsupported(_)
-        | sled::Error::ReportableBug(_) => StoreError::Damaged {
-            dir,
-            reason: err.to_string(),
+        sled::Error::Unsupported(reason) | sled::Error::ReportableBug(reason) => {
+            StoreError::Damaged {
+                dir,
+                reason: format!("sled cannot open it: {reason}"),
+            }
+        }
+        other => sled_error(&dir, other),
+    }
+}
+
+/// A sled error as a sentence for a person: sled's own rendering of corruption is a debug
+/// dump (`Read corrupted data at file offset Some(Inline(1180828)) backtrace ()`).
+fn sled_error(dir: &Path, source: sled::Error) -> StoreError {
+    match source {
+        sled::Error::Corruption { at, .. } => StoreError::Damaged {
+            dir: dir.to_path_buf(),
+            reason: match at {
+                Some(sled::DiskPtr::Inline(offset)) => format!(
+                    "corrupted data in {} at byte {offset}",
+                    dir.join("db").display()
+                ),
+                Some(sled::DiskPtr::Blob(_, blob)) => format!(
+                    "blob file {} is corrupted or missing",
+                    dir.join("blobs").join(blob.to_string()).display()
+                ),
+                None => "corrupted data in the database files".into(),
+            },
         },
-        other => StoreError::Sled { dir, source: other },
+        sled::Error::Io(io) => StoreError::Io {
+            dir: dir.to_path_buf(),
+            action: "reading or writing the database".into(),
+            source: io,
+        },
+        source => StoreError::Sled {
+            dir: dir.to_path_buf(),
+            source,
+        },
     }
 }
 

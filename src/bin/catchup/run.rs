@@ -42,7 +42,9 @@ pub struct RunArgs {
     /// Simulated work per record, in microseconds.
     #[arg(long, default_value_t = 0)]
     pub process_us: u64,
-    /// Exit once nothing arrived for this many seconds and everything is committed and merged.
+    /// Exit once the group has assigned partitions (possibly none), nothing arrived for this
+    /// many seconds, everything is committed and merged, and nothing is left between the
+    /// committed offsets and the log ends.
     #[arg(long)]
     pub exit_when_idle: Option<u64>,
     /// An rdkafka property, `KEY=VALUE` (repeatable), e.g. `group.protocol=consumer`.
@@ -175,6 +177,41 @@ fn work(micros: u64) {
     }
 }
 
+/// Says once that the consumer waits for its group, and how long that took.
+#[derive(Default)]
+struct Waiting {
+    announced: bool,
+    done: bool,
+}
+
+impl Waiting {
+    /// Whether the group has assigned partitions (possibly none) to the consumer.
+    fn assigned(&mut self, consumer: &CatchupConsumer, since: Instant) -> bool {
+        if self.done {
+            return true;
+        }
+        if consumer.has_assignment() {
+            self.done = true;
+            if self.announced {
+                eprintln!(
+                    "catchup: group {} assigned partitions after {:.1} s",
+                    consumer.group(),
+                    since.elapsed().as_secs_f64()
+                );
+            }
+            return true;
+        }
+        if !self.announced {
+            eprintln!(
+                "catchup: waiting for group {} to assign partitions (a member that crashed keeps them until its session times out)",
+                consumer.group()
+            );
+            self.announced = true;
+        }
+        false
+    }
+}
+
 /// Receives, processes, syncs the sink and acknowledges, batch by batch, until `stop` says
 /// so or the consumer has been idle and settled for `exit_when_idle`.
 pub async fn process(
@@ -186,12 +223,19 @@ pub async fn process(
     let started = Instant::now();
     let mut summary = Summary::default();
     let mut last_delivery = Instant::now();
+    let mut waiting = Waiting::default();
     let mut batch = Vec::with_capacity(BATCH);
     while !stop() {
         let first = tokio::time::timeout(Duration::from_millis(100), consumer.recv()).await;
         match first {
             Ok(delivery) => batch.push(delivery.map_err(|e| Failure::Runtime(e.to_string()))?),
             Err(_) => {
+                // Idle means idle: before the group has assigned anything (a crashed member
+                // may hold the partitions until its session times out) the clock stands still.
+                if !waiting.assigned(consumer, started) {
+                    last_delivery = Instant::now();
+                    continue;
+                }
                 if let Some(idle) = processing.exit_when_idle {
                     if last_delivery.elapsed() >= idle {
                         consumer
@@ -199,7 +243,16 @@ pub async fn process(
                             .await
                             .map_err(|e| Failure::Runtime(e.to_string()))?;
                         if consumer.settled() {
-                            break;
+                            // ... and nothing is left between the committed offsets and the
+                            // log ends (a paused or slow fetch is not idleness).
+                            let backlog = consumer
+                                .backlog()
+                                .await
+                                .map_err(|e| Failure::Runtime(e.to_string()))?;
+                            if backlog == 0 {
+                                break;
+                            }
+                            last_delivery = Instant::now();
                         }
                     }
                 }
