@@ -151,6 +151,34 @@ pub fn clip_ranges(ranges: &[OffsetRange], from: i64) -> Vec<OffsetRange> {
 
 /// Decides one partition (see the module docs and DESIGN §5).
 pub fn reconcile(inputs: &Inputs<'_>) -> Decision {
+    let mut decision = reconcile_offsets(inputs);
+    // The buffer records a commit only once Kafka accepted it. Kafka holding none now means
+    // the group's offsets were removed — the topic deleted and recreated, the offsets expired
+    // or deleted by an operator — and the local records may belong to another incarnation of
+    // the topic (finding F8): never reuse them.
+    let recorded_commit = inputs.local.is_some_and(|local| {
+        let catchup_start = local
+            .layout
+            .catchup_ranges
+            .first()
+            .map_or(local.layout.live_from, |range| range.start);
+        local.catchup.committed_next > catchup_start
+            || local.live.committed_next > local.layout.live_from
+    });
+    if inputs.committed.is_none()
+        && recorded_commit
+        && matches!(decision.local, LocalAction::Reuse { .. })
+    {
+        decision.local = LocalAction::Reset {
+            reason: Some(
+                "the group has no committed offset although this buffer recorded commits: its offsets were removed (topic recreated or offsets expired)".into(),
+            ),
+        };
+    }
+    decision
+}
+
+fn reconcile_offsets(inputs: &Inputs<'_>) -> Decision {
     let mut events = Vec::new();
     let reset_to = match inputs.reset {
         OffsetReset::Earliest => inputs.low,

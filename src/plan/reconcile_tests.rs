@@ -329,3 +329,38 @@ fn local_records_are_reused_only_when_they_fit() {
         LocalAction::Reset { .. }
     ));
 }
+
+#[test]
+fn local_records_are_not_reused_once_the_group_lost_its_offsets() {
+    // F8: a plain partition committed at 1000 and fetched to 5000; the topic is deleted and
+    // recreated (Kafka drops the group's offsets) and `latest` puts the new start at 3000,
+    // inside the old local range. The old incarnation's records must not be delivered.
+    let mut local = PartitionState::new(PartitionLayout::plain(0));
+    local.live.fetched_next = 5000;
+    local.live.committed_next = 1000;
+    let recreated = Inputs {
+        local: Some(&local),
+        reset: OffsetReset::Latest,
+        min_lag: None,
+        ..inputs(None, None, 3000)
+    };
+    let d = reconcile(&recreated);
+    assert_eq!(d.layout, PartitionLayout::plain(3000));
+    assert!(
+        matches!(&d.local, LocalAction::Reset { reason: Some(reason) } if reason.contains("offsets were removed")),
+        "{:?}",
+        d.local
+    );
+    // A buffer that never recorded a commit (nothing processed yet) is still reused.
+    let mut fresh = PartitionState::new(PartitionLayout::plain(3000));
+    fresh.live.fetched_next = 3500;
+    let d = reconcile(&Inputs {
+        local: Some(&fresh),
+        ..recreated
+    });
+    assert!(
+        matches!(d.local, LocalAction::Reuse { .. }),
+        "{:?}",
+        d.local
+    );
+}
