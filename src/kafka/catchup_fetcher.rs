@@ -483,11 +483,13 @@ impl Fetcher {
                 key.0, key.1
             ));
         }
+        // What the catch-up lane lost ends at its last range; the rest is the live lane's.
+        let lane_end = tracked.ranges.last().map_or(low, |range| range.end);
         self.shared.emit(Event::Truncated {
             topic: key.0.clone(),
             partition: key.1,
             from: at,
-            to: low,
+            to: low.min(lane_end),
         });
         let layout = tracked.cursor.layout();
         let fetched = Fetched {
