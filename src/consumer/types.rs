@@ -102,6 +102,17 @@ pub struct Delivery {
     pub(crate) generation: u64,
 }
 
+impl Delivery {
+    /// The assignment of its partition this record was delivered under (a number that grows
+    /// with every assignment of any partition to this consumer). Within one assignment a
+    /// partition's records arrive in order (per lane in `Concurrent` mode); after a
+    /// revocation — a lost one included — the next assignment may start again at the first
+    /// record not yet committed, so records acknowledged but not committed come again.
+    pub fn assignment(&self) -> u64 {
+        self.generation
+    }
+}
+
 /// What happened, for applications that want to know.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
