@@ -37,10 +37,12 @@
 //! * [`plan`] — pure decisions: reconciliation on assignment, commits, token formats;
 //! * [`fetch`] — pure decisions of the fetchers: what a poll proves, what to append, when to
 //!   reposition, which partitions to pause;
+//! * `engine` — the per-partition state the fetchers and the reader share;
 //! * `kafka` — rdkafka adapters (live fetcher, catch-up fetcher, side log);
 //! * [`consumer`] — the public API around [`CatchupConsumer`].
 
 pub mod consumer;
+mod engine;
 mod error;
 pub mod fetch;
 mod kafka;

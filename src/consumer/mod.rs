@@ -1,8 +1,5 @@
 //! The public consumer: subscribe, receive deliveries from the buffer, acknowledge, commit.
 
-pub(crate) mod runtime;
-mod types;
-
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -14,15 +11,17 @@ use rdkafka::ClientConfig;
 use tokio::sync::Mutex as AsyncMutex;
 use tokio::sync::broadcast;
 
-pub use types::{CatchupConfig, Delivery, DeliveryLane, Event, LaneBuffer, Mode, PartitionBuffer};
+pub use crate::engine::types::{
+    CatchupConfig, Delivery, DeliveryLane, Event, LaneBuffer, Mode, PartitionBuffer,
+};
 
 use crate::Error;
+use crate::engine::Shared;
 use crate::kafka::{CatchupCommand, CatchupFetcher, KafkaError, LiveCommand, LiveFetcher, SideLog};
 use crate::store::{Buffer, BufferOptions, Lane};
-use runtime::Shared;
 
 /// Records read from the buffer per refill of the delivery queue (split fairly over the
-/// partitions, at least `runtime::MIN_READ` each).
+/// partitions, at least `engine::MIN_READ` each).
 const READ_AHEAD: usize = 256;
 
 /// Deliveries read from the buffer and not yet handed out.

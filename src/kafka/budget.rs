@@ -6,8 +6,8 @@ use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 
 use std::collections::BTreeSet;
 
-use crate::consumer::Event;
-use crate::consumer::runtime::{PartitionId, Shared};
+use crate::engine::types::Event;
+use crate::engine::{PartitionId, Shared};
 use crate::fetch::PausePolicy;
 use crate::store::Lane;
 

@@ -16,8 +16,8 @@ use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
 use super::side_log::connection_only;
 use super::{Budget, to_record};
-use crate::consumer::Event;
-use crate::consumer::runtime::{PartitionId, Shared};
+use crate::engine::types::Event;
+use crate::engine::{PartitionId, Shared};
 use crate::fetch::{AppendResult, FetchCursor, PollErrorKind, classify_poll_error};
 use crate::store::{Fetched, Lane, LayoutId, OffsetRange, Record, StoreError};
 

@@ -16,8 +16,8 @@ use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientConfig, ClientContext, Message, Offset, TopicPartitionList};
 
 use super::{Budget, CatchupCommand, KafkaError, SideLog, to_record};
-use crate::consumer::runtime::{PartitionId, PartitionRuntime, PendingCommit, Shared};
-use crate::consumer::{Event, Mode};
+use crate::engine::types::{Event, Mode};
+use crate::engine::{PartitionId, PartitionRuntime, PendingCommit, Shared};
 use crate::fetch::{AppendResult, PendingAppend, PollErrorKind, classify_poll_error};
 use crate::plan::{
     CommitPlan, Committed, Inputs, LocalAction, OffsetReset, PlanEvent, SideWrite, SplitToken,

@@ -1,5 +1,10 @@
-//! State shared by the fetcher threads and the reader: per assigned partition, the split in
-//! effect, delivery cursors and acknowledgements.
+//! The engine's state, below the Kafka adapters and the public consumer: per assigned
+//! partition, the split in effect, the live fetcher's cursor, delivery cursors and
+//! acknowledgements — shared by the fetcher threads (`kafka`) and the reader (`consumer`).
+//! `types` holds the vocabulary both speak (configuration, deliveries, events), re-exported
+//! by [`crate::consumer`].
+
+pub(crate) mod types;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -7,10 +12,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::{Notify, broadcast};
 
-use super::types::{CatchupConfig, Delivery, DeliveryLane, Event, Mode};
 use crate::fetch::FetchCursor;
 use crate::plan::{AckTracker, CommitPlan, Progress, SideEntry, SplitToken, plan_commit};
 use crate::store::{Buffer, Lane, LayoutId, PartitionLayout, PartitionState, StoreError};
+use types::{CatchupConfig, Delivery, DeliveryLane, Event, Mode};
 
 /// The fewest records read from one partition per refill.
 pub(crate) const MIN_READ: usize = 16;

@@ -19,7 +19,7 @@ pub enum Mode {
     Off,
 }
 
-/// Settings of a [`CatchupConsumer`](super::CatchupConsumer) beyond rdkafka's.
+/// Settings of a [`CatchupConsumer`](crate::CatchupConsumer) beyond rdkafka's.
 #[derive(Debug, Clone)]
 pub struct CatchupConfig {
     /// The buffer directory (created 0700 if missing). One per consumer instance.
@@ -79,7 +79,7 @@ impl DeliveryLane {
 }
 
 /// A record handed to the application. Acknowledge it with
-/// [`CatchupConsumer::ack`](super::CatchupConsumer::ack) once processed.
+/// [`CatchupConsumer::ack`](crate::CatchupConsumer::ack) once processed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Delivery {
     /// Topic.
@@ -244,7 +244,7 @@ pub struct LaneBuffer {
     pub lag: i64,
 }
 
-/// What is buffered for one partition ([`CatchupConsumer::buffers`](super::CatchupConsumer::buffers)).
+/// What is buffered for one partition ([`CatchupConsumer::buffers`](crate::CatchupConsumer::buffers)).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PartitionBuffer {
     /// Topic.
