@@ -121,6 +121,7 @@ impl Sink {
             "partition": delivery.partition,
             "offset": delivery.offset,
             "lane": delivery.lane.as_str(),
+            "assignment": delivery.assignment(),
             "processed_at_ms": processed_at_ms as u64,
         });
         if let Value::Object(fields) = &mut line {
