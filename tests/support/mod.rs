@@ -1,9 +1,14 @@
 //! Helpers the integration tests share: find the test broker, create uniquely named topics,
-//! produce keyed records with known payloads, read committed offsets and watermarks.
+//! produce keyed records with known payloads, read committed offsets and watermarks; a broker
+//! of a test's own for restarts and downtime ([`private_broker`]); a record of what a catchup
+//! consumer delivered and the checks on it ([`deliveries`]).
 //!
 //! Every name is unique per process and call, so test binaries can run in parallel against
 //! one broker without seeing each other's topics or groups.
 #![allow(dead_code)] // each test binary uses a different part of this module
+
+pub mod deliveries;
+pub mod private_broker;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -15,7 +20,8 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, StreamConsumer};
 use rdkafka::error::KafkaError;
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::future_producer::Delivery;
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Message, Offset, TopicPartitionList};
 
@@ -76,6 +82,17 @@ pub fn key_and_payload(topic: &str, index: usize) -> (Vec<u8>, Vec<u8>) {
     )
 }
 
+/// The record [`Kafka::send`] sent for `index`, where `delivery` says it landed.
+fn produced_at(topic: &str, index: usize, delivery: &Delivery) -> Produced {
+    let (key, payload) = key_and_payload(topic, index);
+    Produced {
+        partition: delivery.partition,
+        offset: delivery.offset,
+        key,
+        payload,
+    }
+}
+
 /// The test broker and clients to it.
 pub struct Kafka {
     pub bootstrap: String,
@@ -86,7 +103,13 @@ pub struct Kafka {
 impl Kafka {
     /// Connects to the test broker.
     pub fn connect() -> Self {
-        let bootstrap = bootstrap();
+        Self::connect_to(&bootstrap())
+    }
+
+    /// Connects to the broker at `bootstrap` (a [`PrivateBroker`](private_broker::PrivateBroker),
+    /// say).
+    pub fn connect_to(bootstrap: &str) -> Self {
+        let bootstrap = bootstrap.to_owned();
         let admin = ClientConfig::new()
             .set("bootstrap.servers", &bootstrap)
             .create()
@@ -215,39 +238,96 @@ impl Kafka {
     ) -> Vec<Produced> {
         let mut pending = Vec::with_capacity(count);
         for index in first_index..first_index + count {
-            let (key, payload) = key_and_payload(topic, index);
-            let mut record = FutureRecord::to(topic)
-                .key(&key)
-                .payload(&payload)
-                .partition(partition_of(index));
-            let future = loop {
-                match self.producer.send_result(record) {
-                    Ok(future) => break future,
-                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), returned)) => {
-                        record = returned;
-                        // The local queue drains as deliveries complete.
-                        tokio::time::sleep(Duration::from_millis(1)).await;
-                    }
-                    Err((err, _)) => panic!("producing to {topic} failed: {err}"),
-                }
-            };
-            pending.push((future, key, payload));
+            let sent = self.send(topic, index, partition_of(index)).await;
+            pending.push(sent.unwrap_or_else(|err| panic!("producing to {topic} failed: {err}")));
         }
         let mut produced = Vec::with_capacity(count);
-        for (future, key, payload) in pending {
+        for (future, index) in pending.into_iter().zip(first_index..) {
             let delivery = future.await.expect("delivery future dropped");
-            let (partition, offset) = match delivery {
-                Ok(delivery) => (delivery.partition, delivery.offset),
+            match delivery {
+                Ok(delivery) => produced.push(produced_at(topic, index, &delivery)),
                 Err((err, _)) => panic!("delivery to {topic} failed: {err}"),
-            };
-            produced.push(Produced {
-                partition,
-                offset,
-                key,
-                payload,
-            });
+            }
         }
         produced
+    }
+
+    /// Like [`Kafka::produce_from`], but a record whose send or delivery fails (the broker
+    /// was away too long, say) is sent again after `backoff`, until the broker acknowledges
+    /// every record. Returns them in index order, and the number of failed attempts.
+    pub async fn produce_from_retrying(
+        &self,
+        topic: &str,
+        partitions: i32,
+        first_index: usize,
+        count: usize,
+        backoff: Duration,
+    ) -> (Vec<Produced>, u64) {
+        let mut produced = vec![None; count];
+        let mut failures = 0;
+        let mut left: Vec<usize> = (first_index..first_index + count).collect();
+        while !left.is_empty() {
+            let mut pending = Vec::with_capacity(left.len());
+            for index in left.drain(..) {
+                let partition = (index % partitions as usize) as i32;
+                pending.push((index, self.send(topic, index, partition).await));
+            }
+            for (index, sent) in pending {
+                let delivery = match sent {
+                    Ok(future) => future
+                        .await
+                        .expect("delivery future dropped")
+                        .map_err(|(err, _)| err),
+                    Err(err) => Err(err),
+                };
+                match delivery {
+                    Ok(delivery) => {
+                        produced[index - first_index] = Some(produced_at(topic, index, &delivery))
+                    }
+                    Err(err) => {
+                        if left.is_empty() {
+                            eprintln!("producing record {index} to {topic} failed: {err}");
+                        }
+                        left.push(index);
+                    }
+                }
+            }
+            if !left.is_empty() {
+                eprintln!(
+                    "{} records to {topic} failed; sending them again",
+                    left.len()
+                );
+                failures += left.len() as u64;
+                tokio::time::sleep(backoff).await;
+            }
+        }
+        (produced.into_iter().flatten().collect(), failures)
+    }
+
+    /// Sends the `index`-th record of `topic` ([`key_and_payload`]) to `partition`, waiting
+    /// while the local queue is full.
+    async fn send(
+        &self,
+        topic: &str,
+        index: usize,
+        partition: i32,
+    ) -> Result<DeliveryFuture, KafkaError> {
+        let (key, payload) = key_and_payload(topic, index);
+        let mut record = FutureRecord::to(topic)
+            .key(&key)
+            .payload(&payload)
+            .partition(partition);
+        loop {
+            match self.producer.send_result(record) {
+                Ok(future) => return Ok(future),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), returned)) => {
+                    record = returned;
+                    // The local queue drains as deliveries complete.
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                Err((err, _)) => return Err(err),
+            }
+        }
     }
 
     /// Produces `(key, value)` records to one partition, in order, and waits for them.
