@@ -1,6 +1,7 @@
 //! The deterministic simulation of the fetch layer (see `sim/harness.rs`): thousands of seeds,
 //! each a different history of faults; a failing seed is printed and replays exactly with
-//! `CATCHUP_SIM_SEED=<seed> cargo test --test simulation`. `CATCHUP_SIM_SEEDS` sets how many.
+//! `CATCHUP_SIM_SEED=<seed> cargo test --test simulation`. `CATCHUP_SIM_SEEDS=N` runs seeds
+//! 0..N (10,000 by default), `CATCHUP_SIM_SEEDS=A..B` seeds A..B.
 
 #[path = "sim/harness.rs"]
 mod harness;
@@ -11,13 +12,14 @@ fn fetch_layer_never_loses_a_record() {
     let buffer_dir = dir.path().join("buffer");
     let seeds: Vec<u64> = match std::env::var("CATCHUP_SIM_SEED") {
         Ok(seed) => vec![parse_seed(&seed)],
-        Err(_) => {
-            let count: u64 = std::env::var("CATCHUP_SIM_SEEDS")
-                .ok()
-                .and_then(|n| n.parse().ok())
-                .unwrap_or(10_000);
-            (0..count).collect()
-        }
+        Err(_) => match std::env::var("CATCHUP_SIM_SEEDS") {
+            // `N` runs seeds 0..N; `A..B` runs seeds A..B (a long run beyond CI's seeds).
+            Ok(spec) => match spec.split_once("..") {
+                Some((first, end)) => (parse_seed(first)..parse_seed(end)).collect(),
+                None => (0..parse_seed(&spec)).collect(),
+            },
+            Err(_) => (0..10_000).collect(),
+        },
     };
     let mut buffer = None;
     let mut steps = 0;
@@ -63,5 +65,5 @@ fn parse_seed(text: &str) -> u64 {
         Some(hex) => u64::from_str_radix(hex, 16),
         None => text.parse(),
     };
-    parsed.expect("CATCHUP_SIM_SEED must be a number (decimal or 0x hex)")
+    parsed.expect("a seed must be a number (decimal or 0x hex)")
 }
