@@ -322,14 +322,9 @@ impl Buffer {
             Ok(Ok(db)) => db,
             Ok(Err(err)) => return Err(err),
             Err(panic) => {
-                let reason = panic
-                    .downcast_ref::<String>()
-                    .map(String::as_str)
-                    .or_else(|| panic.downcast_ref::<&str>().copied())
-                    .unwrap_or("sled panicked while recovering");
                 return Err(StoreError::Damaged {
                     dir,
-                    reason: format!("recovery failed: {reason}"),
+                    reason: format!("recovery failed: {}", panic_reason(&*panic)),
                 });
             }
         };
@@ -343,9 +338,24 @@ impl Buffer {
             layouts: Mutex::new(HashMap::new()),
             next_layout: std::sync::atomic::AtomicU64::new(1),
         };
-        buffer.load_meta(create)?;
-        buffer.load_topics()?;
+        // sled can also panic on the first reads of a damaged database it opened.
+        buffer.contain_panics("reading the buffer metadata", || {
+            buffer.load_meta(create)?;
+            buffer.load_topics()
+        })?;
         Ok(buffer)
+    }
+
+    /// Runs `read`, turning a panic inside sled (which 0.34 raises on some damaged files
+    /// instead of returning an error) into [`StoreError::Damaged`].
+    pub(crate) fn contain_panics<T>(
+        &self,
+        action: &str,
+        read: impl FnOnce() -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        catch_unwind(AssertUnwindSafe(read)).unwrap_or_else(|panic| {
+            Err(self.damaged(format!("{action}: {}", panic_reason(&*panic))))
+        })
     }
 
     /// The buffer directory.
@@ -667,6 +677,15 @@ fn sled_error(dir: &Path, source: sled::Error) -> StoreError {
             source,
         },
     }
+}
+
+/// The message of a panic sled raised.
+fn panic_reason(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| panic.downcast_ref::<&str>().copied())
+        .unwrap_or("sled panicked on damaged data")
 }
 
 // The locks guard no data of their own (only ordering of sled writes), so a panic in another

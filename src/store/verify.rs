@@ -34,6 +34,10 @@ impl Buffer {
     /// Returns the findings (empty when the buffer is sound). An `Err` means the buffer could
     /// not be read at all.
     pub fn verify(&self) -> Result<Vec<Finding>, StoreError> {
+        self.contain_panics("verifying", || self.verify_entries())
+    }
+
+    fn verify_entries(&self) -> Result<Vec<Finding>, StoreError> {
         let mut findings = Vec::new();
         let mut find =
             |location: String, problem: String| findings.push(Finding { location, problem });
