@@ -172,6 +172,26 @@ impl Kafka {
         }
     }
 
+    /// Deletes `topic` and waits until its metadata is gone.
+    pub async fn delete_topic(&self, topic: &str) {
+        let options = AdminOptions::new().operation_timeout(Some(REQUEST_TIMEOUT));
+        let results = self
+            .admin
+            .delete_topics(&[topic], &options)
+            .await
+            .expect("delete_topics");
+        for result in results {
+            if let Err((name, code)) = result {
+                panic!("deleting topic {name} failed: {code}");
+            }
+        }
+        let deadline = Instant::now() + REQUEST_TIMEOUT;
+        while self.producer_metadata(topic).is_some() {
+            assert!(Instant::now() < deadline, "topic {topic} did not go away");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Creates `topic` with `partitions` partitions.
     pub async fn create_topic(&self, topic: &str, partitions: i32) {
         self.create_topic_with(topic, partitions, &[]).await;
