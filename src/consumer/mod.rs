@@ -246,7 +246,12 @@ impl CatchupConsumer {
                 .map_err(|e| Error::Config(format!("backlog task failed: {e}")))?;
         match answer {
             Ok(result) => Ok(result?),
-            Err(_) => Err(KafkaError::Stopped("live fetcher").into()),
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => Err(Error::Config(
+                "the log ends did not arrive within 120 s (are the brokers reachable?)".into(),
+            )),
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+                Err(KafkaError::Stopped("live fetcher").into())
+            }
         }
     }
 

@@ -55,6 +55,9 @@ pub(crate) struct PartitionRuntime {
     counted_from: [i64; 2],
     /// The live fetcher's cursor on this partition (positioned at assignment).
     pub live_cursor: FetchCursor,
+    /// Failed attempts to reposition the live lane since the last success (to report the
+    /// first one, not every round).
+    pub reposition_failures: u32,
     /// When the partition was assigned, until its first live record is delivered.
     awaiting_fresh_since: Option<std::time::Instant>,
 }
@@ -88,6 +91,7 @@ impl PartitionRuntime {
             buffered_bytes: [0, 0],
             counted_from: [state.catchup.fetched_next, state.live.fetched_next],
             live_cursor: FetchCursor::new(layout_id, state.live.fetched_next),
+            reposition_failures: 0,
             awaiting_fresh_since: Some(std::time::Instant::now()),
         }
     }

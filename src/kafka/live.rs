@@ -31,6 +31,8 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 const SEEK_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often the reconciliation of a partition that failed is tried again.
 const RECONCILE_RETRY: Duration = Duration::from_secs(1);
+/// The longest wait between two reconciliation attempts that keep failing.
+const RECONCILE_RETRY_MAX: Duration = Duration::from_secs(30);
 /// Most messages taken from one poll round before they are appended.
 const POLL_BATCH: usize = 2000;
 
@@ -151,6 +153,12 @@ impl LiveState {
         let mut list = TopicPartitionList::new();
         for (topic, partition) in &deferred {
             list.add_partition(topic, *partition);
+            // A valid start (never the group's offset, which may be missing, or a reset that
+            // stops the partition): a partition that fetches is one a later seek can move.
+            // It is paused, and nothing polled for it is used before it is repositioned.
+            if let Err(err) = tpl.set_partition_offset(topic, *partition, Offset::End) {
+                tracing::warn!(topic, partition, %err, "deferred partition keeps its start");
+            }
         }
         self.unreconciled().extend(deferred);
         list
@@ -198,22 +206,23 @@ impl LiveState {
                 None
             }
         };
-        let no_entries = Default::default();
         let mut failed = Vec::new();
         for (topic, partition) in partitions {
             let split = committed
                 .find_partition(topic, *partition)
                 .is_some_and(|e| SplitToken::decode(e.metadata()).is_some());
-            let entries = match &side_entries {
-                Some(entries) => entries,
-                None if split => {
-                    failed.push((topic.clone(), *partition));
-                    continue;
-                }
-                None => &no_entries,
-            };
+            if side_entries.is_none() && split {
+                failed.push((topic.clone(), *partition));
+                continue;
+            }
             let result = self
-                .assign_one(consumer, &committed, entries, topic, *partition)
+                .assign_one(
+                    consumer,
+                    &committed,
+                    side_entries.as_ref(),
+                    topic,
+                    *partition,
+                )
                 .and_then(|start| {
                     start_at(topic, *partition, start).map_err(|err| {
                         crate::Error::Config(format!("setting the start offset {start}: {err}"))
@@ -237,12 +246,13 @@ impl LiveState {
     /// Tries the failed reconciliations again. A partition that succeeds gets its runtime,
     /// and its consumer is moved to the start (its cursor begins broken, so the live loop
     /// repositions it like any broken chain) and resumed.
-    fn retry_unreconciled(&self, consumer: &BaseConsumer<LiveContext>) {
+    /// Returns whether nothing is left to retry.
+    fn retry_unreconciled(&self, consumer: &BaseConsumer<LiveContext>) -> bool {
         let partitions: Vec<PartitionId> = std::mem::take(&mut *self.unreconciled())
             .into_iter()
             .collect();
         if partitions.is_empty() {
-            return;
+            return true;
         }
         let failed = self.reconcile_all(consumer, &partitions, |_, _, _| Ok(()));
         let reconciled: Vec<PartitionId> = partitions
@@ -258,37 +268,45 @@ impl LiveState {
                 }
             }
         }
+        let done = failed.is_empty();
         self.unreconciled().extend(failed);
         if !reconciled.is_empty() {
             tracing::info!(count = reconciled.len(), "reconciled on retry");
             self.shared.notify.notify_waiters();
         }
+        done
     }
 
     /// Reconciles one partition, applies the decision and returns the live lane's start.
+    /// `side_entries` is `None` when the side log could not be read: then a decision that
+    /// writes to it must wait (it could not see an entry it would overwrite or trust).
     fn assign_one(
         &self,
         consumer: &BaseConsumer<LiveContext>,
         committed: &TopicPartitionList,
-        side_entries: &super::side_log::SideEntries,
+        side_entries: Option<&super::side_log::SideEntries>,
         topic: &str,
         partition: i32,
     ) -> Result<i64, crate::Error> {
         let _span = tracing::info_span!("assign", topic, partition).entered();
         let shared = &self.shared;
-        let main = committed
-            .find_partition(topic, partition)
-            .and_then(|e| match e.offset() {
-                Offset::Offset(offset) => Some(Committed {
-                    offset,
-                    metadata: e.metadata().to_owned(),
-                }),
-                _ => None,
-            });
+        let element = committed.find_partition(topic, partition);
+        if let Some(Err(err)) = element.as_ref().map(|e| e.error()) {
+            // Not "never committed": an error reading it. Deciding as if there were no commit
+            // would apply auto.offset.reset.
+            return Err(KafkaError::client("reading the committed offset", err).into());
+        }
+        let main = element.and_then(|e| match e.offset() {
+            Offset::Offset(offset) => Some(Committed {
+                offset,
+                metadata: e.metadata().to_owned(),
+            }),
+            _ => None,
+        });
         let (low, high) = consumer
             .fetch_watermarks(topic, partition, REQUEST_TIMEOUT)
             .map_err(|e| KafkaError::client("reading watermarks", e))?;
-        let side = match side_entries.get(&(topic.to_owned(), partition)) {
+        let side = match side_entries.and_then(|e| e.get(&(topic.to_owned(), partition))) {
             Some(Ok(entry)) => Some(entry.clone()),
             Some(Err(reason)) => {
                 shared.emit(Event::StaleState {
@@ -322,6 +340,13 @@ impl LiveState {
             local: local.as_ref(),
         });
         tracing::info!(topic, partition, ?decision, "reconciled");
+        if side_entries.is_none() && !matches!(decision.side, SideWrite::Keep) {
+            return Err(KafkaError::side(
+                self.side_log.topic(),
+                "unreadable, and this partition's decision writes to it".into(),
+            )
+            .into());
+        }
         if let Some(commit) = &decision.main_log {
             commit_main(consumer, topic, partition, commit.offset, &commit.metadata)?;
         }
@@ -645,6 +670,7 @@ fn run(
     let interval = shared.config.commit_interval;
     let mut last_commit = Instant::now();
     let mut last_retry = Instant::now();
+    let mut retry_every = RECONCILE_RETRY;
     let mut budget = Budget::new("live", Lane::Live, shared.config.buffer_budget_bytes);
     loop {
         while let Ok(command) = commands.try_recv() {
@@ -687,8 +713,14 @@ fn run(
             let _ = state.commit(&consumer, None);
             last_commit = Instant::now();
         }
-        if last_retry.elapsed() >= RECONCILE_RETRY {
-            state.retry_unreconciled(&consumer);
+        if last_retry.elapsed() >= retry_every {
+            // Each attempt asks the brokers (up to 30 s per request while they are down):
+            // back off while it keeps failing so the live lane keeps fetching and committing.
+            retry_every = if state.retry_unreconciled(&consumer) {
+                RECONCILE_RETRY
+            } else {
+                (retry_every * 2).min(RECONCILE_RETRY_MAX)
+            };
             last_retry = Instant::now();
         }
         poll_into_buffer(&consumer, &shared);
@@ -853,7 +885,15 @@ fn reposition(consumer: &BaseConsumer<LiveContext>, shared: &Shared) {
     for (key, at) in targets {
         let moved = consumer
             .seek(&key.0, key.1, Offset::Offset(at), SEEK_TIMEOUT)
-            .or_else(|err| reassign_at(consumer, &key, at).map_err(|_| err));
+            .map_err(|err| err.to_string())
+            .or_else(|seek| {
+                reassign_at(consumer, &key, at)
+                    .map_err(|reassign| format!("seek: {seek}; reassign: {reassign}"))
+            });
+        let mut runtimes = shared.partitions();
+        let Some(runtime) = runtimes.get_mut(&key) else {
+            continue;
+        };
         match moved {
             Ok(()) => {
                 tracing::debug!(
@@ -862,16 +902,21 @@ fn reposition(consumer: &BaseConsumer<LiveContext>, shared: &Shared) {
                     at,
                     "live lane repositioned"
                 );
-                if let Some(runtime) = shared.partitions().get_mut(&key) {
-                    runtime.live_cursor.repositioned(at);
-                }
+                runtime.live_cursor.repositioned(at);
+                runtime.reposition_failures = 0;
             }
-            Err(err) => shared.emit(Event::Error {
-                message: format!(
-                    "live lane of {}/{}: moving back to {at} failed ({err}); retrying",
-                    key.0, key.1
-                ),
-            }),
+            Err(err) => {
+                // Retried every round; said on the first failure and every 100th after.
+                if runtime.reposition_failures % 100 == 0 {
+                    shared.emit(Event::Error {
+                        message: format!(
+                            "live lane of {}/{}: moving back to {at} failed ({err}); retrying",
+                            key.0, key.1
+                        ),
+                    });
+                }
+                runtime.reposition_failures += 1;
+            }
         }
     }
 }

@@ -81,6 +81,11 @@ impl SideLog {
         Ok(())
     }
 
+    /// The side topic's name.
+    pub fn topic(&self) -> &str {
+        &self.topic
+    }
+
     /// Reads the whole side topic and returns the latest entry of every partition of this
     /// group (compaction keeps the topic small).
     pub fn read_all(&self) -> Result<SideEntries, KafkaError> {

@@ -152,26 +152,14 @@ pub fn clip_ranges(ranges: &[OffsetRange], from: i64) -> Vec<OffsetRange> {
 /// Decides one partition (see the module docs and DESIGN §5).
 pub fn reconcile(inputs: &Inputs<'_>) -> Decision {
     let mut decision = reconcile_offsets(inputs);
-    // The buffer records a commit only once Kafka accepted it. Kafka holding none now means
-    // the group's offsets were removed — the topic deleted and recreated, the offsets expired
-    // or deleted by an operator — and the local records may belong to another incarnation of
-    // the topic (finding F8): never reuse them.
-    let recorded_commit = inputs.local.is_some_and(|local| {
-        let catchup_start = local
-            .layout
-            .catchup_ranges
-            .first()
-            .map_or(local.layout.live_from, |range| range.start);
-        local.catchup.committed_next > catchup_start
-            || local.live.committed_next > local.layout.live_from
-    });
-    if inputs.committed.is_none()
-        && recorded_commit
-        && matches!(decision.local, LocalAction::Reuse { .. })
-    {
+    // Without a commit in Kafka nothing ties the local records to this incarnation of the
+    // topic: a topic deleted and recreated numbers its offsets from 0 again, with other data,
+    // and Kafka drops the group's offsets with it (finding F8). Never reuse them then;
+    // refetching costs only time.
+    if inputs.committed.is_none() && matches!(decision.local, LocalAction::Reuse { .. }) {
         decision.local = LocalAction::Reset {
             reason: Some(
-                "the group has no committed offset although this buffer recorded commits: its offsets were removed (topic recreated or offsets expired)".into(),
+                "the group has no committed offset, so nothing proves the buffered records belong to this incarnation of the topic (recreated, or offsets expired)".into(),
             ),
         };
     }

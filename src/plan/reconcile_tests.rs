@@ -347,14 +347,27 @@ fn local_records_are_not_reused_once_the_group_lost_its_offsets() {
     let d = reconcile(&recreated);
     assert_eq!(d.layout, PartitionLayout::plain(3000));
     assert!(
-        matches!(&d.local, LocalAction::Reset { reason: Some(reason) } if reason.contains("offsets were removed")),
+        matches!(&d.local, LocalAction::Reset { reason: Some(reason) } if reason.contains("incarnation")),
         "{:?}",
         d.local
     );
-    // A buffer that never recorded a commit (nothing processed yet) is still reused.
+    // Not even a buffer that never recorded a commit: the records it fetched before a crash
+    // may be the old incarnation's at the new start.
     let mut fresh = PartitionState::new(PartitionLayout::plain(3000));
     fresh.live.fetched_next = 3500;
     let d = reconcile(&Inputs {
+        local: Some(&fresh),
+        ..recreated
+    });
+    assert!(
+        matches!(d.local, LocalAction::Reset { .. }),
+        "{:?}",
+        d.local
+    );
+    // With a commit, local records that fit are reused as before.
+    let c = committed(3000, "");
+    let d = reconcile(&Inputs {
+        committed: Some(&c),
         local: Some(&fresh),
         ..recreated
     });

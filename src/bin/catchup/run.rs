@@ -178,6 +178,26 @@ fn work(micros: u64) {
     }
 }
 
+/// Whether an idle consumer is done: everything committed and merged, and nothing left between
+/// the committed offsets and the log ends (a paused or slow fetch is not idleness). A commit or
+/// a broker question that fails now says "not done": the next idle check asks again.
+async fn idle_and_done(consumer: &CatchupConsumer) -> bool {
+    if let Err(err) = consumer.commit().await {
+        eprintln!("catchup: committing while idle failed ({err}); trying again");
+        return false;
+    }
+    if !consumer.settled() {
+        return false;
+    }
+    match consumer.backlog().await {
+        Ok(backlog) => backlog == 0,
+        Err(err) => {
+            eprintln!("catchup: reading the log ends failed ({err}); trying again");
+            false
+        }
+    }
+}
+
 /// Says once that the consumer waits for its group, and how long that took.
 #[derive(Default)]
 struct Waiting {
@@ -238,23 +258,11 @@ pub async fn process(
                     continue;
                 }
                 if let Some(idle) = processing.exit_when_idle {
+                    if last_delivery.elapsed() >= idle && idle_and_done(consumer).await {
+                        break;
+                    }
                     if last_delivery.elapsed() >= idle {
-                        consumer
-                            .commit()
-                            .await
-                            .map_err(|e| Failure::Runtime(e.to_string()))?;
-                        if consumer.settled() {
-                            // ... and nothing is left between the committed offsets and the
-                            // log ends (a paused or slow fetch is not idleness).
-                            let backlog = consumer
-                                .backlog()
-                                .await
-                                .map_err(|e| Failure::Runtime(e.to_string()))?;
-                            if backlog == 0 {
-                                break;
-                            }
-                            last_delivery = Instant::now();
-                        }
+                        last_delivery = Instant::now();
                     }
                 }
                 continue;
