@@ -6,10 +6,18 @@ mod support;
 
 use std::collections::BTreeSet;
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use support::cli::{sink_lines, wait_with_deadline};
 use support::{Kafka, unique};
+
+fn sink_offsets(sink: &Path) -> Vec<i64> {
+    sink_lines(sink)
+        .iter()
+        .map(|line| line["offset"].as_i64().expect("an offset"))
+        .collect()
+}
 
 const SESSION_TIMEOUT: &str = "session.timeout.ms=8000";
 
@@ -40,32 +48,6 @@ fn run(kafka: &Kafka, group: &str, topic: &str, dir: &Path, sink: &Path, extra: 
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn catchup run")
-}
-
-/// The offsets of the complete lines of a sink (a line being written, or torn by a SIGKILL,
-/// was never acknowledged).
-fn sink_offsets(sink: &Path) -> Vec<i64> {
-    let text = std::fs::read_to_string(sink).unwrap_or_default();
-    let complete = text.rfind('\n').map_or("", |end| &text[..end]);
-    complete
-        .lines()
-        .map(|line| {
-            let value: serde_json::Value = serde_json::from_str(line).expect("a JSON line");
-            value["offset"].as_i64().expect("an offset")
-        })
-        .collect()
-}
-
-fn wait_with_deadline(mut child: Child, limit: Duration) -> Output {
-    let deadline = Instant::now() + limit;
-    while child.try_wait().expect("try_wait").is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("catchup run did not exit within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    child.wait_with_output().expect("output")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

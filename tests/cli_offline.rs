@@ -1,6 +1,8 @@
 //! The offline subcommands (`inspect`, `dump`, `verify`) on good, damaged and foreign
 //! directories: output, exit codes, and that they never modify what they read.
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Command, Output};
@@ -8,6 +10,7 @@ use std::process::{Command, Output};
 use catchup::store::{
     Buffer, BufferOptions, Fetched, Header, Lane, PartitionLayout, Record, Timestamp,
 };
+use support::cli::copy_with_cut_database;
 
 fn catchup(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_catchup"))
@@ -284,15 +287,7 @@ fn truncated_database_file_is_an_error_or_a_consistent_prefix() {
     let length = std::fs::metadata(&db_file).expect("metadata").len();
     for keep in [0, 100, length / 3, length / 2, length - 1] {
         let copy = temp.path().join(format!("truncated-{keep}"));
-        std::fs::create_dir(&copy).expect("mkdir");
-        for file in ["conf", "db"] {
-            std::fs::copy(dir.join(file), copy.join(file)).expect("copy");
-        }
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(copy.join("db"))
-            .and_then(|f| f.set_len(keep))
-            .expect("truncate");
+        copy_with_cut_database(&dir, &copy, keep);
         let output = catchup(&["verify", copy.to_str().expect("utf-8")]);
         // Either sled recovers a prefix that verifies clean, or the buffer is refused.
         match output.status.code() {

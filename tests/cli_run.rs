@@ -5,9 +5,10 @@ mod support;
 
 use std::collections::BTreeSet;
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use support::cli::{sink_lines, wait_with_deadline};
 use support::{Kafka, unique};
 
 fn catchup() -> Command {
@@ -35,26 +36,6 @@ fn run_args(kafka: &Kafka, group: &str, topic: &str, dir: &Path, sink: &Path) ->
     .iter()
     .map(|s| s.to_string())
     .collect()
-}
-
-fn sink_lines(sink: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(sink)
-        .unwrap_or_default()
-        .lines()
-        .map(|line| serde_json::from_str(line).expect("a JSON line"))
-        .collect()
-}
-
-fn wait_with_deadline(mut child: Child, limit: Duration) -> Output {
-    let deadline = Instant::now() + limit;
-    while child.try_wait().expect("try_wait").is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("catchup run did not exit within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    child.wait_with_output().expect("output")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

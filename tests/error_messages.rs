@@ -2,6 +2,8 @@
 //! buffer directory (or what was being done), and carries no debug rendering such as `Some(..)`,
 //! `Inline(..)` or `backtrace ()`. Each case provokes the error for real.
 
+mod support;
+
 use std::path::Path;
 
 use catchup::store::{
@@ -9,6 +11,7 @@ use catchup::store::{
 };
 use catchup::{CatchupConfig, CatchupConsumer};
 use rdkafka::ClientConfig;
+use support::cli::copy_with_cut_database;
 
 const DEBUG_RENDERINGS: [&str; 6] = ["Some(", "None", "Inline(", "Blob(", "backtrace", "{ "];
 
@@ -115,15 +118,7 @@ fn store_errors_are_sentences_naming_the_buffer() {
     let mut damaged = 0;
     for keep in [100, length / 4, length / 2, length - 7] {
         let copy = temp.path().join(format!("cut-{keep}"));
-        std::fs::create_dir(&copy).expect("mkdir");
-        for file in ["conf", "db"] {
-            std::fs::copy(dir.join(file), copy.join(file)).expect("copy");
-        }
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(copy.join("db"))
-            .and_then(|f| f.set_len(keep))
-            .expect("truncate");
+        copy_with_cut_database(&dir, &copy, keep);
         let result = Buffer::open_existing(&copy, BufferOptions::default())
             .and_then(|buffer| buffer.verify().map(|_| ()));
         if let Err(err) = result {

@@ -100,10 +100,12 @@ impl CatchupConsumer {
         }
     }
 
-    async fn request_async(
+    /// Sends a request to the live thread and awaits its answer off the async threads.
+    async fn request_async<T: Send + 'static>(
         &self,
-        command: impl FnOnce(Sender<Result<(), KafkaError>>) -> LiveCommand + Send + 'static,
-    ) -> Result<(), Error> {
+        what: &str,
+        command: impl FnOnce(Sender<Result<T, KafkaError>>) -> LiveCommand,
+    ) -> Result<T, Error> {
         let (reply, answer) = crossbeam_channel::bounded(1);
         self.live
             .send(command(reply))
@@ -111,10 +113,15 @@ impl CatchupConsumer {
         let answer =
             tokio::task::spawn_blocking(move || answer.recv_timeout(Duration::from_secs(120)))
                 .await
-                .map_err(|e| Error::Config(format!("commit task failed: {e}")))?;
+                .map_err(|e| Error::Config(format!("{what}: the waiting task failed: {e}")))?;
         match answer {
             Ok(result) => Ok(result?),
-            Err(_) => Err(KafkaError::Stopped("live fetcher").into()),
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => Err(Error::Config(format!(
+                "{what} did not finish within 120 s (are the brokers reachable?)"
+            ))),
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+                Err(KafkaError::Stopped("live fetcher").into())
+            }
         }
     }
 
@@ -210,7 +217,7 @@ impl CatchupConsumer {
     /// Commits everything acknowledged so far (catch-up progress to the group, live progress
     /// to the side topic while split, merging when a catch-up lane is done).
     pub async fn commit(&self) -> Result<(), Error> {
-        self.request_async(LiveCommand::Commit).await
+        self.request_async("committing", LiveCommand::Commit).await
     }
 
     /// Events: assignments, splits, merges, truncations, discarded buffers, errors.
@@ -236,23 +243,8 @@ impl CatchupConsumer {
     /// Offsets of the current assignment the group has not committed: from each partition's
     /// committed offset to its log end (asks the brokers for the log ends).
     pub async fn backlog(&self) -> Result<u64, Error> {
-        let (reply, answer) = crossbeam_channel::bounded(1);
-        self.live
-            .send(LiveCommand::Backlog(reply))
-            .map_err(|_| KafkaError::Stopped("live fetcher"))?;
-        let answer =
-            tokio::task::spawn_blocking(move || answer.recv_timeout(Duration::from_secs(120)))
-                .await
-                .map_err(|e| Error::Config(format!("backlog task failed: {e}")))?;
-        match answer {
-            Ok(result) => Ok(result?),
-            Err(crossbeam_channel::RecvTimeoutError::Timeout) => Err(Error::Config(
-                "the log ends did not arrive within 120 s (are the brokers reachable?)".into(),
-            )),
-            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
-                Err(KafkaError::Stopped("live fetcher").into())
-            }
-        }
+        self.request_async("reading the log ends", LiveCommand::Backlog)
+            .await
     }
 
     /// Whether every assigned partition is merged and everything delivered is acknowledged
@@ -310,7 +302,7 @@ impl CatchupConsumer {
     /// Commits, leaves the group and stops the threads.
     pub async fn close(mut self) -> Result<(), Error> {
         self.closed = true;
-        let result = self.request_async(LiveCommand::Close).await;
+        let result = self.request_async("closing", LiveCommand::Close).await;
         let _ = self.catchup.send(CatchupCommand::Shutdown);
         let threads = std::mem::take(&mut self.threads);
         tokio::task::spawn_blocking(move || threads.into_iter().for_each(|t| drop(t.join())))

@@ -1,7 +1,7 @@
 //! One fetcher's view of one partition: what it has polled since its consumer was last
 //! positioned, and what that proves.
 
-use crate::store::{LayoutId, Record};
+use crate::store::{AppendOutcome, Fetched, LayoutId, Record, StoreError};
 
 /// What a fetcher has proven about one partition since it positioned its consumer there.
 ///
@@ -48,6 +48,18 @@ pub struct PendingAppend {
     pub next: i64,
 }
 
+impl PendingAppend {
+    /// The append as the buffer takes it.
+    pub fn as_fetched(&self) -> Fetched<'_> {
+        Fetched {
+            layout: self.layout,
+            continues_from: self.continues_from,
+            records: &self.records,
+            next: self.next,
+        }
+    }
+}
+
 /// What the buffer said to an append.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AppendResult {
@@ -63,6 +75,23 @@ pub enum AppendResult {
     },
     /// The write failed (I/O); the lane did not move.
     Failed,
+}
+
+impl AppendResult {
+    /// What the buffer's answer to an append means for the cursor that made it; `None` when
+    /// the append was fetched under a layout that is gone: that writer is stale and stops.
+    pub fn from_store(result: &Result<AppendOutcome, StoreError>) -> Option<Self> {
+        match result {
+            Ok(outcome) => Some(AppendResult::Stored {
+                fetched_next: outcome.fetched_next,
+            }),
+            Err(StoreError::StaleLayout { .. }) => None,
+            Err(StoreError::Discontinuous { fetched_next, .. }) => Some(AppendResult::Refused {
+                fetched_next: *fetched_next,
+            }),
+            Err(_) => Some(AppendResult::Failed),
+        }
+    }
 }
 
 impl FetchCursor {
@@ -197,6 +226,22 @@ impl FetchCursor {
         (self.broken && !self.in_flight && self.pending.is_empty()).then_some(self.stored_next)
     }
 
+    /// The log now starts at `low` (read after an out-of-range error). When the cursor waits
+    /// to be repositioned below it, retention deleted the offsets in between — they no longer
+    /// exist in the log — and the returned append records them covered; the cursor then
+    /// repositions at `low`. `None`: the position is not below the log start (the log may end
+    /// below it instead, and only waiting helps).
+    pub fn log_starts_at(&mut self, low: i64) -> Option<PendingAppend> {
+        let at = self.reposition().filter(|&at| at < low)?;
+        self.in_flight = true;
+        Some(PendingAppend {
+            layout: self.layout,
+            continues_from: at,
+            records: Vec::new(),
+            next: low,
+        })
+    }
+
     /// The consumer was positioned at `at` (the position [`reposition`](Self::reposition)
     /// asked for, or a later one the buffer proved, such as a retention truncation).
     pub fn repositioned(&mut self, at: i64) {
@@ -318,6 +363,19 @@ mod tests {
         cursor.take_append().expect("append");
         cursor.appended(AppendResult::Refused { fetched_next: 15 });
         assert_eq!(cursor.reposition(), Some(15));
+    }
+
+    #[test]
+    fn a_position_below_the_log_start_is_covered_then_repositioned() {
+        let mut cursor = FetchCursor::new(LAYOUT, 400);
+        cursor.break_chain(); // out of range
+        assert_eq!(cursor.log_starts_at(300), None, "not below the log start");
+        let append = cursor.log_starts_at(500).expect("a truncation to record");
+        assert_eq!((append.continues_from, append.next), (400, 500));
+        assert!(append.records.is_empty());
+        assert_eq!(cursor.reposition(), None, "append first");
+        cursor.appended(AppendResult::Stored { fetched_next: 500 });
+        assert_eq!(cursor.reposition(), Some(500));
     }
 
     #[test]

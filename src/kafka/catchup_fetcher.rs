@@ -18,8 +18,8 @@ use super::side_log::connection_only;
 use super::{Budget, to_record};
 use crate::engine::types::Event;
 use crate::engine::{PartitionId, Shared};
-use crate::fetch::{AppendResult, FetchCursor, PollErrorKind, classify_poll_error};
-use crate::store::{Fetched, Lane, LayoutId, OffsetRange, Record, StoreError};
+use crate::fetch::{AppendResult, FetchCursor, PendingAppend, PollErrorKind, classify_poll_error};
+use crate::store::{Lane, LayoutId, OffsetRange, Record, StoreError};
 
 const POLL_BATCH: usize = 2000;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -68,6 +68,7 @@ impl Tracked {
 }
 
 /// What polling brought for one partition, in order.
+#[derive(Clone)]
 enum Polled {
     Message(Record),
     EndOfPartition,
@@ -340,13 +341,7 @@ impl Fetcher {
                 if let Some(event @ (Polled::OutOfRange | Polled::BreaksChain(_))) =
                     partition_error(&err)
                 {
-                    for key in self.tracked.keys() {
-                        let event = match &event {
-                            Polled::OutOfRange => Polled::OutOfRange,
-                            _ => Polled::BreaksChain(err.to_string()),
-                        };
-                        polled.push((key.clone(), event));
-                    }
+                    polled.extend(self.tracked.keys().map(|key| (key.clone(), event.clone())));
                 }
             }
         }
@@ -355,38 +350,38 @@ impl Fetcher {
     /// Appends what the partition's cursor proved, and follows the lane: out of the fetcher
     /// once every range is fetched.
     fn append(&mut self, key: &PartitionId) {
-        let Some(tracked) = self.tracked.get_mut(key) else {
+        let Some(append) = self
+            .tracked
+            .get_mut(key)
+            .and_then(|tracked| tracked.cursor.take_append())
+        else {
             return;
         };
-        let Some(append) = tracked.cursor.take_append() else {
-            return;
-        };
-        let fetched = Fetched {
-            layout: append.layout,
-            continues_from: append.continues_from,
-            records: &append.records,
-            next: append.next,
-        };
-        let answer = match self
+        self.store(key, &append);
+    }
+
+    /// Hands an append of the partition's cursor to the buffer and the answer back to the
+    /// cursor. A writer whose layout is gone leaves: a newer Add (or a Remove) is on its way,
+    /// and it must not touch the new layout.
+    fn store(&mut self, key: &PartitionId, append: &PendingAppend) {
+        let result = self
             .shared
             .buffer
-            .append(Lane::Catchup, &key.0, key.1, fetched)
-        {
-            Ok(outcome) => {
-                if outcome.stored > 0 {
-                    metrics::counter!("catchup_records_fetched_total", "lane" => "catchup")
-                        .increment(outcome.stored as u64);
-                    self.shared
-                        .add_buffered(key, Lane::Catchup, outcome.stored_bytes);
-                    self.shared.notify.notify_waiters();
-                }
-                AppendResult::Stored {
-                    fetched_next: outcome.fetched_next,
-                }
+            .append(Lane::Catchup, &key.0, key.1, append.as_fetched());
+        match &result {
+            Ok(outcome) if outcome.stored > 0 => {
+                metrics::counter!("catchup_records_fetched_total", "lane" => "catchup")
+                    .increment(outcome.stored as u64);
+                self.shared
+                    .add_buffered(key, Lane::Catchup, outcome.stored_bytes);
+                self.shared.notify.notify_waiters();
             }
-            Err(StoreError::StaleLayout { .. }) => {
-                // Re-laid out since this partition was added: a newer Add (or a Remove) is on
-                // its way; this writer must not touch the new layout.
+            Ok(_) | Err(StoreError::StaleLayout { .. }) => {}
+            Err(err) => self.error(format!("catch-up append of {}/{}: {err}", key.0, key.1)),
+        }
+        match AppendResult::from_store(&result) {
+            Some(answer) => self.appended(key, answer),
+            None => {
                 tracing::debug!(
                     topic = key.0,
                     partition = key.1,
@@ -394,24 +389,8 @@ impl Fetcher {
                 );
                 self.tracked.remove(key);
                 self.unassign(key);
-                return;
             }
-            Err(StoreError::Discontinuous { fetched_next, .. }) => {
-                self.error(format!(
-                    "catch-up append of {}/{} refused as discontinuous; refetching from {fetched_next}",
-                    key.0, key.1
-                ));
-                AppendResult::Refused { fetched_next }
-            }
-            Err(err) => {
-                self.error(format!(
-                    "catch-up append of {}/{} (refetching): {err}",
-                    key.0, key.1
-                ));
-                AppendResult::Failed
-            }
-        };
-        self.appended(key, answer);
+        }
     }
 
     /// Tells the partition's cursor how its append went; a partition whose every range is
@@ -483,6 +462,9 @@ impl Fetcher {
                 key.0, key.1
             ));
         }
+        let Some(append) = tracked.cursor.log_starts_at(low) else {
+            return;
+        };
         // What the catch-up lane lost ends at its last range; the rest is the live lane's.
         let lane_end = tracked.ranges.last().map_or(low, |range| range.end);
         self.shared.emit(Event::Truncated {
@@ -491,30 +473,7 @@ impl Fetcher {
             from: at,
             to: low.min(lane_end),
         });
-        let layout = tracked.cursor.layout();
-        let fetched = Fetched {
-            layout,
-            continues_from: at,
-            records: &[],
-            next: low,
-        };
-        let answer = match self
-            .shared
-            .buffer
-            .append(Lane::Catchup, &key.0, key.1, fetched)
-        {
-            Ok(outcome) => AppendResult::Stored {
-                fetched_next: outcome.fetched_next,
-            },
-            Err(StoreError::Discontinuous { fetched_next, .. }) => {
-                AppendResult::Refused { fetched_next }
-            }
-            Err(err) => {
-                self.error(format!("catch-up of {}/{}: {err}", key.0, key.1));
-                AppendResult::Failed
-            }
-        };
-        self.appended(key, answer);
+        self.store(key, &append);
     }
 }
 

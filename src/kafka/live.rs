@@ -23,7 +23,7 @@ use crate::plan::{
     CommitPlan, Committed, Inputs, LocalAction, OffsetReset, PlanEvent, SideWrite, SplitToken,
     reconcile,
 };
-use crate::store::{Fetched, Lane, LayoutId, Record, StoreError};
+use crate::store::{Lane, Record, StoreError};
 
 /// Timeout of one broker request made during a rebalance or a commit.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -838,40 +838,23 @@ fn poll_round(consumer: &BaseConsumer<LiveContext>, shared: &Shared) -> LiveRoun
 /// Appends one partition's proven batch; `None` when the partition was re-laid out meanwhile
 /// (its new runtime has a cursor of its own).
 fn append_live(shared: &Shared, key: &PartitionId, append: &PendingAppend) -> AppendResult {
-    let fetched = Fetched {
-        layout: append.layout,
-        continues_from: append.continues_from,
-        records: &append.records,
-        next: append.next,
-    };
-    match shared.buffer.append(Lane::Live, &key.0, key.1, fetched) {
+    let result = shared
+        .buffer
+        .append(Lane::Live, &key.0, key.1, append.as_fetched());
+    match &result {
         Ok(outcome) => {
             metrics::counter!("catchup_records_fetched_total", "lane" => "live")
                 .increment(outcome.stored as u64);
             shared.add_buffered(key, Lane::Live, outcome.stored_bytes);
-            AppendResult::Stored {
-                fetched_next: outcome.fetched_next,
-            }
         }
-        // Only a cursor naming this layout is told (see the callers): it is stale itself and
-        // must not wait for an answer forever.
-        Err(StoreError::StaleLayout { .. }) => AppendResult::Failed,
-        Err(StoreError::Discontinuous { fetched_next, .. }) => {
-            shared.emit(Event::Error {
-                message: format!(
-                    "live append of {}/{} refused as discontinuous; refetching from {fetched_next}",
-                    key.0, key.1
-                ),
-            });
-            AppendResult::Refused { fetched_next }
-        }
-        Err(err) => {
-            shared.emit(Event::Error {
-                message: format!("live append of {}/{}: {err}", key.0, key.1),
-            });
-            AppendResult::Failed
-        }
+        Err(StoreError::StaleLayout { .. }) => {}
+        Err(err) => shared.emit(Event::Error {
+            message: format!("live append of {}/{}: {err}", key.0, key.1),
+        }),
     }
+    // Only a cursor naming this layout is told (see the callers): a stale one is stale
+    // itself and must not wait for an answer forever.
+    AppendResult::from_store(&result).unwrap_or(AppendResult::Failed)
 }
 
 /// Moves the consumer back to the buffer's position on every partition whose chain broke.
@@ -950,17 +933,13 @@ fn reassign_at(
 /// passed, report the truncation (DESIGN §5, last row) and record the deleted offsets as
 /// covered — they no longer exist in the log — so the lane continues at the log start.
 fn skip_truncated(consumer: &BaseConsumer<LiveContext>, shared: &Shared) {
-    let broken: Vec<(PartitionId, LayoutId, i64)> = shared
+    let broken: Vec<PartitionId> = shared
         .partitions()
         .iter()
-        .filter_map(|(key, runtime)| {
-            let cursor = &runtime.live_cursor;
-            cursor
-                .reposition()
-                .map(|at| (key.clone(), cursor.layout(), at))
-        })
+        .filter(|(_, runtime)| runtime.live_cursor.reposition().is_some())
+        .map(|(key, _)| key.clone())
         .collect();
-    for (key, layout, at) in broken {
+    for key in broken {
         let low = match consumer.fetch_watermarks(&key.0, key.1, REQUEST_TIMEOUT) {
             Ok((low, _)) => low,
             Err(err) => {
@@ -973,24 +952,22 @@ fn skip_truncated(consumer: &BaseConsumer<LiveContext>, shared: &Shared) {
                 continue;
             }
         };
-        if at >= low {
+        let Some(append) = shared
+            .partitions()
+            .get_mut(&key)
+            .and_then(|runtime| runtime.live_cursor.log_starts_at(low))
+        else {
             continue;
-        }
+        };
         shared.emit(Event::Truncated {
             topic: key.0.clone(),
             partition: key.1,
-            from: at,
+            from: append.continues_from,
             to: low,
         });
-        let append = PendingAppend {
-            layout,
-            continues_from: at,
-            records: Vec::new(),
-            next: low,
-        };
         let answer = append_live(shared, &key, &append);
         if let Some(runtime) = shared.partitions().get_mut(&key) {
-            if runtime.live_cursor.layout() == layout {
+            if runtime.live_cursor.layout() == append.layout {
                 runtime.live_cursor.appended(answer);
             }
         }

@@ -23,8 +23,7 @@ use std::path::PathBuf;
 use catchup::fetch::{AppendResult, FetchCursor};
 use catchup::plan::AckTracker;
 use catchup::store::{
-    Buffer, BufferOptions, Fetched, Lane, OffsetRange, PartitionLayout, Record, StoreError,
-    Timestamp,
+    Buffer, BufferOptions, Lane, OffsetRange, PartitionLayout, Record, StoreError, Timestamp,
 };
 
 /// splitmix64: small, fast, and the same everywhere.
@@ -267,30 +266,32 @@ impl Reader {
     }
 }
 
+/// The appends of a round, in order.
+#[derive(Clone, Copy)]
+enum Step {
+    Polled,
+    Truncated,
+}
+
 /// Whether a fetcher stays after its round.
 enum RoundEnd {
     Keep,
     Remove,
 }
 
-/// Translates the buffer's answer to an append as the adapters do; `None`: the writer is
-/// stale and leaves. A stale writer's append that is accepted is a failure.
+/// The buffer's answer to an append, as the adapters read it (`None`: the writer is stale and
+/// leaves). A stale writer's append that is accepted, or a write that fails, is a failure.
 fn answer(
     result: Result<catchup::store::AppendOutcome, StoreError>,
     zombie: bool,
     lane: Lane,
 ) -> Result<Option<AppendResult>, Failure> {
-    match result {
-        Ok(_) if zombie => Err(format!("a stale {lane} writer's append was accepted")),
-        Ok(outcome) => Ok(Some(AppendResult::Stored {
-            fetched_next: outcome.fetched_next,
-        })),
-        Err(StoreError::StaleLayout { .. }) => Ok(None),
-        Err(StoreError::Discontinuous { fetched_next, .. }) => {
-            Ok(Some(AppendResult::Refused { fetched_next }))
-        }
-        Err(other) => Err(err("append", other)),
+    match &result {
+        Ok(_) if zombie => return Err(format!("a stale {lane} writer's append was accepted")),
+        Ok(_) | Err(StoreError::StaleLayout { .. } | StoreError::Discontinuous { .. }) => {}
+        Err(other) => return Err(format!("append: {other}")),
     }
+    Ok(AppendResult::from_store(&result))
 }
 
 /// A simulation failure: the seed replays it.
@@ -576,36 +577,18 @@ impl Sim {
         }
         let lane = fetcher.lane;
         let zombie = fetcher.zombie;
-        let mut appends = Vec::new();
-        if let Some(append) = fetcher.cursor.take_append() {
-            appends.push(append);
-        }
-        for append in appends {
-            let fetched = Fetched {
-                layout: append.layout,
-                continues_from: append.continues_from,
-                records: &append.records,
-                next: append.next,
+        // What was polled first, then (after an out-of-range) what retention deleted.
+        for step in [Step::Polled, Step::Truncated] {
+            let append = match step {
+                Step::Polled => fetcher.cursor.take_append(),
+                Step::Truncated if out_of_range => fetcher.cursor.log_starts_at(self.log.low),
+                Step::Truncated => None,
             };
-            match answer(buffer.append(lane, &self.topic, 0, fetched), zombie, lane)? {
+            let Some(append) = append else { continue };
+            let result = buffer.append(lane, &self.topic, 0, append.as_fetched());
+            match answer(result, zombie, lane)? {
                 Some(answer) => fetcher.cursor.appended(answer),
                 None => return Ok(RoundEnd::Remove),
-            }
-        }
-        if out_of_range {
-            if let Some(at) = fetcher.cursor.reposition() {
-                if at < self.log.low {
-                    let fetched = Fetched {
-                        layout: fetcher.cursor.layout(),
-                        continues_from: at,
-                        records: &[],
-                        next: self.log.low,
-                    };
-                    match answer(buffer.append(lane, &self.topic, 0, fetched), zombie, lane)? {
-                        Some(answer) => fetcher.cursor.appended(answer),
-                        None => return Ok(RoundEnd::Remove),
-                    }
-                }
             }
         }
         if lane == Lane::Catchup && !zombie {

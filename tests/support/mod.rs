@@ -7,6 +7,7 @@
 //! one broker without seeing each other's topics or groups.
 #![allow(dead_code)] // each test binary uses a different part of this module
 
+pub mod cli;
 pub mod deliveries;
 pub mod private_broker;
 
