@@ -56,12 +56,13 @@ impl CatchupConsumer {
                 "the rdkafka configuration needs bootstrap.servers".into(),
             ));
         }
+        let side_topic = config.side_topic_for(&group).map_err(Error::Config)?;
         // A wrong setting is an error now, before anything touches the network.
         client
             .create::<rdkafka::consumer::BaseConsumer>()
             .map_err(|e| KafkaError::client("checking the rdkafka settings", e))?;
         let buffer = Arc::new(Buffer::open(&config.buffer_dir, BufferOptions::default())?);
-        let side_log = SideLog::open(client, &config.side_topic, &group)?;
+        let side_log = SideLog::open(client, &side_topic, &group)?;
         let shared = Arc::new(Shared::new(buffer, config, group));
         let (catchup, catchup_thread) = CatchupFetcher::spawn(client, shared.clone())?;
         let (live, live_thread) =

@@ -28,7 +28,9 @@ pub struct CatchupConfig {
     pub mode: Mode,
     /// Split a partition only when its backlog is at least this many offsets.
     pub min_lag: u64,
-    /// The compacted side topic for live progress (created if missing).
+    /// The compacted side topic for live progress (created if missing). `{group}` in the
+    /// name is replaced by the group id, giving each group a topic of its own that ACLs can
+    /// keep apart (see [`CatchupConfig::side_topic_for`]).
     pub side_topic: String,
     /// How often processed offsets are committed.
     pub commit_interval: Duration,
@@ -53,6 +55,55 @@ impl CatchupConfig {
             auto_ack: false,
             buffer_budget_bytes: 256 << 20,
         }
+    }
+
+    /// The side topic `group` uses: [`side_topic`](Self::side_topic) with `{group}`
+    /// replaced by the group id. An error when the result is not a legal topic name (Kafka
+    /// allows ASCII letters, digits, `.`, `_` and `-`, at most 249 of them).
+    pub fn side_topic_for(&self, group: &str) -> Result<String, String> {
+        let name = self.side_topic.replace("{group}", group);
+        let legal = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+        if name.is_empty() || name == "." || name == ".." || name.len() > 249 {
+            return Err(format!("side topic {name:?} is not a legal topic name"));
+        }
+        if let Some(bad) = name.chars().find(|&c| !legal(c)) {
+            let hint = if self.side_topic.contains("{group}") {
+                format!(
+                    " (from the template {:?} and group {group:?})",
+                    self.side_topic
+                )
+            } else {
+                String::new()
+            };
+            return Err(format!(
+                "side topic {name:?}{hint} contains {bad:?}; topic names allow only ASCII letters, digits, '.', '_' and '-'"
+            ));
+        }
+        Ok(name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn side_topic_templates_name_one_topic_per_group() {
+        let mut config = CatchupConfig::new("unused");
+        assert_eq!(config.side_topic_for("orders"), Ok("__catchup_side".into()));
+        config.side_topic = "catchup-side.{group}".into();
+        assert_eq!(
+            config.side_topic_for("orders-app"),
+            Ok("catchup-side.orders-app".into())
+        );
+        for (group, bad) in [("team/orders", "'/'"), ("a b", "' '")] {
+            let err = config.side_topic_for(group).unwrap_err();
+            assert!(err.contains(bad) && err.contains("template"), "{err}");
+        }
+        config.side_topic = "{group}".into();
+        assert!(config.side_topic_for("").is_err());
+        assert!(config.side_topic_for(&"g".repeat(250)).is_err());
+        assert!(config.side_topic_for("..").is_err());
     }
 }
 

@@ -20,8 +20,8 @@ use crate::engine::types::{Event, Mode};
 use crate::engine::{PartitionId, PartitionRuntime, PendingCommit, Shared};
 use crate::fetch::{AppendResult, PendingAppend, PollErrorKind, classify_poll_error};
 use crate::plan::{
-    CommitPlan, Committed, Inputs, LocalAction, OffsetReset, PlanEvent, SideWrite, SplitToken,
-    reconcile,
+    CommitPlan, Committed, Inputs, LocalAction, OffsetReset, PlanEvent, SideValue, SideWrite,
+    SplitSecret, SplitToken, reconcile,
 };
 use crate::store::{Lane, Record, StoreError};
 
@@ -306,18 +306,19 @@ impl LiveState {
         let (low, high) = consumer
             .fetch_watermarks(topic, partition, REQUEST_TIMEOUT)
             .map_err(|e| KafkaError::client("reading watermarks", e))?;
-        let side = match side_entries.and_then(|e| e.get(&(topic.to_owned(), partition))) {
-            Some(Ok(entry)) => Some(entry.clone()),
-            Some(Err(reason)) => {
-                shared.emit(Event::StaleState {
-                    topic: topic.into(),
-                    partition,
-                    what: format!("side entry does not decode: {reason}"),
-                });
-                None
-            }
-            None => None,
-        };
+        let side_key = self.side_log.key(topic, partition);
+        let side = side_entries
+            .and_then(|e| e.get(&(topic.to_owned(), partition)))
+            .map(|value| SideValue {
+                key: &side_key,
+                value,
+            });
+        // Drawn for every decision; used only when it starts a split.
+        let fresh_secret = SplitSecret::random().map_err(|e| {
+            crate::Error::Config(format!(
+                "the operating system's random source failed ({e}); a split needs a secret"
+            ))
+        })?;
         let local = match shared.buffer.partition_state(topic, partition) {
             Ok(local) => local,
             Err(err) => {
@@ -332,12 +333,13 @@ impl LiveState {
         let min_lag = (shared.config.mode != Mode::Off).then_some(shared.config.min_lag.max(1));
         let decision = reconcile(&Inputs {
             committed: main.as_ref(),
-            side: side.as_ref(),
+            side,
             low,
             high,
             min_lag,
             reset: self.reset,
             local: local.as_ref(),
+            fresh_secret,
         });
         tracing::info!(topic, partition, ?decision, "reconciled");
         if side_entries.is_none() && !matches!(decision.side, SideWrite::Keep) {
@@ -352,7 +354,16 @@ impl LiveState {
         }
         match &decision.side {
             SideWrite::Keep => {}
-            SideWrite::Write(entry) => self.side_log.write(topic, partition, Some(entry))?,
+            SideWrite::Write(entry) => {
+                // Reconciliation writes an entry only with the token of the split it starts.
+                let token = decision.token.ok_or_else(|| {
+                    crate::Error::Config(format!(
+                        "{topic}/{partition}: a side entry to write without a split token"
+                    ))
+                })?;
+                self.side_log
+                    .write(topic, partition, Some((entry, &token.secret)))?
+            }
             SideWrite::Tombstone => self.side_log.write(topic, partition, None)?,
         }
         let reuse = match &decision.local {
@@ -533,8 +544,9 @@ impl LiveState {
                 if let (Some(main), Some(token)) = (main, pending.token) {
                     commit_main(consumer, topic, partition, *main, &token.encode())?;
                 }
-                if let Some(side) = side {
-                    self.side_log.write(topic, partition, Some(side))?;
+                if let (Some(side), Some(token)) = (side, pending.token) {
+                    self.side_log
+                        .write(topic, partition, Some((side, &token.secret)))?;
                 }
                 Ok(())
             }
@@ -591,15 +603,23 @@ fn plan_event(topic: &str, partition: i32, event: &PlanEvent) -> Event {
             partition,
             epoch,
         },
-        PlanEvent::StaleSideEntry { epoch } => Event::StaleState {
+        PlanEvent::StaleSideEntry { ref reason } => {
+            // Possibly a forgery, or another group's entry: worth an operator's attention.
+            tracing::warn!(
+                topic,
+                partition,
+                "{reason}; reprocessing from the committed offset"
+            );
+            Event::StaleState {
+                topic,
+                partition,
+                what: reason.clone(),
+            }
+        }
+        PlanEvent::StaleToken { ref what } => Event::StaleState {
             topic,
             partition,
-            what: format!("side entry of epoch {epoch}"),
-        },
-        PlanEvent::StaleToken { epoch } => Event::StaleState {
-            topic,
-            partition,
-            what: format!("split token of epoch {epoch}"),
+            what: what.clone(),
         },
         PlanEvent::MergeFinished { offset } => Event::Merged {
             topic,

@@ -11,14 +11,14 @@ use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
 use super::KafkaError;
-use crate::plan::{SideEntry, parse_side_key, side_key};
+use crate::plan::{SideEntry, SplitSecret, parse_side_key, side_key};
 
 /// How long one side-log operation may take before it is an error.
 const SIDE_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Side entries of one group, by (topic, partition); an entry that does not decode is kept
-/// as its error so reconciliation can treat it as stale.
-pub type SideEntries = HashMap<(String, i32), Result<SideEntry, String>>;
+/// The latest side-topic value of each partition of one group, by (topic, partition), as
+/// read: reconciliation decodes and authenticates it (or finds it stale).
+pub type SideEntries = HashMap<(String, i32), Vec<u8>>;
 
 /// Reads and writes the side topic.
 pub struct SideLog {
@@ -165,23 +165,28 @@ impl SideLog {
                     entries.remove(&slot);
                 }
                 Some(value) => {
-                    entries.insert(slot, SideEntry::decode(value));
+                    entries.insert(slot, value.to_vec());
                 }
             }
         }
         Ok(entries)
     }
 
-    /// Writes `entry` for `topic`/`partition` (a tombstone for `None`) and waits until the
-    /// broker has it.
+    /// The key of `topic`/`partition` of this group.
+    pub fn key(&self, topic: &str, partition: i32) -> String {
+        side_key(&self.group, topic, partition)
+    }
+
+    /// Writes `entry`, sealed under its split's `secret`, for `topic`/`partition` (a
+    /// tombstone for `None`) and waits until the broker has it.
     pub fn write(
         &self,
         topic: &str,
         partition: i32,
-        entry: Option<&SideEntry>,
+        entry: Option<(&SideEntry, &SplitSecret)>,
     ) -> Result<(), KafkaError> {
-        let key = side_key(&self.group, topic, partition);
-        let value = entry.map(SideEntry::encode);
+        let key = self.key(topic, partition);
+        let value = entry.map(|(entry, secret)| entry.seal(&key, secret));
         let mut record = FutureRecord::to(&self.topic).key(&key);
         if let Some(value) = &value {
             record = record.payload(value);

@@ -58,15 +58,20 @@ pub fn plan_commit(progress: &Progress<'_>) -> CommitPlan {
         };
     };
     let catchup_end = progress.layout.catchup_end().unwrap_or(token.boundary);
-    if progress.catchup_processed >= catchup_end {
+    // The end of one range is the start of the next (the offsets between were processed by
+    // an earlier live lane): commit the start, so the side entry's first range never starts
+    // past the main log's offset (what reconciliation checks).
+    let catchup_processed = progress
+        .layout
+        .normalize_catchup(progress.catchup_processed);
+    if catchup_processed >= catchup_end {
         return CommitPlan::Merge {
             offset: progress.live_processed.max(catchup_end),
         };
     }
-    let main = (progress.catchup_processed > progress.main_committed)
-        .then_some(progress.catchup_processed);
+    let main = (catchup_processed > progress.main_committed).then_some(catchup_processed);
     let side = progress.side.and_then(|side| {
-        let ranges = clip_ranges(&side.ranges, progress.catchup_processed);
+        let ranges = clip_ranges(&side.ranges, catchup_processed);
         let moved = progress.live_processed > side.live_next || ranges != side.ranges;
         moved.then(|| SideEntry {
             ranges,
@@ -91,6 +96,7 @@ mod tests {
             epoch: 2,
             from: 70,
             boundary: 120,
+            secret: crate::plan::SplitSecret::from_bytes([1; 16]),
         };
         let side = SideEntry {
             epoch: 2,
@@ -155,6 +161,44 @@ mod tests {
         for (progress, expected) in cases {
             assert_eq!(plan_commit(&progress), expected, "{progress:?}");
         }
+    }
+
+    #[test]
+    fn the_end_of_a_range_is_committed_as_the_start_of_the_next() {
+        // A re-split: catch-up 70..120 and 150..200 (120..150 was the old live lane's).
+        let (token, _, _) = split();
+        let token = SplitToken {
+            boundary: 200,
+            ..token
+        };
+        let ranges = vec![OffsetRange::new(70, 120), OffsetRange::new(150, 200)];
+        let side = SideEntry {
+            epoch: 2,
+            boundary: 200,
+            ranges: ranges.clone(),
+            live_next: 200,
+        };
+        let layout = PartitionLayout {
+            epoch: 2,
+            catchup_ranges: ranges,
+            live_from: 200,
+        };
+        let plan = plan_commit(&Progress {
+            token: Some(token),
+            side: Some(&side),
+            layout: &layout,
+            main_committed: 70,
+            catchup_processed: 120,
+            live_processed: 200,
+        });
+        let expected = CommitPlan::Split {
+            main: Some(150),
+            side: Some(SideEntry {
+                ranges: vec![OffsetRange::new(150, 200)],
+                ..side.clone()
+            }),
+        };
+        assert_eq!(plan, expected);
     }
 
     #[test]

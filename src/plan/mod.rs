@@ -6,16 +6,18 @@
 mod acks;
 mod commit;
 mod reconcile;
+mod secret;
 mod side_entry;
 mod token;
 
 pub use acks::AckTracker;
 pub use commit::{CommitPlan, Progress, plan_commit};
 pub use reconcile::{
-    Committed, Decision, Inputs, LocalAction, MainLogCommit, OffsetReset, PlanEvent, SideWrite,
-    clip_ranges, local_action, reconcile,
+    Committed, Decision, Inputs, LocalAction, MainLogCommit, OffsetReset, PlanEvent, SideValue,
+    SideWrite, clip_ranges, local_action, reconcile, trusted_side_entry,
 };
-pub use side_entry::{SideEntry, parse_side_key, side_key};
+pub use secret::SplitSecret;
+pub use side_entry::{SealedSideEntry, SideEntry, parse_side_key, side_key};
 pub use token::{MAX_METADATA_BYTES, SplitToken};
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //! partition, decide where each lane starts, what to write to the main and side logs, and
 //! which local records stay. Pure: the caller gathers the inputs and applies the decision.
 
-use super::{SideEntry, SplitToken};
+use super::{SealedSideEntry, SideEntry, SplitSecret, SplitToken};
 use crate::store::{OffsetRange, PartitionLayout, PartitionState};
 
 /// Where to start when the group has no committed offset (`auto.offset.reset`).
@@ -23,13 +23,22 @@ pub struct Committed {
     pub metadata: String,
 }
 
+/// The side topic's latest value for a partition, as read: not yet decoded nor trusted.
+#[derive(Debug, Clone, Copy)]
+pub struct SideValue<'a> {
+    /// Its key, `group/topic/partition` (the MAC covers it).
+    pub key: &'a str,
+    /// Its value.
+    pub value: &'a [u8],
+}
+
 /// Everything reconciliation looks at for one partition.
 #[derive(Debug, Clone)]
 pub struct Inputs<'a> {
     /// The main log's commit, `None` when the group never committed this partition.
     pub committed: Option<&'a Committed>,
-    /// The side entry, `None` when there is none (or it did not decode).
-    pub side: Option<&'a SideEntry>,
+    /// The side topic's value for the partition, `None` when there is none.
+    pub side: Option<SideValue<'a>>,
     /// Low watermark.
     pub low: i64,
     /// High watermark (the last stable offset under `read_committed`).
@@ -40,6 +49,8 @@ pub struct Inputs<'a> {
     pub reset: OffsetReset,
     /// The local buffer's state of the partition, if any.
     pub local: Option<&'a PartitionState>,
+    /// The secret of a split started now (drawn at random by the caller).
+    pub fresh_secret: SplitSecret,
 }
 
 /// A write to the main log (a commit by the group member).
@@ -103,15 +114,18 @@ pub enum PlanEvent {
         /// Its epoch.
         epoch: u64,
     },
-    /// The side entry could not be trusted (other epoch, no token, or reset offsets).
+    /// The side entry could not be trusted: it does not decode, there is no split token,
+    /// it belongs to another split, its MAC does not verify (forged, or copied from another
+    /// group or partition), or it claims progress the main log contradicts.
     StaleSideEntry {
-        /// Its epoch.
-        epoch: u64,
+        /// Why, for the operator.
+        reason: String,
     },
-    /// The main log held a token without a matching side entry.
+    /// The main log held a token without a trusted side entry, or a token of another format
+    /// version.
     StaleToken {
-        /// Its epoch.
-        epoch: u64,
+        /// Which token.
+        what: String,
     },
     /// A merge interrupted by a crash is finished now.
     MergeFinished {
@@ -188,52 +202,66 @@ fn reconcile_offsets(inputs: &Inputs<'_>) -> Decision {
         committed = reset_to;
     }
     let token = SplitToken::decode(metadata);
-    let epochs = [
-        token.map(|t| t.epoch),
-        inputs.side.map(|s| s.epoch),
-        inputs.local.map(|l| l.layout.epoch),
-    ];
-    let next_epoch = epochs.into_iter().flatten().max().unwrap_or(0) + 1;
+    // Only the token and the local buffer name epochs: an untrusted side entry could carry
+    // any number, u64::MAX included.
+    let epochs = [token.map(|t| t.epoch), inputs.local.map(|l| l.layout.epoch)];
+    let next_epoch = epochs
+        .into_iter()
+        .flatten()
+        .max()
+        .unwrap_or(0)
+        .saturating_add(1);
+    let raw_committed = inputs.committed.map(|c| c.offset);
+    let side = inputs
+        .side
+        .map(|side| trusted_side_entry(side, token.as_ref(), raw_committed.unwrap_or(committed)));
 
-    if let (Some(token), Some(side)) = (token, inputs.side) {
-        if side.epoch == token.epoch && side.boundary == token.boundary {
-            let ranges = clip_ranges(&side.ranges, committed);
-            if committed < token.boundary && !ranges.is_empty() {
-                return resume(inputs, committed, token, side, ranges, next_epoch, events);
-            }
-            // Catch-up done, merge unfinished: finish it.
-            let offset = committed.max(side.live_next);
-            events.push(PlanEvent::MergeFinished { offset });
-            let layout = PartitionLayout::plain(offset);
-            let local = local_action(inputs.local, &layout, offset, offset);
-            return Decision {
-                layout,
-                token: None,
-                side_entry: None,
-                main_log: Some(MainLogCommit {
-                    offset,
-                    metadata: String::new(),
-                }),
-                side: SideWrite::Tombstone,
-                local,
-                events,
-            };
+    if let (Some(token), Some(Ok(side))) = (token, &side) {
+        let ranges = clip_ranges(&side.ranges, committed);
+        if committed < token.boundary && !ranges.is_empty() {
+            return resume(inputs, committed, token, side, ranges, next_epoch, events);
         }
+        // Catch-up done, merge unfinished: finish it.
+        let offset = committed.max(side.live_next);
+        events.push(PlanEvent::MergeFinished { offset });
+        let layout = PartitionLayout::plain(offset);
+        let local = local_action(inputs.local, &layout, offset, offset);
+        return Decision {
+            layout,
+            token: None,
+            side_entry: None,
+            main_log: Some(MainLogCommit {
+                offset,
+                metadata: String::new(),
+            }),
+            side: SideWrite::Tombstone,
+            local,
+            events,
+        };
     }
     if let Some(token) = token {
-        events.push(PlanEvent::StaleToken { epoch: token.epoch });
+        events.push(PlanEvent::StaleToken {
+            what: format!("split token of epoch {}", token.epoch),
+        });
+    } else if SplitToken::is_any_version(metadata) {
+        events.push(PlanEvent::StaleToken {
+            what: format!("split token of another format version: {metadata:.60}"),
+        });
     }
-    if let Some(side) = inputs.side {
-        events.push(PlanEvent::StaleSideEntry { epoch: side.epoch });
+    if let Some(Err(reason)) = &side {
+        events.push(PlanEvent::StaleSideEntry {
+            reason: reason.clone(),
+        });
     }
-    let side = if inputs.side.is_some() {
+    let side = if side.is_some() {
         SideWrite::Tombstone
     } else {
         SideWrite::Keep
     };
     // A commit the log no longer reaches is replaced in the main log too, or the group would
     // keep the stale offset until the live lane passed it (finding F10).
-    let rewrite_main = token.is_some() || inputs.committed.is_some_and(|c| c.offset > inputs.high);
+    let rewrite_main = SplitToken::is_any_version(metadata)
+        || inputs.committed.is_some_and(|c| c.offset > inputs.high);
     fresh(inputs, committed, rewrite_main, side, next_epoch, events)
 }
 
@@ -329,6 +357,7 @@ fn new_split(
         epoch,
         from: committed,
         boundary,
+        secret: inputs.fresh_secret,
     };
     let entry = SideEntry {
         epoch,
@@ -358,6 +387,59 @@ fn new_split(
         side: SideWrite::Write(entry),
         events,
     }
+}
+
+/// The side entry's contents if it can be trusted for `token`, else why not. `committed` is
+/// the main log's offset as committed (before any truncation adjustment).
+///
+/// Trust needs the MAC under the token's secret: only a holder of the group's commit
+/// metadata can write it. The other checks cost nothing and catch a buggy writer that has
+/// the secret: a legitimate entry is written after the main-log commit it extends, so its
+/// first range never starts past that commit; its ranges lie in `[token.from, boundary)`;
+/// it always has a range left (the split ends by a merge, not by an empty entry).
+pub fn trusted_side_entry(
+    side: SideValue<'_>,
+    token: Option<&SplitToken>,
+    committed: i64,
+) -> Result<SideEntry, String> {
+    let key = side.key;
+    let sealed = SealedSideEntry::decode(side.value)
+        .map_err(|reason| format!("side entry {key} does not decode: {reason}"))?;
+    let claimed = sealed.unverified();
+    let Some(token) = token else {
+        return Err(format!(
+            "side entry {key} of epoch {} has no split token in the group's commit",
+            claimed.epoch
+        ));
+    };
+    if (claimed.epoch, claimed.boundary) != (token.epoch, token.boundary) {
+        return Err(format!(
+            "side entry {key} belongs to another split (epoch {}, boundary {}; the token has epoch {}, boundary {})",
+            claimed.epoch, claimed.boundary, token.epoch, token.boundary
+        ));
+    }
+    let Some(entry) = sealed.open(key, &token.secret) else {
+        return Err(format!(
+            "side entry {key}: its MAC does not verify under the split's secret (forged, or copied from another group or partition)"
+        ));
+    };
+    let implausible = |why: String| Err(format!("side entry {key} is implausible: {why}"));
+    let (Some(first), Some(last)) = (entry.ranges.first(), entry.ranges.last()) else {
+        return implausible("it has no catch-up range left".into());
+    };
+    if first.start < token.from || last.end > token.boundary {
+        return implausible(format!(
+            "its ranges {:?} leave [{}, {})",
+            entry.ranges, token.from, token.boundary
+        ));
+    }
+    if first.start > committed {
+        return implausible(format!(
+            "its first range starts at {}, past the committed offset {committed}",
+            first.start
+        ));
+    }
+    Ok(entry.clone())
 }
 
 /// Local records are reused only when they belong to the same split and cover, without a

@@ -13,16 +13,25 @@ fn committed(offset: i64, metadata: &str) -> Committed {
     }
 }
 
-fn token(epoch: u64, from: i64, boundary: i64) -> String {
+/// The secret of every split in these tables, including new ones.
+const SECRET: SplitSecret = SplitSecret::from_bytes([42; 16]);
+/// The side-topic key of the partition in these tables.
+const KEY: &str = "group/topic/0";
+
+fn split_token(epoch: u64, from: i64, boundary: i64) -> SplitToken {
     SplitToken {
         epoch,
         from,
         boundary,
+        secret: SECRET,
     }
-    .encode()
 }
 
-fn side(epoch: u64, boundary: i64, ranges: &[(i64, i64)], live_next: i64) -> SideEntry {
+fn token(epoch: u64, from: i64, boundary: i64) -> String {
+    split_token(epoch, from, boundary).encode()
+}
+
+fn entry(epoch: u64, boundary: i64, ranges: &[(i64, i64)], live_next: i64) -> SideEntry {
     SideEntry {
         epoch,
         boundary,
@@ -34,20 +43,38 @@ fn side(epoch: u64, boundary: i64, ranges: &[(i64, i64)], live_next: i64) -> Sid
     }
 }
 
+/// A side-topic value as this group writes it (sealed under `SECRET` and `KEY`).
+fn side(epoch: u64, boundary: i64, ranges: &[(i64, i64)], live_next: i64) -> Vec<u8> {
+    entry(epoch, boundary, ranges, live_next)
+        .seal(KEY, &SECRET)
+        .into_bytes()
+}
+
+fn raw(value: &[u8]) -> SideValue<'_> {
+    SideValue { key: KEY, value }
+}
+
 fn inputs<'a>(
     committed: Option<&'a Committed>,
-    side: Option<&'a SideEntry>,
+    side: Option<&'a Vec<u8>>,
     high: i64,
 ) -> Inputs<'a> {
     Inputs {
         committed,
-        side,
+        side: side.map(|value| raw(value)),
         low: 0,
         high,
         min_lag: MIN_LAG,
         reset: OffsetReset::Earliest,
         local: None,
+        fresh_secret: SECRET,
     }
+}
+
+fn stale_side_entry(d: &Decision, reason: &str) -> bool {
+    d.events
+        .iter()
+        .any(|e| matches!(e, PlanEvent::StaleSideEntry { reason: r } if r.contains(reason)))
 }
 
 #[test]
@@ -61,7 +88,7 @@ fn no_commit_uses_auto_offset_reset_then_splits_or_not() {
             metadata: token(1, 0, 50)
         })
     );
-    assert_eq!(d.side, SideWrite::Write(side(1, 50, &[(0, 50)], 50)));
+    assert_eq!(d.side, SideWrite::Write(entry(1, 50, &[(0, 50)], 50)));
 
     let d = reconcile(&Inputs {
         reset: OffsetReset::Latest,
@@ -79,14 +106,7 @@ fn proposal_example_splits_at_the_log_end() {
     let c = committed(70, "");
     let d = reconcile(&inputs(Some(&c), None, 120));
     assert_eq!(d.layout, PartitionLayout::split(1, 70, 120));
-    assert_eq!(
-        d.token,
-        Some(SplitToken {
-            epoch: 1,
-            from: 70,
-            boundary: 120
-        })
-    );
+    assert_eq!(d.token, Some(split_token(1, 70, 120)));
     assert_eq!(
         d.events,
         vec![PlanEvent::SplitStarted {
@@ -192,12 +212,16 @@ fn token_without_matching_side_entry_is_stale() {
         PartitionLayout::split(5, 70, 125),
         "reprocess from G under a new epoch"
     );
-    assert_eq!(d.events[0], PlanEvent::StaleToken { epoch: 4 });
+    assert!(
+        matches!(&d.events[0], PlanEvent::StaleToken { what } if what.contains("epoch 4")),
+        "{:?}",
+        d.events
+    );
     // Same with a side entry of another epoch, which is deleted too.
     let s = side(3, 100, &[(50, 100)], 110);
     let d = reconcile(&inputs(Some(&c), Some(&s), 125));
-    assert_eq!(d.side, SideWrite::Write(side(5, 125, &[(70, 125)], 125)));
-    assert!(d.events.contains(&PlanEvent::StaleSideEntry { epoch: 3 }));
+    assert_eq!(d.side, SideWrite::Write(entry(5, 125, &[(70, 125)], 125)));
+    assert!(stale_side_entry(&d, "another split"), "{:?}", d.events);
     // Small backlog: plain, and the stale token is cleared from the main log.
     let d = reconcile(&inputs(Some(&c), None, 72));
     assert_eq!(d.layout, PartitionLayout::plain(70));
@@ -221,10 +245,7 @@ fn side_entry_without_token_is_stale() {
         ("reset", committed(20, "")),
     ] {
         let d = reconcile(&inputs(Some(&c), Some(&s), 135));
-        assert!(
-            d.events.contains(&PlanEvent::StaleSideEntry { epoch: 4 }),
-            "{name}"
-        );
+        assert!(stale_side_entry(&d, "no split token"), "{name}");
         assert!(d.side != SideWrite::Keep, "{name}: the stale entry must go");
         let start = d
             .layout
@@ -235,10 +256,18 @@ fn side_entry_without_token_is_stale() {
             start, c.offset,
             "{name}: processing restarts at the main log's offset"
         );
-        assert!(
-            d.layout.epoch == 0 || d.layout.epoch == 5,
-            "{name}: a new split never reuses epoch 4"
-        );
+        // Epochs are names; trust is the secret. Whatever a new split is numbered, the
+        // stale entry does not verify under its token.
+        let fresh = reconcile(&Inputs {
+            fresh_secret: SplitSecret::from_bytes([43; 16]),
+            ..inputs(Some(&c), Some(&s), 135)
+        });
+        if let Some(token) = fresh.token {
+            assert!(
+                trusted_side_entry(raw(&s), Some(&token), c.offset).is_err(),
+                "{name}"
+            );
+        }
     }
 }
 
@@ -292,7 +321,7 @@ fn local_records_are_reused_only_when_they_fit() {
     // Kafka's live position beyond what was fetched locally: a hole, so refetch.
     let s_far = side(4, 120, &[(70, 120)], 145);
     let d = reconcile(&Inputs {
-        side: Some(&s_far),
+        side: Some(raw(&s_far)),
         ..with_local.clone()
     });
     assert!(
@@ -376,4 +405,122 @@ fn local_records_are_not_reused_once_the_group_lost_its_offsets() {
         "{:?}",
         d.local
     );
+}
+
+#[test]
+fn side_entries_are_trusted_only_with_the_groups_secret_and_when_plausible() {
+    // Split at G = 0: catch-up 0..5000, live from 5000; the log has grown to 9000 since.
+    let c = committed(0, &token(1, 0, 5000));
+    let another_secret = SplitSecret::from_bytes([7; 16]);
+    let sealed =
+        |entry: SideEntry, key: &str, secret: &SplitSecret| entry.seal(key, secret).into_bytes();
+    let skip_all = entry(1, 5000, &[(0, 5000)], 9000);
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        (
+            "the forgery of the issue, in the old format",
+            b"catchup-side/1 e=1 b=5000 l=5000 r=4990-5000".to_vec(),
+            "does not decode",
+        ),
+        (
+            "right epoch and boundary, MAC under a guessed secret",
+            sealed(skip_all.clone(), KEY, &another_secret),
+            "MAC does not verify",
+        ),
+        (
+            "another group's entry copied under this group's key",
+            sealed(skip_all.clone(), "other-group/topic/0", &another_secret),
+            "MAC does not verify",
+        ),
+        (
+            "this split's entry of another partition",
+            sealed(skip_all.clone(), "group/topic/1", &SECRET),
+            "MAC does not verify",
+        ),
+        (
+            "a genuine entry with its live_next edited",
+            String::from_utf8_lossy(&side(1, 5000, &[(0, 5000)], 5000))
+                .replace("l=5000", "l=9000")
+                .into_bytes(),
+            "MAC does not verify",
+        ),
+        (
+            "a MAC that is not hex",
+            b"catchup-side/2 e=1 b=5000 l=9000 r=0-5000 m=zz".to_vec(),
+            "does not decode",
+        ),
+        (
+            "an epoch nobody could use",
+            sealed(entry(u64::MAX, 5000, &[(0, 5000)], 9000), KEY, &SECRET),
+            "another split",
+        ),
+        (
+            "genuine MAC, first range past the committed offset",
+            side(1, 5000, &[(4990, 5000)], 5000),
+            "past the committed offset 0",
+        ),
+        (
+            "genuine MAC, no range left",
+            side(1, 5000, &[], 9000),
+            "no catch-up range",
+        ),
+        (
+            "genuine MAC, a range past the boundary",
+            sealed(entry(1, 6000, &[(0, 6000)], 9000), KEY, &SECRET),
+            "another split",
+        ),
+    ];
+    for (name, value, reason) in cases {
+        let d = reconcile(&inputs(Some(&c), Some(&value), 9000));
+        assert!(stale_side_entry(&d, reason), "{name}: {:?}", d.events);
+        assert!(
+            d.events
+                .iter()
+                .any(|e| matches!(e, PlanEvent::StaleSideEntry { reason } if reason.contains(KEY))),
+            "{name}: the event names the key"
+        );
+        assert_eq!(
+            d.layout.catchup_ranges.first().map(|r| r.start),
+            Some(0),
+            "{name}: everything from G is processed again"
+        );
+        assert!(d.side != SideWrite::Keep, "{name}: the entry is replaced");
+        assert!(
+            d.token.is_some_and(|t| t.secret == SECRET && t.from == 0),
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn plausibility_rules_reject_a_writer_with_the_secret_that_runs_ahead() {
+    let token = split_token(2, 70, 200);
+    let check = |ranges: &[(i64, i64)], live_next: i64, committed: i64| {
+        trusted_side_entry(
+            raw(&side(2, 200, ranges, live_next)),
+            Some(&token),
+            committed,
+        )
+    };
+    // Legitimate: clipped at the commit, or not yet clipped (crash between the two writes),
+    // a re-split's second range, the live lane far ahead.
+    assert!(check(&[(90, 200)], 200, 90).is_ok());
+    assert!(check(&[(70, 200)], 250, 90).is_ok());
+    assert!(check(&[(70, 120), (150, 200)], 200, 70).is_ok());
+    assert!(check(&[(150, 200)], 200, 150).is_ok());
+    // Ahead of the main log, outside the split, or finished without a merge.
+    let rejected = [
+        (check(&[(91, 200)], 200, 90), "past the committed offset"),
+        (check(&[(150, 200)], 200, 120), "past the committed offset"),
+        (check(&[(60, 200)], 200, 90), "leave [70, 200)"),
+        (check(&[], 200, 90), "no catch-up range"),
+    ];
+    for (result, reason) in rejected {
+        assert!(
+            matches!(&result, Err(r) if r.contains(reason)),
+            "{reason}: {result:?}"
+        );
+    }
+    // No token at all: nothing to verify against.
+    let no_token = trusted_side_entry(raw(&side(2, 200, &[(90, 200)], 200)), None, 90);
+    assert!(matches!(no_token, Err(r) if r.contains("no split token")));
 }

@@ -36,6 +36,10 @@ pub struct RunArgs {
     /// Split a partition only when its backlog is at least this many offsets.
     #[arg(long, default_value_t = 1000)]
     pub min_lag: u64,
+    /// The compacted side topic holding live progress; `{group}` is replaced by the group id
+    /// (e.g. `catchup-side.{group}`, one topic per group for ACLs to keep apart).
+    #[arg(long, default_value = "__catchup_side")]
+    pub side_topic: String,
     /// Append one JSON line per processed record to this file (fsynced before the ack).
     #[arg(long)]
     pub sink: Option<PathBuf>,
@@ -304,6 +308,7 @@ pub async fn run(args: RunArgs) -> Result<(), Failure> {
     let config = CatchupConfig {
         mode: args.mode.into(),
         min_lag: args.min_lag,
+        side_topic: args.side_topic.clone(),
         ..CatchupConfig::new(&args.buffer_dir)
     };
     let consumer = CatchupConsumer::new(&client, config).map_err(crate::failure)?;
