@@ -52,7 +52,8 @@ async fn reset_offsets_make_the_side_entry_stale() {
     consumer.subscribe(&[&topic]).expect("subscribe");
     let stale = wait_for_event(&mut events, WAIT, |e| matches!(e, Event::StaleState { .. })).await;
     assert!(
-        matches!(&stale, Event::StaleState { what, .. } if what.contains("side entry of epoch 1")),
+        matches!(&stale, Event::StaleState { what, .. }
+            if what.contains(&format!("side entry {side_key} of epoch 1 has no split token"))),
         "{stale:?}"
     );
     let split = wait_for_event(&mut events, WAIT, |e| {

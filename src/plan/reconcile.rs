@@ -202,9 +202,18 @@ fn reconcile_offsets(inputs: &Inputs<'_>) -> Decision {
         committed = reset_to;
     }
     let token = SplitToken::decode(metadata);
-    // Only the token and the local buffer name epochs: an untrusted side entry could carry
-    // any number, u64::MAX included.
-    let epochs = [token.map(|t| t.epoch), inputs.local.map(|l| l.layout.epoch)];
+    // Epochs only name splits (trust is the secret); counting past a stale entry's epoch
+    // keeps the names increasing for operators. A forged entry may carry any number: the
+    // count saturates rather than overflow.
+    let side_epoch = inputs
+        .side
+        .and_then(|side| SealedSideEntry::decode(side.value).ok())
+        .map(|sealed| sealed.unverified().epoch);
+    let epochs = [
+        token.map(|t| t.epoch),
+        side_epoch,
+        inputs.local.map(|l| l.layout.epoch),
+    ];
     let next_epoch = epochs
         .into_iter()
         .flatten()
