@@ -12,6 +12,20 @@ pub enum Error {
     /// Kafka or the side topic.
     #[error(transparent)]
     Kafka(#[from] KafkaError),
+    /// A write to the buffer failed (disk full, I/O error, quota): the consumer stopped
+    /// fetching. Nothing acknowledged is lost and nothing unprocessed was committed; close
+    /// this consumer and start a new one in a new process once the disk is usable — it
+    /// resumes from Kafka. (sled cannot be reopened reliably in the same process after such
+    /// a failure: its flush may block for good, holding the directory's lock.)
+    #[error(
+        "buffer {dir} can no longer be written: {reason}; nothing processed is lost — close the consumer and start a new process once the disk is usable (it resumes from Kafka)"
+    )]
+    BufferFailed {
+        /// The buffer directory.
+        dir: std::path::PathBuf,
+        /// The write that failed.
+        reason: String,
+    },
     /// A setting is missing or wrong.
     #[error("configuration: {0}")]
     Config(String),

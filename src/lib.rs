@@ -50,7 +50,7 @@ pub mod plan;
 pub mod store;
 
 pub use consumer::{
-    CatchupConfig, CatchupConsumer, Delivery, DeliveryLane, Event, Mode, PartitionBuffer,
+    CatchupConfig, CatchupConsumer, Delivery, DeliveryLane, DiskFloor, Event, Mode, PartitionBuffer,
 };
 pub use error::Error;
 pub use kafka::KafkaError;

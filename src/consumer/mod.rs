@@ -14,6 +14,7 @@ use tokio::sync::broadcast;
 pub use crate::engine::types::{
     CatchupConfig, Delivery, DeliveryLane, Event, LaneBuffer, Mode, PartitionBuffer,
 };
+pub use crate::fetch::DiskFloor;
 
 use crate::Error;
 use crate::engine::Shared;
@@ -153,6 +154,11 @@ impl CatchupConsumer {
     /// from here on — not before, so records still queued when a partition is revoked or the
     /// consumer closes are never committed (finding F3).
     fn next_ready(&self, reader: &mut Reader) -> Result<Option<Delivery>, Error> {
+        // A failed buffer write stopped the fetchers: say so rather than wait for records
+        // that will never come.
+        if let Some(failure) = self.shared.failure() {
+            return Err(failure);
+        }
         let delivery = self.next_queued(reader)?;
         if self.shared.config.auto_ack {
             if let Some(delivery) = &delivery {
@@ -306,7 +312,7 @@ impl CatchupConsumer {
         let result = self.request_async("closing", LiveCommand::Close).await;
         let _ = self.catchup.send(CatchupCommand::Shutdown);
         let threads = std::mem::take(&mut self.threads);
-        tokio::task::spawn_blocking(move || threads.into_iter().for_each(|t| drop(t.join())))
+        tokio::task::spawn_blocking(move || join_within(threads, JOIN_DEADLINE))
             .await
             .map_err(|e| Error::Config(format!("joining threads failed: {e}")))?;
         result
@@ -322,8 +328,34 @@ impl Drop for CatchupConsumer {
         }
         let _ = self.live.send(LiveCommand::Abandon);
         let _ = self.catchup.send(CatchupCommand::Shutdown);
-        for thread in self.threads.drain(..) {
-            let _ = thread.join();
+        join_within(std::mem::take(&mut self.threads), JOIN_DEADLINE);
+    }
+}
+
+/// How long closing or dropping the consumer waits for its threads.
+const JOIN_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Joins `threads`, waiting at most `deadline` in all: a thread blocked for good (in a
+/// wedged disk write) is left behind rather than hanging its caller.
+fn join_within(threads: Vec<JoinHandle<()>>, deadline: Duration) {
+    let until = std::time::Instant::now() + deadline;
+    let mut left = threads;
+    while !left.is_empty() && std::time::Instant::now() < until {
+        let (finished, running): (Vec<_>, Vec<_>) =
+            left.into_iter().partition(JoinHandle::is_finished);
+        finished.into_iter().for_each(|t| drop(t.join()));
+        left = running;
+        if !left.is_empty() {
+            // Nothing to wait on but the threads' end; poll it.
+            std::thread::sleep(Duration::from_millis(10));
         }
+    }
+    for thread in left {
+        let name = thread.thread().name().unwrap_or("unnamed").to_owned();
+        tracing::error!(
+            thread = name,
+            "a catchup thread did not stop within {} s; leaving it behind",
+            deadline.as_secs()
+        );
     }
 }

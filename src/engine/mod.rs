@@ -5,6 +5,7 @@
 //! by [`crate::consumer`].
 
 pub(crate) mod types;
+mod writable;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,6 +17,7 @@ use crate::fetch::FetchCursor;
 use crate::plan::{AckTracker, CommitPlan, Progress, SideEntry, SplitToken, plan_commit};
 use crate::store::{Buffer, Lane, LayoutId, PartitionLayout, PartitionState, StoreError};
 use types::{CatchupConfig, Delivery, DeliveryLane, Event, Mode};
+use writable::{Measured, Writability};
 
 /// The fewest records read from one partition per refill.
 pub(crate) const MIN_READ: usize = 16;
@@ -143,11 +145,13 @@ pub(crate) struct Shared {
     events: broadcast::Sender<Event>,
     /// Round-robin start for fairness across partitions.
     next_start: AtomicU64,
+    writability: Writability,
 }
 
 impl Shared {
     pub fn new(buffer: Arc<Buffer>, config: CatchupConfig, group: String) -> Self {
         let (events, _) = broadcast::channel(4096);
+        let config_floor = config.disk_floor;
         Self {
             buffer,
             config,
@@ -160,7 +164,79 @@ impl Shared {
             assignments: AtomicU64::new(0),
             events,
             next_start: AtomicU64::new(0),
+            writability: Writability::new(config_floor),
         }
+    }
+
+    /// Whether a fetcher may append now: no write has failed and the filesystem is above
+    /// the free-space floor (measured every 200 ms, at every append near the floor; a change is reported once).
+    pub fn may_write(&self) -> bool {
+        if self.writability.failure().is_some() {
+            return false;
+        }
+        let measured = self
+            .writability
+            .check(|| self.buffer.free_space().map_err(|e| e.to_string()));
+        match measured {
+            Measured::Unchanged => {}
+            Measured::Changed(change) => {
+                let path = self.buffer.dir().to_path_buf();
+                if change.low {
+                    tracing::warn!(
+                        path = %path.display(),
+                        available_bytes = change.available,
+                        floor_bytes = change.floor,
+                        "the buffer's filesystem is below its free-space floor ({} free, floor {}): fetching paused until space returns",
+                        mib(change.available),
+                        mib(change.floor)
+                    );
+                } else {
+                    tracing::info!(
+                        path = %path.display(),
+                        available_bytes = change.available,
+                        "free space is back above the buffer's floor ({} free): fetching resumes",
+                        mib(change.available)
+                    );
+                }
+                self.emit(Event::DiskSpace {
+                    path,
+                    low: change.low,
+                    available_bytes: change.available,
+                    floor_bytes: change.floor,
+                });
+            }
+            Measured::Unreadable(reason) => {
+                tracing::warn!("{reason}; the free-space floor cannot be enforced");
+                self.emit(Event::Error { message: reason });
+            }
+        }
+        !self.writability.disk_low()
+    }
+
+    /// Stops every write after one failed with `err` (not a refusal: an I/O failure). The
+    /// reader hands the failure to the application; the sled handle is never dropped, since
+    /// sled's flush on drop can block for good after a failed write.
+    pub fn write_failed(&self, err: &StoreError) {
+        if self.writability.fail(err.to_string()) {
+            tracing::error!(
+                "{err}: the consumer stops fetching; start a new process once the disk is usable"
+            );
+            std::mem::forget(self.buffer.clone());
+            self.emit(Event::Error {
+                message: err.to_string(),
+            });
+            self.notify.notify_waiters();
+        }
+    }
+
+    /// The write failure that stopped the consumer, as the public error.
+    pub fn failure(&self) -> Option<crate::Error> {
+        self.writability
+            .failure()
+            .map(|reason| crate::Error::BufferFailed {
+                dir: self.buffer.dir().to_path_buf(),
+                reason: reason.to_owned(),
+            })
     }
 
     pub fn partitions(&self) -> MutexGuard<'_, BTreeMap<PartitionId, PartitionRuntime>> {
@@ -504,4 +580,8 @@ fn store_lane(lane: DeliveryLane) -> Lane {
         DeliveryLane::Catchup => Lane::Catchup,
         DeliveryLane::Live | DeliveryLane::Plain => Lane::Live,
     }
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1 << 20) as f64)
 }

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::fetch::DiskFloor;
 use crate::store::{Header, OffsetRange, Timestamp};
 
 /// How the reader hands records to the application.
@@ -40,11 +41,15 @@ pub struct CatchupConfig {
     /// Bytes of unprocessed records the buffer may hold, divided evenly over the lanes being
     /// fetched: a partition's lane pauses above its share and resumes below half of it.
     pub buffer_budget_bytes: u64,
+    /// Free space to leave on the buffer's filesystem: below it both fetchers pause every
+    /// partition and write nothing until the space is back (the records wait in Kafka).
+    /// The larger of 256 MiB and 5 % by default; [`DiskFloor::DISABLED`] turns it off.
+    pub disk_floor: DiskFloor,
 }
 
 impl CatchupConfig {
     /// Defaults: `Ordered`, `min_lag` 1000, side topic `__catchup_side`, commits every second,
-    /// explicit acks, a 256 MiB budget.
+    /// explicit acks, a 256 MiB budget, a free-space floor of the larger of 256 MiB and 5 %.
     pub fn new(buffer_dir: impl Into<PathBuf>) -> Self {
         Self {
             buffer_dir: buffer_dir.into(),
@@ -54,6 +59,7 @@ impl CatchupConfig {
             commit_interval: Duration::from_secs(1),
             auto_ack: false,
             buffer_budget_bytes: 256 << 20,
+            disk_floor: DiskFloor::default(),
         }
     }
 
@@ -270,6 +276,18 @@ pub enum Event {
         buffered_bytes: u64,
         /// The share of the budget they were measured against.
         share: u64,
+    },
+    /// The buffer's filesystem fell below the free-space floor (`low`: both fetchers pause
+    /// every partition and write nothing) or came back above it (`!low`: they resume).
+    DiskSpace {
+        /// The buffer directory.
+        path: PathBuf,
+        /// Below the floor (true) or back above it (false).
+        low: bool,
+        /// Free bytes measured.
+        available_bytes: u64,
+        /// The floor in bytes ([`CatchupConfig::disk_floor`]).
+        floor_bytes: u64,
     },
     /// A background error; the consumer keeps going where it safely can.
     Error {

@@ -1,6 +1,6 @@
 //! The fetchers' decisions, free of I/O (DESIGN §7): what a polled message, an end of
 //! partition, an error or a position proves, what to append, when to reposition a consumer,
-//! and which partitions to pause. The rdkafka adapters in `kafka` feed these state machines
+//! which partitions to pause, and when the disk is too full to write. The rdkafka adapters in `kafka` feed these state machines
 //! with what the client reports and carry out the actions they return; the simulation and
 //! the fuzz target drive the very same code without a broker.
 //!
@@ -12,8 +12,10 @@
 
 mod budget;
 mod cursor;
+mod disk;
 mod poll_error;
 
 pub use budget::{PauseChange, PausePolicy};
 pub use cursor::{AppendResult, FetchCursor, PendingAppend};
+pub use disk::{DiskChange, DiskFloor, DiskGuard, DiskSpace};
 pub use poll_error::{PollErrorKind, classify_poll_error};

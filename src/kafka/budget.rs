@@ -1,5 +1,6 @@
-//! The buffer's byte budget, applied by each fetcher to its own consumer: the decisions come
-//! from [`PausePolicy`]; this only pauses, resumes and reports.
+//! The buffer's byte budget and free-space floor, applied by each fetcher to its own
+//! consumer: the decisions come from [`PausePolicy`] and the disk guard; this only pauses,
+//! resumes and reports.
 
 use rdkafka::TopicPartitionList;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
@@ -20,6 +21,9 @@ pub(crate) struct Budget {
     /// The partitions seen last round: one that appears (again) is resumed once, because
     /// librdkafka keeps an application pause across a revoke and a new assignment.
     known: BTreeSet<PartitionId>,
+    /// Every partition is paused because the buffer may not be written (disk below its
+    /// floor, or a failed write).
+    writes_stopped: bool,
 }
 
 impl Budget {
@@ -30,6 +34,7 @@ impl Budget {
             limit,
             policy: PausePolicy::new(),
             known: BTreeSet::new(),
+            writes_stopped: false,
         }
     }
 
@@ -39,40 +44,38 @@ impl Budget {
     }
 
     /// Pauses and resumes the partitions of `consumer` that `fetching` says it fetches,
-    /// by their bytes in this fetcher's lane.
+    /// by their bytes in this fetcher's lane, and all of them while the buffer may not be
+    /// written.
     pub fn apply<C: ConsumerContext>(
         &mut self,
         shared: &Shared,
         consumer: &BaseConsumer<C>,
         fetching: impl Fn(&PartitionId) -> bool,
     ) {
+        // Measured here too: with every partition paused no append asks any more.
+        let stopped = !shared.may_write();
         let mut usage = shared.buffered_by_partition(self.lane);
         usage.retain(|key, _| fetching(key));
-        for (topic, partition) in usage.keys().filter(|key| !self.known.contains(*key)) {
-            let mut list = TopicPartitionList::new();
-            list.add_partition(topic, *partition);
-            let _ = consumer.resume(&list);
+        for key in usage.keys().filter(|key| !self.known.contains(*key)) {
+            self.set_paused(shared, consumer, key, stopped);
         }
         self.known = usage.keys().cloned().collect();
+        if stopped != self.writes_stopped {
+            self.writes_stopped = stopped;
+            for key in usage.keys() {
+                let paused = stopped || self.policy.is_paused(key);
+                self.set_paused(shared, consumer, key, paused);
+            }
+        }
         let changes = self
             .policy
             .decide(self.limit, shared.budget_slots(), &usage);
         for change in changes {
             let (topic, partition) = &change.partition;
-            let mut list = TopicPartitionList::new();
-            list.add_partition(topic, *partition);
-            let result = if change.paused {
-                consumer.pause(&list)
-            } else {
-                consumer.resume(&list)
-            };
-            if let Err(err) = result {
-                shared.emit(Event::Error {
-                    message: format!(
-                        "{} fetcher: pausing or resuming {topic}/{partition}: {err}",
-                        self.fetcher
-                    ),
-                });
+            // While writes are stopped everything stays paused; the budget's own state
+            // moves on and applies when they resume.
+            if !stopped {
+                self.set_paused(shared, consumer, &change.partition, change.paused);
             }
             tracing::debug!(
                 fetcher = self.fetcher,
@@ -90,6 +93,30 @@ impl Budget {
                 paused: change.paused,
                 buffered_bytes: change.buffered_bytes,
                 share: change.share,
+            });
+        }
+    }
+
+    fn set_paused<C: ConsumerContext>(
+        &self,
+        shared: &Shared,
+        consumer: &BaseConsumer<C>,
+        (topic, partition): &PartitionId,
+        paused: bool,
+    ) {
+        let mut list = TopicPartitionList::new();
+        list.add_partition(topic, *partition);
+        let result = if paused {
+            consumer.pause(&list)
+        } else {
+            consumer.resume(&list)
+        };
+        if let Err(err) = result {
+            shared.emit(Event::Error {
+                message: format!(
+                    "{} fetcher: pausing or resuming {topic}/{partition}: {err}",
+                    self.fetcher
+                ),
             });
         }
     }

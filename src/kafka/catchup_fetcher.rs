@@ -364,6 +364,12 @@ impl Fetcher {
     /// cursor. A writer whose layout is gone leaves: a newer Add (or a Remove) is on its way,
     /// and it must not touch the new layout.
     fn store(&mut self, key: &PartitionId, append: &PendingAppend) {
+        if !self.shared.may_write() {
+            // The disk is below its floor (or a write failed): refetch later from the
+            // buffer's position; the budget keeps the partition paused meanwhile.
+            self.appended(key, AppendResult::Failed);
+            return;
+        }
         let result = self
             .shared
             .buffer
@@ -377,7 +383,10 @@ impl Fetcher {
                 self.shared.notify.notify_waiters();
             }
             Ok(_) | Err(StoreError::StaleLayout { .. }) => {}
-            Err(err) => self.error(format!("catch-up append of {}/{}: {err}", key.0, key.1)),
+            Err(err @ StoreError::Discontinuous { .. }) => {
+                self.error(format!("catch-up append of {}/{}: {err}", key.0, key.1))
+            }
+            Err(err) => self.shared.write_failed(err),
         }
         match AppendResult::from_store(&result) {
             Some(answer) => self.appended(key, answer),

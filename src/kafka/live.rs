@@ -858,6 +858,10 @@ fn poll_round(consumer: &BaseConsumer<LiveContext>, shared: &Shared) -> LiveRoun
 /// Appends one partition's proven batch; `None` when the partition was re-laid out meanwhile
 /// (its new runtime has a cursor of its own).
 fn append_live(shared: &Shared, key: &PartitionId, append: &PendingAppend) -> AppendResult {
+    if !shared.may_write() {
+        // Below the free-space floor (or after a failed write): refetch later.
+        return AppendResult::Failed;
+    }
     let result = shared
         .buffer
         .append(Lane::Live, &key.0, key.1, append.as_fetched());
@@ -868,9 +872,10 @@ fn append_live(shared: &Shared, key: &PartitionId, append: &PendingAppend) -> Ap
             shared.add_buffered(key, Lane::Live, outcome.stored_bytes);
         }
         Err(StoreError::StaleLayout { .. }) => {}
-        Err(err) => shared.emit(Event::Error {
+        Err(err @ StoreError::Discontinuous { .. }) => shared.emit(Event::Error {
             message: format!("live append of {}/{}: {err}", key.0, key.1),
         }),
+        Err(err) => shared.write_failed(err),
     }
     // Only a cursor naming this layout is told (see the callers): a stale one is stale
     // itself and must not wait for an answer forever.

@@ -380,6 +380,15 @@ impl Buffer {
         self.db.size_on_disk().map_err(|err| self.sled_error(err))
     }
 
+    /// Free and total bytes of the filesystem holding the buffer (`statvfs`).
+    pub fn free_space(&self) -> Result<crate::fetch::DiskSpace, StoreError> {
+        free_space(&self.dir).map_err(|source| StoreError::Io {
+            dir: self.dir.clone(),
+            action: "reading the filesystem's free space".into(),
+            source,
+        })
+    }
+
     fn load_meta(&self, create: bool) -> Result<(), StoreError> {
         match self
             .db
@@ -703,4 +712,25 @@ fn read_lock<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
 fn write_lock<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
     lock.write()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Free (for an unprivileged writer) and total bytes of the filesystem holding `path`.
+pub fn free_space(path: &Path) -> std::io::Result<crate::fetch::DiskSpace> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "NUL in path"))?;
+    let mut stats = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `path` is a valid C string and `stats` a writable statvfs; on success the call
+    // has initialised it.
+    let stats = unsafe {
+        if libc::statvfs(path.as_ptr(), stats.as_mut_ptr()) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        stats.assume_init()
+    };
+    let block = stats.f_frsize as u64;
+    Ok(crate::fetch::DiskSpace {
+        available: (stats.f_bavail as u64).saturating_mul(block),
+        total: (stats.f_blocks as u64).saturating_mul(block),
+    })
 }

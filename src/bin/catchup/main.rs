@@ -155,8 +155,14 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
 fn main() -> ExitCode {
     let cli = Cli::parse(); // exits 2 on bad usage, with clap's message
     // Decisions are traced; `RUST_LOG=catchup=info` (or debug) shows them on stderr.
+    // Warnings an operator must see (a full disk, a rejected side entry) show by default;
+    // RUST_LOG chooses anything else.
+    let filter = tracing_subscriber::EnvFilter::builder()
+        .with_default_directive(tracing_subscriber::filter::LevelFilter::WARN.into())
+        .from_env_lossy();
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .init();
     // A bug must not print a backtrace at the user: report it as one plain line.

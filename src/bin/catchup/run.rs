@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use catchup::{CatchupConfig, CatchupConsumer, Delivery, Mode};
+use catchup::{CatchupConfig, CatchupConsumer, Delivery, DiskFloor, Mode};
 use rdkafka::ClientConfig;
 use serde_json::{Value, json};
 
@@ -40,6 +40,13 @@ pub struct RunArgs {
     /// (e.g. `catchup-side.{group}`, one topic per group for ACLs to keep apart).
     #[arg(long, default_value = "__catchup_side")]
     pub side_topic: String,
+    /// Free space (MiB) to leave on the buffer's filesystem: below it fetching pauses until
+    /// space returns. The floor is the larger of this and --min-free-percent.
+    #[arg(long, default_value_t = 256)]
+    pub min_free_mib: u64,
+    /// Free space to leave, as a percentage of the buffer's filesystem (0 to 100).
+    #[arg(long, default_value_t = 5.0, value_parser = parse_percent)]
+    pub min_free_percent: f64,
     /// Append one JSON line per processed record to this file (fsynced before the ack).
     #[arg(long)]
     pub sink: Option<PathBuf>,
@@ -309,6 +316,10 @@ pub async fn run(args: RunArgs) -> Result<(), Failure> {
         mode: args.mode.into(),
         min_lag: args.min_lag,
         side_topic: args.side_topic.clone(),
+        disk_floor: DiskFloor {
+            min_free_bytes: args.min_free_mib.saturating_mul(1 << 20),
+            min_free_percent: args.min_free_percent,
+        },
         ..CatchupConfig::new(&args.buffer_dir)
     };
     let consumer = CatchupConsumer::new(&client, config).map_err(crate::failure)?;
@@ -340,7 +351,20 @@ pub async fn run(args: RunArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-/// A flag raised by SIGINT or SIGTERM: stop fetching, commit, close, exit 0.
+fn parse_percent(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(percent) if (0.0..=100.0).contains(&percent) => Ok(percent),
+        _ => Err(format!("{text:?} is not a percentage from 0 to 100")),
+    }
+}
+
+/// How long `catchup run` may take to stop after SIGINT or SIGTERM.
+const STOP_DEADLINE: Duration = Duration::from_secs(10);
+
+/// A flag raised by SIGINT or SIGTERM: stop fetching, commit, close, exit 0. Whatever the
+/// consumer is doing (a wedged disk included), the process ends within [`STOP_DEADLINE`]
+/// of the first signal, and at once on a second one; everything not committed then is
+/// processed again by the next run.
 fn stop_on_signals() -> std::io::Result<Arc<AtomicBool>> {
     use tokio::signal::unix::{SignalKind, signal};
     let stop = Arc::new(AtomicBool::new(false));
@@ -353,6 +377,23 @@ fn stop_on_signals() -> std::io::Result<Arc<AtomicBool>> {
             _ = terminate.recv() => {}
         }
         flag.store(true, Ordering::Relaxed);
+        // A thread of its own: it must fire even if the runtime's threads are stuck.
+        std::thread::spawn(|| {
+            std::thread::sleep(STOP_DEADLINE);
+            eprintln!(
+                "catchup: did not stop within {} s of the signal; exiting now (whatever was not committed is processed again by the next run)",
+                STOP_DEADLINE.as_secs()
+            );
+            std::process::exit(1);
+        });
+        tokio::select! {
+            _ = interrupt.recv() => {}
+            _ = terminate.recv() => {}
+        }
+        eprintln!(
+            "catchup: second signal; exiting now (whatever was not committed is processed again by the next run)"
+        );
+        std::process::exit(1);
     });
     Ok(stop)
 }

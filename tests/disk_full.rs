@@ -1,0 +1,327 @@
+//! A full disk. The buffer directory lives on a small filesystem of its own (a tmpfs mount:
+//! the test needs root, as in CI, and skips with a message elsewhere).
+//!
+//! * With the free-space floor, `catchup run` pauses fetching before the disk fills, says so
+//!   once, stops within the deadline on SIGTERM with exit 0, and a second run after space
+//!   was freed processes every record.
+//! * With the floor disabled, the disk fills for real: sled fails the write, the run exits 1
+//!   with a message naming the buffer instead of hanging, and after the filesystem grows a
+//!   second run processes every record.
+//!
+//! Before, such a run stopped making progress after 500 records, logged nothing, and ignored
+//! SIGTERM until SIGKILL.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use support::cli::{sink_lines, wait_with_deadline};
+use support::{Kafka, unique};
+
+const PARTITIONS: i32 = 2;
+const PER_PARTITION: usize = 12_000;
+const VALUE_BYTES: usize = 400;
+
+/// A tmpfs mounted for the test, unmounted when dropped.
+struct SmallFilesystem {
+    dir: tempfile::TempDir,
+}
+
+impl SmallFilesystem {
+    /// `None` (after saying why) where this process may not mount.
+    fn mount(size_mib: u64) -> Option<Self> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let status = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size_mib}m"), "tmpfs"])
+            .arg(dir.path())
+            .stderr(Stdio::piped())
+            .output();
+        match status {
+            Ok(output) if output.status.success() => Some(Self { dir }),
+            Ok(output) => {
+                eprintln!(
+                    "SKIPPED: cannot mount a {size_mib} MiB tmpfs for the buffer ({}); this test needs root, as in CI",
+                    String::from_utf8_lossy(&output.stderr).trim()
+                );
+                None
+            }
+            Err(err) => {
+                eprintln!("SKIPPED: cannot run mount ({err}); this test needs root, as in CI");
+                None
+            }
+        }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn resize(&self, size_mib: u64) {
+        let status = Command::new("mount")
+            .args(["-o", &format!("remount,size={size_mib}m")])
+            .arg(self.path())
+            .status()
+            .expect("mount -o remount");
+        assert!(status.success(), "resizing the tmpfs failed");
+    }
+}
+
+impl Drop for SmallFilesystem {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(self.path()).status();
+    }
+}
+
+/// Fills `path` with `mib` MiB of zeros.
+fn filler(path: &Path, mib: usize) {
+    std::fs::write(path, vec![0u8; mib << 20]).expect("writing the filler file");
+}
+
+/// Produces the topic: `PER_PARTITION` records of `VALUE_BYTES` on each partition.
+async fn produce(kafka: &Kafka, topic: &str) {
+    kafka.create_topic(topic, PARTITIONS).await;
+    for partition in 0..PARTITIONS {
+        let records: Vec<(String, String)> = (0..PER_PARTITION)
+            .map(|i| {
+                (
+                    format!("key-{i}"),
+                    format!("{i:0>width$}", width = VALUE_BYTES),
+                )
+            })
+            .collect();
+        for chunk in records.chunks(2_000) {
+            kafka.produce_keyed(topic, partition, chunk).await;
+        }
+    }
+}
+
+/// A `catchup run` with its stderr lines forwarded to a channel.
+struct Run {
+    child: Child,
+    stderr: mpsc::Receiver<String>,
+}
+
+fn run(kafka: &Kafka, group: &str, topic: &str, dir: &Path, sink: &Path, extra: &[&str]) -> Run {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_catchup"))
+        .args(["run", "--brokers", &kafka.bootstrap, "--group", group])
+        .args([
+            "--topic",
+            topic,
+            "--mode",
+            "concurrent",
+            "--min-lag",
+            "1000",
+        ])
+        .arg("--buffer-dir")
+        .arg(dir)
+        .arg("--sink")
+        .arg(sink)
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn catchup run");
+    let (lines, stderr) = mpsc::channel();
+    let pipe = child.stderr.take().expect("stderr");
+    std::thread::spawn(move || {
+        for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+            if lines.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    Run { child, stderr }
+}
+
+impl Run {
+    /// Waits (bounded) for a stderr line containing `needle`; returns it.
+    fn wait_for_line(&self, needle: &str, limit: Duration) -> String {
+        let deadline = Instant::now() + limit;
+        let mut seen = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.stderr.recv_timeout(left) {
+                Ok(line) if line.contains(needle) => return line,
+                Ok(line) => seen.push(line),
+                Err(_) => panic!(
+                    "no stderr line with {needle:?} within {limit:?}; last lines:\n{}",
+                    seen[seen.len().saturating_sub(20)..].join("\n")
+                ),
+            }
+        }
+    }
+
+    /// Waits (bounded) for the exit; returns the status, how long it took, and the rest of
+    /// stderr.
+    fn wait(self, limit: Duration) -> (ExitStatus, Duration, String) {
+        let started = Instant::now();
+        let output = wait_with_deadline(self.child, limit);
+        let took = started.elapsed();
+        let rest: Vec<String> = self.stderr.try_iter().collect();
+        (output.status, took, rest.join("\n"))
+    }
+}
+
+/// Every (partition, offset) in the sinks.
+fn processed(sinks: &[PathBuf]) -> BTreeSet<(i64, i64)> {
+    sinks
+        .iter()
+        .flat_map(|sink| sink_lines(sink))
+        .map(|line| {
+            let field = |name: &str| line[name].as_i64().expect("a number");
+            (field("partition"), field("offset"))
+        })
+        .collect()
+}
+
+fn every_offset() -> BTreeSet<(i64, i64)> {
+    (0..PARTITIONS as i64)
+        .flat_map(|p| (0..PER_PARTITION as i64).map(move |o| (p, o)))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn below_the_floor_fetching_pauses_sigterm_exits_and_nothing_is_lost() {
+    let Some(fs) = SmallFilesystem::mount(64) else {
+        return;
+    };
+    let kafka = Kafka::connect();
+    let topic = unique("disk-floor");
+    produce(&kafka, &topic).await;
+    let group = unique("disk-floor-group");
+    kafka.commit_as_operator(&group, &topic, &[0, 0]);
+    // 24 MiB left; the floor is 16 MiB: fetching must stop after about 8 MiB.
+    let filler_file = fs.path().join("filler");
+    filler(&filler_file, 40);
+    let buffer = fs.path().join("buffer");
+    let sinks_dir = tempfile::tempdir().expect("tempdir");
+    let first_sink = sinks_dir.path().join("first.jsonl");
+    let floor = ["--min-free-mib", "16", "--min-free-percent", "0"];
+    let slow = ["--process-us", "2000"];
+    let first = run(
+        &kafka,
+        &group,
+        &topic,
+        &buffer,
+        &first_sink,
+        &[&floor[..], &slow[..]].concat(),
+    );
+    let warning = first.wait_for_line("free-space floor", Duration::from_secs(90));
+    assert!(
+        warning.contains("WARN") && warning.contains(&buffer.display().to_string()),
+        "one WARN line naming the buffer: {warning}"
+    );
+    let space = catchup::store::free_space(fs.path())
+        .expect("statvfs")
+        .available;
+    assert!(
+        space > 8 << 20,
+        "fetching paused with {space} bytes still free (the floor keeps the last 16 MiB)"
+    );
+    let before = processed(std::slice::from_ref(&first_sink)).len();
+    assert!(
+        before < every_offset().len(),
+        "paused before everything was processed ({before})"
+    );
+
+    let Run { child, stderr } = first;
+    signal(&child, "TERM");
+    let (status, took, rest) = Run { child, stderr }.wait(Duration::from_secs(30));
+    assert!(
+        status.success(),
+        "SIGTERM while paused: exit 0, got {status}; stderr:\n{rest}"
+    );
+    assert!(
+        took <= Duration::from_secs(10),
+        "SIGTERM took {took:?} to stop the run"
+    );
+    eprintln!(
+        "paused with {:.1} MiB free after {before} records processed; SIGTERM stopped the run in {took:?}",
+        space as f64 / (1 << 20) as f64
+    );
+    assert_eq!(
+        rest.matches("free-space floor").count(),
+        0,
+        "the WARN line is said once per change, not repeated:\n{rest}"
+    );
+
+    // Space comes back; a second run processes the rest.
+    std::fs::remove_file(&filler_file).expect("removing the filler");
+    let second_sink = sinks_dir.path().join("second.jsonl");
+    let second = run(
+        &kafka,
+        &group,
+        &topic,
+        &buffer,
+        &second_sink,
+        &[&floor[..], &["--exit-when-idle", "3"][..]].concat(),
+    );
+    let (status, _, rest) = second.wait(Duration::from_secs(180));
+    assert!(status.success(), "second run: {status}; stderr:\n{rest}");
+    let all = processed(&[first_sink, second_sink]);
+    let missing: Vec<_> = every_offset().difference(&all).take(10).copied().collect();
+    assert!(missing.is_empty(), "never processed: {missing:?}…");
+    assert_eq!(
+        kafka.committed(&group, &topic, PARTITIONS),
+        vec![Some(PER_PARTITION as i64); PARTITIONS as usize]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_that_fails_ends_the_run_with_an_error_and_loses_nothing() {
+    let Some(fs) = SmallFilesystem::mount(12) else {
+        return;
+    };
+    let kafka = Kafka::connect();
+    let topic = unique("disk-full");
+    produce(&kafka, &topic).await;
+    let group = unique("disk-full-group");
+    kafka.commit_as_operator(&group, &topic, &[0, 0]);
+    let buffer = fs.path().join("buffer");
+    let sinks_dir = tempfile::tempdir().expect("tempdir");
+    let first_sink = sinks_dir.path().join("first.jsonl");
+    let no_floor = ["--min-free-mib", "0", "--min-free-percent", "0"];
+    let first = run(
+        &kafka,
+        &group,
+        &topic,
+        &buffer,
+        &first_sink,
+        &[&no_floor[..], &["--process-us", "2000"][..]].concat(),
+    );
+    let (status, _, rest) = first.wait(Duration::from_secs(120));
+    assert_eq!(status.code(), Some(1), "a failed write is exit 1:\n{rest}");
+    assert!(
+        rest.contains("can no longer be written") && rest.contains(&buffer.display().to_string()),
+        "the error names the buffer and what to do:\n{rest}"
+    );
+
+    fs.resize(128);
+    let second_sink = sinks_dir.path().join("second.jsonl");
+    let second = run(
+        &kafka,
+        &group,
+        &topic,
+        &buffer,
+        &second_sink,
+        &[&no_floor[..], &["--exit-when-idle", "3"][..]].concat(),
+    );
+    let (status, _, rest) = second.wait(Duration::from_secs(180));
+    assert!(status.success(), "second run: {status}; stderr:\n{rest}");
+    let all = processed(&[first_sink, second_sink]);
+    let missing: Vec<_> = every_offset().difference(&all).take(10).copied().collect();
+    assert!(missing.is_empty(), "never processed: {missing:?}…");
+}
+
+fn signal(child: &Child, name: &str) {
+    let status = Command::new("kill")
+        .args([&format!("-{name}"), &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+}
