@@ -52,6 +52,7 @@ fn buffer_with_records(dir: &Path) {
         next += 100;
     }
     buffer.sync().expect("sync");
+    buffer.close().expect("close");
 }
 
 #[test]

@@ -174,9 +174,14 @@ impl Shared {
         if self.writability.failure().is_some() {
             return false;
         }
-        let measured = self
-            .writability
-            .check(|| self.buffer.free_space().map_err(|e| e.to_string()));
+        let measured = self.writability.check(
+            || self.buffer.free_space().map_err(|e| e.to_string()),
+            || {
+                self.partitions()
+                    .values()
+                    .all(|runtime| Lane::ALL.iter().all(|&lane| runtime.buffered(lane) == 0))
+            },
+        );
         match measured {
             Measured::Unchanged => {}
             Measured::Changed(change) => {
@@ -187,6 +192,14 @@ impl Shared {
                         available_bytes = change.available,
                         floor_bytes = change.floor,
                         "the buffer's filesystem is below its free-space floor ({} free, floor {}): fetching paused until space returns",
+                        mib(change.available),
+                        mib(change.floor)
+                    );
+                } else if change.reusing {
+                    tracing::info!(
+                        path = %path.display(),
+                        available_bytes = change.available,
+                        "the buffer is drained: fetching resumes below the free-space floor ({} free, floor {}) into the space the buffer already holds",
                         mib(change.available),
                         mib(change.floor)
                     );

@@ -61,7 +61,11 @@ impl Writability {
 
     /// Measures the free space with `measure` if the last measurement is old enough (or was
     /// near the floor).
-    pub fn check(&self, measure: impl FnOnce() -> Result<DiskSpace, String>) -> Measured {
+    pub fn check(
+        &self,
+        measure: impl FnOnce() -> Result<DiskSpace, String>,
+        drained: impl FnOnce() -> bool,
+    ) -> Measured {
         if self.floor == DiskFloor::DISABLED {
             return Measured::Unchanged;
         }
@@ -77,7 +81,9 @@ impl Writability {
         match measure() {
             Ok(space) => {
                 *near = space.available / 2 < self.floor.bytes(space.total);
-                match disk.observe(&self.floor, space) {
+                // Only a stopped buffer asks whether it is drained.
+                let drained = disk.is_low() && drained();
+                match disk.observe(&self.floor, space, drained) {
                     Some(change) => {
                         self.low.store(change.low, Ordering::Relaxed);
                         Measured::Changed(change)

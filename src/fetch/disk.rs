@@ -6,6 +6,12 @@
 //! disk: below the floor the fetchers pause every partition and refuse appends (the records
 //! stay in Kafka and are fetched again), and they resume once the free space is back above
 //! the floor plus a margin, so that they do not flap around it.
+//!
+//! sled hands space back to the filesystem only when its file's tail is free, so a buffer
+//! that itself pushed the disk below the floor may hold that space after draining, as space
+//! it reuses. Waiting for the filesystem would then wait forever. So once nothing is left
+//! unprocessed in the buffer, writing resumes even below the floor, and stops again one
+//! margin lower; it never resumes below half the floor — the hard limit.
 
 /// The configured floor: the larger of a byte count and a share of the filesystem.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -53,18 +59,22 @@ pub struct DiskSpace {
 /// A change of the low-space state, to apply and report once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DiskChange {
-    /// `true`: below the floor, writing stops; `false`: space is back.
+    /// `true`: below the floor, writing stops; `false`: writing resumes.
     pub low: bool,
     /// Free bytes when the change was decided.
     pub available: u64,
     /// The floor in bytes.
     pub floor: u64,
+    /// Writing resumes below the floor because the buffer is drained (see the module docs).
+    pub reusing: bool,
 }
 
 /// Tracks whether the buffer is below its floor, with hysteresis.
 #[derive(Debug, Clone, Default)]
 pub struct DiskGuard {
     low: bool,
+    /// Writing stops below this; `None`: the floor. Lower after a resume on a drained buffer.
+    stop_below: Option<u64>,
 }
 
 impl DiskGuard {
@@ -73,32 +83,56 @@ impl DiskGuard {
         self.low
     }
 
-    /// The free space to get back before writing resumes: the floor plus a tenth of it, at
-    /// least 1 MiB more (a floor of 0 never stops writing).
-    pub fn resume_at(floor: u64) -> u64 {
+    /// The hysteresis margin: a tenth of the floor, at least 1 MiB (none without a floor).
+    pub fn margin(floor: u64) -> u64 {
         if floor == 0 {
             0
         } else {
-            floor.saturating_add((floor / 10).max(1 << 20))
+            (floor / 10).max(1 << 20)
         }
     }
 
-    /// Feeds one measurement; returns the change to apply, if any.
-    pub fn observe(&mut self, floor: &DiskFloor, space: DiskSpace) -> Option<DiskChange> {
+    /// The free space to get back before writing resumes on a buffer that still holds
+    /// unprocessed records: the floor plus the margin.
+    pub fn resume_at(floor: u64) -> u64 {
+        floor.saturating_add(Self::margin(floor))
+    }
+
+    /// Feeds one measurement; `drained` says the buffer holds nothing unprocessed. Returns
+    /// the change to apply, if any.
+    pub fn observe(
+        &mut self,
+        floor: &DiskFloor,
+        space: DiskSpace,
+        drained: bool,
+    ) -> Option<DiskChange> {
         let floor = floor.bytes(space.total);
-        let low = if self.low {
-            space.available < Self::resume_at(floor)
-        } else {
-            space.available < floor
+        let margin = Self::margin(floor);
+        let change = |low, reusing| DiskChange {
+            low,
+            available: space.available,
+            floor,
+            reusing,
         };
-        (low != self.low).then(|| {
-            self.low = low;
-            DiskChange {
-                low,
-                available: space.available,
-                floor,
+        if !self.low {
+            let stop_below = self.stop_below.unwrap_or(floor).min(floor);
+            if space.available < stop_below {
+                self.low = true;
+                self.stop_below = None;
+                return Some(change(true, false));
             }
-        })
+            return None;
+        }
+        if space.available >= Self::resume_at(floor) {
+            self.low = false;
+            return Some(change(false, false));
+        }
+        if drained && space.available >= (floor / 2).saturating_add(margin) {
+            self.low = false;
+            self.stop_below = Some(space.available - margin);
+            return Some(change(false, true));
+        }
+        None
     }
 }
 
@@ -138,6 +172,7 @@ mod tests {
                 low,
                 available,
                 floor: 100 * MIB,
+                reusing: false,
             })
         };
         // (free space, the change it causes, low afterwards)
@@ -153,7 +188,7 @@ mod tests {
         ];
         for (available, expected, low) in table {
             assert_eq!(
-                guard.observe(&floor, space(available)),
+                guard.observe(&floor, space(available), false),
                 expected,
                 "{available}"
             );
@@ -169,10 +204,52 @@ mod tests {
                 available,
                 total: GIB,
             };
-            assert_eq!(guard.observe(&DiskFloor::DISABLED, space), None);
+            assert_eq!(guard.observe(&DiskFloor::DISABLED, space, false), None);
         }
         assert_eq!(DiskGuard::resume_at(0), 0);
         assert_eq!(DiskGuard::resume_at(10 * MIB), 11 * MIB);
         assert_eq!(DiskGuard::resume_at(GIB), GIB + GIB / 10);
+    }
+
+    #[test]
+    fn a_drained_buffer_resumes_below_the_floor_but_never_below_half() {
+        let floor = DiskFloor {
+            min_free_bytes: 100 * MIB,
+            min_free_percent: 0.0,
+        };
+        let space = |available| DiskSpace {
+            available,
+            total: 10 * GIB,
+        };
+        let mut guard = DiskGuard::default();
+        let mut observe = |available, drained| {
+            let change = guard.observe(&floor, space(available), drained);
+            (change.map(|c| (c.low, c.reusing)), guard.is_low())
+        };
+        // (free space, drained, the change it causes as (low, reusing), low afterwards)
+        let table = [
+            (90 * MIB, false, Some((true, false)), true),
+            (90 * MIB, false, None, true),
+            // Drained, still below the floor: sled reuses what it holds; stop 10 MiB lower.
+            (90 * MIB, true, Some((false, true)), false),
+            (85 * MIB, false, None, false),
+            (80 * MIB - 1, false, Some((true, false)), true),
+            (70 * MIB, true, Some((false, true)), false),
+            (60 * MIB - 1, false, Some((true, false)), true),
+            // Half the floor plus the margin is the lowest a drained buffer resumes at.
+            (60 * MIB - 1, true, None, true),
+            (59 * MIB, true, None, true),
+            // Space comes back: the ordinary rule, and the floor is the floor again.
+            (110 * MIB, false, Some((false, false)), false),
+            (100 * MIB, false, None, false),
+            (100 * MIB - 1, false, Some((true, false)), true),
+        ];
+        for (available, drained, expected, low) in table {
+            assert_eq!(
+                observe(available, drained),
+                (expected, low),
+                "{available} drained={drained}"
+            );
+        }
     }
 }

@@ -38,9 +38,10 @@ impl Budget {
         }
     }
 
-    /// Whether the budget holds `key` paused.
+    /// Whether `key` must stay paused: by the budget, or because the buffer may not be
+    /// written.
     pub fn is_paused(&self, key: &PartitionId) -> bool {
-        self.policy.is_paused(key)
+        self.writes_stopped || self.policy.is_paused(key)
     }
 
     /// Pauses and resumes the partitions of `consumer` that `fetching` says it fetches,

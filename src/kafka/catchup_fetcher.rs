@@ -383,10 +383,8 @@ impl Fetcher {
                 self.shared.notify.notify_waiters();
             }
             Ok(_) | Err(StoreError::StaleLayout { .. }) => {}
-            Err(err @ StoreError::Discontinuous { .. }) => {
-                self.error(format!("catch-up append of {}/{}: {err}", key.0, key.1))
-            }
-            Err(err) => self.shared.write_failed(err),
+            Err(err) if err.is_io_failure() => self.shared.write_failed(err),
+            Err(err) => self.error(format!("catch-up append of {}/{}: {err}", key.0, key.1)),
         }
         match AppendResult::from_store(&result) {
             Some(answer) => self.appended(key, answer),

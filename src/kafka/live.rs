@@ -229,6 +229,12 @@ impl LiveState {
                     })
                 });
             if let Err(err) = result {
+                if let crate::Error::Store(store) = &err {
+                    if store.is_io_failure() {
+                        // The buffer cannot be written: retrying cannot help (see write_failed).
+                        self.shared.write_failed(store);
+                    }
+                }
                 self.shared.emit(Event::Error {
                     message: format!(
                         "assigning {topic}/{partition}: {err}; the partition waits paused and reconciliation is retried"
@@ -515,6 +521,9 @@ impl LiveState {
             match self.apply_commit(consumer, &pending) {
                 Ok(()) => {
                     if let Err(err) = self.shared.commit_applied(&pending) {
+                        if err.is_io_failure() {
+                            self.shared.write_failed(&err);
+                        }
                         self.shared.emit(Event::Error {
                             message: err.to_string(),
                         });
@@ -872,10 +881,10 @@ fn append_live(shared: &Shared, key: &PartitionId, append: &PendingAppend) -> Ap
             shared.add_buffered(key, Lane::Live, outcome.stored_bytes);
         }
         Err(StoreError::StaleLayout { .. }) => {}
-        Err(err @ StoreError::Discontinuous { .. }) => shared.emit(Event::Error {
+        Err(err) if err.is_io_failure() => shared.write_failed(err),
+        Err(err) => shared.emit(Event::Error {
             message: format!("live append of {}/{}: {err}", key.0, key.1),
         }),
-        Err(err) => shared.write_failed(err),
     }
     // Only a cursor naming this layout is told (see the callers): a stale one is stale
     // itself and must not wait for an answer forever.

@@ -14,13 +14,22 @@ pub enum OffsetReset {
     Latest,
 }
 
-/// The group's committed offset and its metadata string.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The group's committed offset and its metadata string (`Debug` redacts the secret).
+#[derive(Clone, PartialEq, Eq)]
 pub struct Committed {
     /// `G`: the first offset not yet processed.
     pub offset: i64,
     /// The metadata committed with it (the split token while split).
     pub metadata: String,
+}
+
+impl std::fmt::Debug for Committed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Committed")
+            .field("offset", &self.offset)
+            .field("metadata", &SplitToken::redacted(&self.metadata))
+            .finish()
+    }
 }
 
 /// The side topic's latest value for a partition, as read: not yet decoded nor trusted.
@@ -53,13 +62,23 @@ pub struct Inputs<'a> {
     pub fresh_secret: SplitSecret,
 }
 
-/// A write to the main log (a commit by the group member).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A write to the main log (a commit by the group member). Its `Debug` form redacts the
+/// split secret: decisions are logged.
+#[derive(Clone, PartialEq, Eq)]
 pub struct MainLogCommit {
     /// The offset to commit.
     pub offset: i64,
     /// The metadata: a split token, or empty.
     pub metadata: String,
+}
+
+impl std::fmt::Debug for MainLogCommit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MainLogCommit")
+            .field("offset", &self.offset)
+            .field("metadata", &SplitToken::redacted(&self.metadata))
+            .finish()
+    }
 }
 
 /// What to do with the side entry.
@@ -203,12 +222,13 @@ fn reconcile_offsets(inputs: &Inputs<'_>) -> Decision {
     }
     let token = SplitToken::decode(metadata);
     // Epochs only name splits (trust is the secret); counting past a stale entry's epoch
-    // keeps the names increasing for operators. A forged entry may carry any number: the
-    // count saturates rather than overflow.
+    // keeps the names increasing for operators. An unverified entry may carry any number:
+    // one that large is ignored, so that a forgery cannot pin the epochs at u64::MAX.
     let side_epoch = inputs
         .side
         .and_then(|side| SealedSideEntry::decode(side.value).ok())
-        .map(|sealed| sealed.unverified().epoch);
+        .map(|sealed| sealed.unverified().epoch)
+        .filter(|&epoch| epoch < 1 << 32);
     let epochs = [
         token.map(|t| t.epoch),
         side_epoch,
@@ -220,10 +240,14 @@ fn reconcile_offsets(inputs: &Inputs<'_>) -> Decision {
         .max()
         .unwrap_or(0)
         .saturating_add(1);
-    let raw_committed = inputs.committed.map(|c| c.offset);
+    // What the main log says is processed: retention may have removed the head since (the
+    // entry was then written from the low watermark on).
+    let main_processed = inputs
+        .committed
+        .map_or(committed, |c| c.offset.max(inputs.low));
     let side = inputs
         .side
-        .map(|side| trusted_side_entry(side, token.as_ref(), raw_committed.unwrap_or(committed)));
+        .map(|side| trusted_side_entry(side, token.as_ref(), main_processed));
 
     if let (Some(token), Some(Ok(side))) = (token, &side) {
         let ranges = clip_ranges(&side.ranges, committed);
@@ -254,7 +278,10 @@ fn reconcile_offsets(inputs: &Inputs<'_>) -> Decision {
         });
     } else if SplitToken::is_any_version(metadata) {
         events.push(PlanEvent::StaleToken {
-            what: format!("split token of another format version: {metadata:.60}"),
+            what: format!(
+                "split token of another format version: {:.60}",
+                SplitToken::redacted(metadata)
+            ),
         });
     }
     if let Some(Err(reason)) = &side {
@@ -399,7 +426,7 @@ fn new_split(
 }
 
 /// The side entry's contents if it can be trusted for `token`, else why not. `committed` is
-/// the main log's offset as committed (before any truncation adjustment).
+/// the main log's offset (raised to the low watermark if retention removed the head).
 ///
 /// Trust needs the MAC under the token's secret: only a holder of the group's commit
 /// metadata can write it. The other checks cost nothing and catch a buggy writer that has

@@ -524,3 +524,34 @@ fn plausibility_rules_reject_a_writer_with_the_secret_that_runs_ahead() {
     let no_token = trusted_side_entry(raw(&side(2, 200, &[(90, 200)], 200)), None, 90);
     assert!(matches!(no_token, Err(r) if r.contains("no split token")));
 }
+
+#[test]
+fn an_entry_written_after_retention_removed_the_head_is_trusted() {
+    // Split at G = 70 (boundary 200); retention moved the low watermark to 100, and the
+    // entry written since starts there while the main log still says 70.
+    let c = committed(70, &token(2, 70, 200));
+    let s = side(2, 200, &[(100, 200)], 230);
+    let d = reconcile(&Inputs {
+        low: 100,
+        ..inputs(Some(&c), Some(&s), 235)
+    });
+    assert_eq!(
+        d.events,
+        vec![
+            PlanEvent::Truncated { from: 70, to: 100 },
+            PlanEvent::SplitResumed { epoch: 2 }
+        ]
+    );
+    assert_eq!(d.layout.catchup_ranges, vec![OffsetRange::new(100, 200)]);
+    assert_eq!(d.layout.live_from, 230);
+}
+
+#[test]
+fn a_forged_huge_epoch_does_not_pin_new_splits() {
+    let c = committed(0, "");
+    let forged = entry(u64::MAX - 1, 50, &[(0, 50)], 50)
+        .seal(KEY, &SplitSecret::from_bytes([1; 16]))
+        .into_bytes();
+    let d = reconcile(&inputs(Some(&c), Some(&forged), 50));
+    assert_eq!(d.token.map(|t| t.epoch), Some(1), "{:?}", d.events);
+}

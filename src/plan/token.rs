@@ -56,6 +56,21 @@ impl SplitToken {
         metadata.starts_with(ANY_VERSION)
     }
 
+    /// `metadata` with the value of any `k=` field (the secret) replaced: fit for logs.
+    pub fn redacted(metadata: &str) -> String {
+        metadata
+            .split(' ')
+            .map(|field| {
+                if field.starts_with("k=") {
+                    "k=<redacted>"
+                } else {
+                    field
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
     /// Parses commit metadata; `None` for anything that is not a token of this version.
     pub fn decode(metadata: &str) -> Option<Self> {
         let fields = metadata.strip_prefix(PREFIX)?;
@@ -121,6 +136,10 @@ mod tests {
             secret: secret(),
         };
         assert_eq!(token.encode(), format!("catchup/2 e=3 f=70 b=120 k={K}"));
+        assert_eq!(
+            SplitToken::redacted(&token.encode()),
+            "catchup/2 e=3 f=70 b=120 k=<redacted>"
+        );
         assert!(SplitToken::is_any_version(&token.encode()));
     }
 

@@ -274,6 +274,15 @@ impl fmt::Debug for Buffer {
     }
 }
 
+impl StoreError {
+    /// Whether this is a failed read or write of the files (disk full, I/O error, quota, a
+    /// sled failure) rather than a refusal or a finding about the data: after one, sled keeps
+    /// failing until it is reopened.
+    pub fn is_io_failure(&self) -> bool {
+        matches!(self, StoreError::Io { .. } | StoreError::Sled { .. })
+    }
+}
+
 impl Buffer {
     /// Opens the buffer in `dir`, creating the directory (mode 0700: it holds message
     /// payloads) and an empty buffer if needed.
@@ -378,6 +387,34 @@ impl Buffer {
     /// Bytes the buffer occupies on disk, as sled accounts them.
     pub fn disk_bytes(&self) -> Result<u64, StoreError> {
         self.db.size_on_disk().map_err(|err| self.sled_error(err))
+    }
+
+    /// Drops the handle and waits (up to [`BufferOptions::lock_wait`]) until sled's
+    /// background threads have let go of the directory's lock, so that another process — an
+    /// offline tool, a restarted consumer — can open it at once. Dropping alone releases the
+    /// lock a little later (sled's flusher holds the file until its next tick).
+    pub fn close(self) -> Result<(), StoreError> {
+        let (dir, lock_wait) = (self.dir.clone(), self.options.lock_wait);
+        drop(self);
+        let io = |action: &str, source| StoreError::Io {
+            dir: dir.clone(),
+            action: action.into(),
+            source,
+        };
+        let db_file =
+            std::fs::File::open(dir.join("db")).map_err(|e| io("opening the database file", e))?;
+        let deadline = std::time::Instant::now() + lock_wait;
+        loop {
+            match snapshot::try_lock_exclusive(&db_file) {
+                Ok(true) => return Ok(()),
+                Ok(false) if std::time::Instant::now() < deadline => {
+                    // Nothing to wait on but sled's thread letting go of the file.
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                Ok(false) => return Err(StoreError::Locked { dir }),
+                Err(err) => return Err(io("locking the database file", err)),
+            }
+        }
     }
 
     /// Free and total bytes of the filesystem holding the buffer (`statvfs`).

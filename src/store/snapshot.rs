@@ -132,3 +132,19 @@ fn copy_tree(from: &Path, to: &Path, copied: &mut dyn FnMut(u64)) -> std::io::Re
     }
     Ok(())
 }
+
+/// Takes and at once releases an exclusive flock on `file`: `Ok(false)` while someone holds
+/// it (a consumer's sled has the buffer open).
+pub(crate) fn try_lock_exclusive(file: &File) -> std::io::Result<bool> {
+    // SAFETY: flock on a valid, owned file descriptor; no memory is involved.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let err = std::io::Error::last_os_error();
+        return match err.raw_os_error() {
+            Some(libc::EWOULDBLOCK) => Ok(false),
+            _ => Err(err),
+        };
+    }
+    // SAFETY: as above.
+    unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_UN) };
+    Ok(true)
+}

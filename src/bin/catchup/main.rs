@@ -156,10 +156,14 @@ fn main() -> ExitCode {
     let cli = Cli::parse(); // exits 2 on bad usage, with clap's message
     // Decisions are traced; `RUST_LOG=catchup=info` (or debug) shows them on stderr.
     // Warnings an operator must see (a full disk, a rejected side entry) show by default;
-    // RUST_LOG chooses anything else.
-    let filter = tracing_subscriber::EnvFilter::builder()
-        .with_default_directive(tracing_subscriber::filter::LevelFilter::WARN.into())
-        .from_env_lossy();
+    // sled's own log is left out (its failures reach the user as catchup's errors). RUST_LOG
+    // chooses anything else.
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(directives) if !directives.is_empty() => {
+            tracing_subscriber::EnvFilter::builder().parse_lossy(directives)
+        }
+        _ => tracing_subscriber::EnvFilter::new("warn,sled=off"),
+    };
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
