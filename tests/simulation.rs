@@ -1,4 +1,4 @@
-//! The deterministic simulation of the fetch layer (see `sim/harness.rs`): thousands of seeds,
+//! The deterministic simulation of the consumer (see `sim/harness.rs`): thousands of seeds,
 //! each a different history of faults; a failing seed is printed and replays exactly with
 //! `CATCHUP_SIM_SEED=<seed> cargo test --test simulation`. `CATCHUP_SIM_SEEDS=N` runs seeds
 //! 0..N (10,000 by default), `CATCHUP_SIM_SEEDS=A..B` seeds A..B.
@@ -7,7 +7,7 @@
 mod harness;
 
 #[test]
-fn fetch_layer_never_loses_a_record() {
+fn the_consumer_never_loses_a_record() {
     let dir = tempfile::tempdir().expect("tempdir");
     let seeds: Vec<u64> = match std::env::var("CATCHUP_SIM_SEED") {
         Ok(seed) => vec![parse_seed(&seed)],
@@ -29,7 +29,7 @@ fn fetch_layer_never_loses_a_record() {
     let count = seeds.len();
     let runner = std::thread::spawn(move || {
         let mut buffer = None;
-        let mut steps = 0;
+        let mut stats = harness::Stats::default();
         for (index, &seed) in seeds.iter().enumerate() {
             if index % SEEDS_PER_BUFFER == 0 {
                 buffer = None;
@@ -40,14 +40,14 @@ fn fetch_layer_never_loses_a_record() {
             let (result, returned) = harness::run_seed(seed, buffer_dir, buffer);
             buffer = returned;
             match result {
-                Ok(ran) => steps += ran,
+                Ok(ran) => stats += ran,
                 Err(failure) => panic!(
                     "seed {seed:#x} failed: {failure}\nreplay: CATCHUP_SIM_SEED={seed:#x} cargo test --test simulation"
                 ),
             }
             let _ = progress.send(seed);
         }
-        steps
+        stats
     });
     let mut last = None;
     loop {
@@ -59,12 +59,22 @@ fn fetch_layer_never_loses_a_record() {
             ),
         }
     }
-    let steps = match runner.join() {
-        Ok(steps) => steps,
+    let stats = match runner.join() {
+        Ok(stats) => stats,
         Err(panic) => std::panic::resume_unwind(panic),
     };
-    eprintln!("{count} seeds, {steps} steps, no loss");
-    assert!(steps > 0);
+    eprintln!(
+        "{count} seeds, {} steps, {} splits ({} layouts with several ranges), {} merges: no loss",
+        stats.steps, stats.splits, stats.multi_range, stats.merges
+    );
+    assert!(stats.steps > 0);
+    if count >= 1000 {
+        // The histories must reach every part of the protocol.
+        assert!(
+            stats.splits > 0 && stats.multi_range > 0 && stats.merges > 0,
+            "{stats:?}"
+        );
+    }
 }
 
 /// Seeds that share one buffer database.
