@@ -51,7 +51,23 @@ impl SideLog {
         Ok(side_log)
     }
 
+    /// Creates the side topic unless it exists: a consumer without the Create ACL works
+    /// with a topic an operator created.
     fn ensure_topic(&self) -> Result<(), KafkaError> {
+        let probe: BaseConsumer = self
+            .client_config
+            .create()
+            .map_err(|e| KafkaError::client("creating a metadata client", e))?;
+        let exists = probe
+            .fetch_metadata(Some(&self.topic), SIDE_TIMEOUT)
+            .is_ok_and(|metadata| {
+                metadata.topics().iter().any(|t| {
+                    t.name() == self.topic && t.error().is_none() && !t.partitions().is_empty()
+                })
+            });
+        if exists {
+            return Ok(());
+        }
         let admin: AdminClient<DefaultClientContext> = self
             .client_config
             .create()
