@@ -1,7 +1,9 @@
 //! A topic deleted and recreated while a buffer holds its records: the new incarnation numbers
 //! its offsets from 0 again, with other data, and Kafka drops the group's offsets. The records
 //! of the old incarnation left in the buffer must never be delivered as the new one's
-//! (finding F8), even where the new start offset falls inside what the buffer holds.
+//! (finding F8), even where the new start offset falls inside what the buffer holds — and
+//! even when the group has committed on the new incarnation since (another member processed
+//! it), which made the old records look like a buffer that fits: only the topic id tells.
 
 mod support;
 
@@ -14,23 +16,25 @@ const WAIT: Duration = Duration::from_secs(60);
 /// Records of the new incarnation are numbered from here, so their payloads differ.
 const NEW_INDEX: usize = 100_000;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_old_incarnation_is_never_delivered() {
-    let kafka = Kafka::connect();
-    let topic = unique("recreated");
-    kafka.create_topic(&topic, 1).await;
-    kafka.produce(&topic, 1, 5_000).await;
-    let group = unique("recreated-group");
-    kafka.commit_as_operator(&group, &topic, &[0]);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let config = test_config(dir.path(), Mode::Off, 1_000);
-    let mut client = kafka.consumer_config(&group);
+/// Buffers 5,000 records of `topic` after processing and committing 1,000, crashes, and
+/// recreates the topic with 3,000 other records. Returns the consumer settings to restart with.
+async fn buffer_then_recreate(
+    kafka: &Kafka,
+    topic: &str,
+    group: &str,
+    dir: &std::path::Path,
+) -> (rdkafka::ClientConfig, catchup::CatchupConfig) {
+    kafka.create_topic(topic, 1).await;
+    kafka.produce(topic, 1, 5_000).await;
+    kafka.commit_as_operator(group, topic, &[0]);
+    let config = test_config(dir, Mode::Off, 1_000);
+    let mut client = kafka.consumer_config(group);
     client.set("auto.offset.reset", "latest");
 
     // The first consumer processes and commits 1,000 records and buffers all 5,000, then
     // crashes.
     let first = CatchupConsumer::new(&client, config.clone()).expect("consumer");
-    first.subscribe(&[&topic]).expect("subscribe");
+    first.subscribe(&[topic]).expect("subscribe");
     for expected in 0..1_000 {
         let delivery = tokio::time::timeout(WAIT, first.recv())
             .await
@@ -48,15 +52,25 @@ async fn the_old_incarnation_is_never_delivered() {
     drop(first);
 
     // The topic is recreated with 3,000 other records; the group's offsets go with the old one.
-    kafka.delete_topic(&topic).await;
-    kafka.create_topic(&topic, 1).await;
-    kafka.produce_from(&topic, 1, NEW_INDEX, 3_000).await;
-    assert_eq!(kafka.committed(&group, &topic, 1), vec![None]);
+    kafka.delete_topic(topic).await;
+    kafka.create_topic(topic, 1).await;
+    kafka.produce_from(topic, 1, NEW_INDEX, 3_000).await;
+    assert_eq!(kafka.committed(group, topic, 1), vec![None]);
+    (client, config)
+}
 
-    // `latest` starts the group at 3,000, inside the 1,000..5,000 the buffer holds.
+/// Restarts on the old buffer; the first event about the partition must discard the old
+/// records, and offsets `from..3_100` must carry the new incarnation's records.
+async fn restart_reads_the_new_incarnation(
+    kafka: &Kafka,
+    topic: &str,
+    group: &str,
+    (client, config): (rdkafka::ClientConfig, catchup::CatchupConfig),
+    from: i64,
+) {
     let second = CatchupConsumer::new(&client, config).expect("consumer");
     let mut events = second.events();
-    second.subscribe(&[&topic]).expect("subscribe");
+    second.subscribe(&[topic]).expect("subscribe");
     let discarded = wait_for_event(&mut events, WAIT, |e| {
         matches!(e, Event::LocalDiscarded { .. } | Event::Assigned { .. })
             && !matches!(e, Event::Assigned { partitions } if partitions.is_empty())
@@ -66,14 +80,21 @@ async fn the_old_incarnation_is_never_delivered() {
         matches!(&discarded, Event::LocalDiscarded { reason, .. } if reason.contains("incarnation")),
         "the old records were not discarded: {discarded:?}"
     );
-    kafka.produce_from(&topic, 1, NEW_INDEX + 3_000, 100).await;
-    for expected in 3_000..3_100 {
+    // Produced once the start is decided: `latest` would start after records produced before.
+    wait_for_event(
+        &mut events,
+        WAIT,
+        |e| matches!(e, Event::Assigned { partitions } if !partitions.is_empty()),
+    )
+    .await;
+    kafka.produce_from(topic, 1, NEW_INDEX + 3_000, 100).await;
+    for expected in from..3_100 {
         let delivery = tokio::time::timeout(WAIT, second.recv())
             .await
             .expect("in time")
             .expect("recv");
         assert_eq!(delivery.offset, expected);
-        let (_, payload) = key_and_payload(&topic, NEW_INDEX + expected as usize);
+        let (_, payload) = key_and_payload(topic, NEW_INDEX + expected as usize);
         assert_eq!(
             delivery.payload.as_deref(),
             Some(payload.as_slice()),
@@ -82,5 +103,29 @@ async fn the_old_incarnation_is_never_delivered() {
         second.ack(&delivery);
     }
     second.close().await.expect("close");
-    assert_eq!(kafka.committed(&group, &topic, 1), vec![Some(3_100)]);
+    assert_eq!(kafka.committed(group, topic, 1), vec![Some(3_100)]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_old_incarnation_is_never_delivered() {
+    let kafka = Kafka::connect();
+    let topic = unique("recreated");
+    let group = unique("recreated-group");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let settings = buffer_then_recreate(&kafka, &topic, &group, dir.path()).await;
+    // `latest` starts the group at 3,000, inside the 1,000..5,000 the buffer holds.
+    restart_reads_the_new_incarnation(&kafka, &topic, &group, settings, 3_000).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_on_the_new_incarnation_does_not_revive_the_old_records() {
+    let kafka = Kafka::connect();
+    let topic = unique("recreated-committed");
+    let group = unique("recreated-committed-group");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let settings = buffer_then_recreate(&kafka, &topic, &group, dir.path()).await;
+    // Another member processed 2,000 records of the new topic: the buffer's 1,000..5,000
+    // seems to cover Kafka's 2,000.
+    kafka.commit_as_operator(&group, &topic, &[2_000]);
+    restart_reads_the_new_incarnation(&kafka, &topic, &group, settings, 2_000).await;
 }

@@ -195,6 +195,7 @@ impl LiveState {
                 return partitions.to_vec();
             }
         };
+        self.check_incarnations(consumer, partitions);
         let side_entries = match self.side_log.read_all() {
             Ok(entries) => Some(entries),
             Err(err) => {
@@ -281,6 +282,46 @@ impl LiveState {
             self.shared.notify.notify_waiters();
         }
         done
+    }
+
+    /// Drops the buffered records of every topic among `partitions` that was deleted and
+    /// recreated since they were fetched (Kafka's topic id changed; finding F8): the new
+    /// topic's offsets restart with other data. Without topic ids (an old broker, a failed
+    /// request) the check is skipped; a topic never recorded before is recorded.
+    fn check_incarnations(&self, consumer: &BaseConsumer<LiveContext>, partitions: &[PartitionId]) {
+        let topics: BTreeSet<&str> = partitions.iter().map(|(topic, _)| topic.as_str()).collect();
+        let topics: Vec<&str> = topics.into_iter().collect();
+        let ids = match super::topic_id::topic_ids(consumer.client(), &topics, REQUEST_TIMEOUT) {
+            Ok(ids) => ids,
+            Err(err) => {
+                tracing::debug!(%err, "topic ids unavailable; the incarnation check is skipped");
+                return;
+            }
+        };
+        for (topic, id) in ids {
+            match self.shared.buffer.record_incarnation(&topic, &id) {
+                Ok(None) => {}
+                Ok(Some(old)) => {
+                    for (_, partition) in partitions.iter().filter(|(t, _)| *t == topic) {
+                        self.shared.emit(Event::LocalDiscarded {
+                            topic: topic.clone(),
+                            partition: *partition,
+                            reason: format!(
+                                "topic {topic} was deleted and recreated (id {old}, now {id}): its buffered records belong to the old incarnation"
+                            ),
+                        });
+                    }
+                }
+                Err(err) => {
+                    if err.is_io_failure() {
+                        self.shared.write_failed(&err);
+                    }
+                    self.shared.emit(Event::Error {
+                        message: err.to_string(),
+                    });
+                }
+            }
+        }
     }
 
     /// Reconciles one partition, applies the decision and returns the live lane's start.

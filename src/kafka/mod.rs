@@ -5,6 +5,7 @@ mod budget;
 mod catchup_fetcher;
 mod live;
 mod side_log;
+mod topic_id;
 
 pub(crate) use budget::Budget;
 pub(crate) use catchup_fetcher::{CatchupCommand, CatchupFetcher};

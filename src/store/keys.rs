@@ -8,6 +8,7 @@
 //! |------|---------------------------------------|----------------------|
 //! | `M`  | —                                     | buffer metadata      |
 //! | `T`  | topic name (UTF-8)                    | topic id             |
+//! | `I`  | topic name (UTF-8)                    | Kafka's topic id (the incarnation) |
 //! | `S`  | topic id u32, partition u32           | partition state      |
 //! | `C`  | topic id u32, partition u32, first u64 | catch-up lane chunk |
 //! | `L`  | topic id u32, partition u32, first u64 | live lane chunk     |
@@ -16,6 +17,7 @@ use super::Lane;
 
 pub(crate) const META: &[u8] = b"M";
 const TOPIC: u8 = b'T';
+const INCARNATION: u8 = b'I';
 const STATE: u8 = b'S';
 const CATCHUP: u8 = b'C';
 const LIVE: u8 = b'L';
@@ -30,6 +32,14 @@ pub(crate) struct PartitionKey {
 pub(crate) fn topic(name: &str) -> Vec<u8> {
     let mut key = Vec::with_capacity(1 + name.len());
     key.push(TOPIC);
+    key.extend_from_slice(name.as_bytes());
+    key
+}
+
+/// The key of `topic`'s incarnation: the topic id Kafka gave it.
+pub(crate) fn incarnation(name: &str) -> Vec<u8> {
+    let mut key = Vec::with_capacity(1 + name.len());
+    key.push(INCARNATION);
     key.extend_from_slice(name.as_bytes());
     key
 }
@@ -87,6 +97,7 @@ pub(crate) fn chunk_first(key: &[u8]) -> Option<u64> {
 pub(crate) enum ParsedKey {
     Meta,
     Topic(String),
+    Incarnation(String),
     State(PartitionKey),
     Chunk(Lane, PartitionKey, u64),
 }
@@ -101,6 +112,9 @@ pub(crate) fn parse(key: &[u8]) -> Option<ParsedKey> {
         TOPIC => std::str::from_utf8(&key[1..])
             .ok()
             .map(|name| ParsedKey::Topic(name.to_owned())),
+        INCARNATION => std::str::from_utf8(&key[1..])
+            .ok()
+            .map(|name| ParsedKey::Incarnation(name.to_owned())),
         STATE if key.len() == 9 => Some(ParsedKey::State(PartitionKey {
             topic_id: u32_at(1)?,
             partition: u32_at(5)?,

@@ -516,3 +516,64 @@ fn verify_reports_damage_holes_and_orphans() {
         "{text:?}"
     );
 }
+
+fn incarnation(buffer: &Buffer, topic: &str, id: &str) -> Option<String> {
+    buffer.record_incarnation(topic, id).expect("record")
+}
+
+#[test]
+fn a_new_incarnation_of_a_topic_discards_its_partitions() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let buffer = open(&dir);
+    for (topic, partition) in [("orders", 0), ("orders", 1), ("payments", 0)] {
+        buffer
+            .reset_partition(topic, partition, PartitionLayout::plain(0))
+            .expect("layout");
+        append(&buffer, Lane::Live, topic, partition, &records(0..10), 10).expect("append");
+    }
+    // First sight: recorded, nothing discarded (a buffer from before ids were recorded).
+    assert_eq!(incarnation(&buffer, "orders", "id-A"), None);
+    assert_eq!(incarnation(&buffer, "orders", "id-A"), None);
+    assert_eq!(buffer.partitions().expect("partitions").len(), 3);
+    let stale_writer = buffer
+        .layout_id("orders", 1)
+        .expect("id")
+        .expect("laid out");
+    // Recreated: both partitions of orders go, payments stays, and so does the new id.
+    assert_eq!(
+        incarnation(&buffer, "orders", "id-B"),
+        Some("id-A".to_owned())
+    );
+    let left: Vec<(String, i32)> = buffer
+        .partitions()
+        .expect("partitions")
+        .into_iter()
+        .map(|(topic, partition, _)| (topic, partition))
+        .collect();
+    assert_eq!(left, vec![("payments".to_owned(), 0)]);
+    assert_eq!(incarnation(&buffer, "orders", "id-B"), None);
+    // A writer of the old incarnation is refused.
+    buffer
+        .reset_partition("orders", 1, PartitionLayout::plain(0))
+        .expect("layout");
+    let refused = buffer.append(
+        Lane::Live,
+        "orders",
+        1,
+        Fetched {
+            layout: stale_writer,
+            continues_from: 0,
+            records: &records(0..5),
+            next: 5,
+        },
+    );
+    assert!(
+        matches!(refused, Err(StoreError::StaleLayout { .. })),
+        "{refused:?}"
+    );
+    assert!(buffer.verify().expect("verify").is_empty());
+    // The id survives a reopen.
+    drop(buffer);
+    let buffer = Buffer::open(dir.path(), BufferOptions::default()).expect("reopen");
+    assert_eq!(incarnation(&buffer, "orders", "id-B"), None);
+}

@@ -74,6 +74,11 @@ impl Buffer {
                     }
                     Err(err) => find(format!("topic {name}"), err.to_string()),
                 },
+                Some(ParsedKey::Incarnation(name)) => {
+                    if let Err(err) = codec::decode::<String>(&value) {
+                        find(format!("incarnation of topic {name}"), err.to_string());
+                    }
+                }
                 Some(ParsedKey::State(part)) => match codec::decode::<PartitionState>(&value) {
                     Ok(state) => {
                         states.insert(part, Some(state));

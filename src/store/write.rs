@@ -266,6 +266,40 @@ impl Buffer {
         Ok(existed)
     }
 
+    /// Records Kafka's id for `topic` (its incarnation). When the buffer knew another id —
+    /// the topic was deleted and recreated under the same name, its offsets restarting with
+    /// other data — every partition of the topic is discarded first, and the old id is
+    /// returned. A crash in between leaves the old id recorded: the next call discards the
+    /// rest.
+    pub fn record_incarnation(
+        &self,
+        topic: &str,
+        topic_id: &str,
+    ) -> Result<Option<String>, StoreError> {
+        let key = keys::incarnation(topic);
+        let recorded = match self.db.get(&key).map_err(|err| self.sled_error(err))? {
+            Some(value) => Some(
+                codec::decode::<String>(&value)
+                    .map_err(|err| self.damaged(format!("incarnation of topic {topic}: {err}")))?,
+            ),
+            None => None,
+        };
+        if recorded.as_deref() == Some(topic_id) {
+            return Ok(None);
+        }
+        if recorded.is_some() {
+            for (name, partition, _) in self.partitions()? {
+                if name == topic {
+                    self.discard_partition(topic, partition)?;
+                }
+            }
+        }
+        self.db
+            .insert(key, codec::encode(&topic_id.to_owned()))
+            .map_err(|err| self.sled_error(err))?;
+        Ok(recorded)
+    }
+
     /// A batch removing the state and every chunk of `part`.
     fn removal_batch(&self, part: PartitionKey) -> Result<sled::Batch, StoreError> {
         let mut batch = sled::Batch::default();
