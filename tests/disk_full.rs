@@ -252,24 +252,13 @@ async fn below_the_floor_fetching_pauses_sigterm_exits_and_nothing_is_lost() {
 
     // Space comes back; a second run processes the rest.
     std::fs::remove_file(&filler_file).expect("removing the filler");
-    let second_sink = sinks_dir.path().join("second.jsonl");
-    let second = run(
-        &kafka,
-        &group,
-        &topic,
-        &buffer,
-        &second_sink,
-        &[&floor[..], &["--exit-when-idle", "3"][..]].concat(),
-    );
-    let (status, _, rest) = second.wait(Duration::from_secs(180));
-    assert!(status.success(), "second run: {status}; stderr:\n{rest}");
-    let all = processed(&[first_sink, second_sink]);
-    let missing: Vec<_> = every_offset().difference(&all).take(10).copied().collect();
-    assert!(missing.is_empty(), "never processed: {missing:?}…");
-    assert_eq!(
-        kafka.committed(&group, &topic, PARTITIONS),
-        vec![Some(PER_PARTITION as i64); PARTITIONS as usize]
-    );
+    let second = Second {
+        kafka: &kafka,
+        group: &group,
+        topic: &topic,
+        buffer: &buffer,
+    };
+    second.processes_the_rest(sinks_dir.path(), first_sink, &floor);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -302,20 +291,46 @@ async fn a_write_that_fails_ends_the_run_with_an_error_and_loses_nothing() {
     );
 
     fs.resize(128);
-    let second_sink = sinks_dir.path().join("second.jsonl");
-    let second = run(
-        &kafka,
-        &group,
-        &topic,
-        &buffer,
-        &second_sink,
-        &[&no_floor[..], &["--exit-when-idle", "3"][..]].concat(),
-    );
-    let (status, _, rest) = second.wait(Duration::from_secs(180));
-    assert!(status.success(), "second run: {status}; stderr:\n{rest}");
-    let all = processed(&[first_sink, second_sink]);
-    let missing: Vec<_> = every_offset().difference(&all).take(10).copied().collect();
-    assert!(missing.is_empty(), "never processed: {missing:?}…");
+    let second = Second {
+        kafka: &kafka,
+        group: &group,
+        topic: &topic,
+        buffer: &buffer,
+    };
+    second.processes_the_rest(sinks_dir.path(), first_sink, &no_floor);
+}
+
+/// The run after space came back, on the same buffer.
+struct Second<'a> {
+    kafka: &'a Kafka,
+    group: &'a str,
+    topic: &'a str,
+    buffer: &'a Path,
+}
+
+impl Second<'_> {
+    /// Runs until idle; with the first run's sink, every offset is processed and the group
+    /// ends committed at the log end.
+    fn processes_the_rest(&self, sinks: &Path, first_sink: PathBuf, extra: &[&str]) {
+        let second_sink = sinks.join("second.jsonl");
+        let second = run(
+            self.kafka,
+            self.group,
+            self.topic,
+            self.buffer,
+            &second_sink,
+            &[extra, &["--exit-when-idle", "3"][..]].concat(),
+        );
+        let (status, _, rest) = second.wait(Duration::from_secs(180));
+        assert!(status.success(), "second run: {status}; stderr:\n{rest}");
+        let all = processed(&[first_sink, second_sink]);
+        let missing: Vec<_> = every_offset().difference(&all).take(10).copied().collect();
+        assert!(missing.is_empty(), "never processed: {missing:?}…");
+        assert_eq!(
+            self.kafka.committed(self.group, self.topic, PARTITIONS),
+            vec![Some(PER_PARTITION as i64); PARTITIONS as usize]
+        );
+    }
 }
 
 fn signal(child: &Child, name: &str) {

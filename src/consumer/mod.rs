@@ -312,7 +312,8 @@ impl CatchupConsumer {
         let result = self.request_async("closing", LiveCommand::Close).await;
         let _ = self.catchup.send(CatchupCommand::Shutdown);
         let threads = std::mem::take(&mut self.threads);
-        tokio::task::spawn_blocking(move || join_within(threads, JOIN_DEADLINE))
+        let deadline = self.join_deadline();
+        tokio::task::spawn_blocking(move || join_within(threads, deadline))
             .await
             .map_err(|e| Error::Config(format!("joining threads failed: {e}")))?;
         result
@@ -328,16 +329,26 @@ impl Drop for CatchupConsumer {
         }
         let _ = self.live.send(LiveCommand::Abandon);
         let _ = self.catchup.send(CatchupCommand::Shutdown);
-        join_within(std::mem::take(&mut self.threads), JOIN_DEADLINE);
+        join_within(std::mem::take(&mut self.threads), self.join_deadline());
     }
 }
 
-/// How long closing or dropping the consumer waits for its threads.
-const JOIN_DEADLINE: Duration = Duration::from_secs(10);
+impl CatchupConsumer {
+    /// How long closing or dropping waits for the threads: until they end (they hold the
+    /// buffer, and a consumer opened next on the same directory needs it), but at most 10 s
+    /// once a buffer write failed, when a thread may be blocked for good inside sled.
+    fn join_deadline(&self) -> Option<Duration> {
+        self.shared.failure().map(|_| Duration::from_secs(10))
+    }
+}
 
-/// Joins `threads`, waiting at most `deadline` in all: a thread blocked for good (in a
-/// wedged disk write) is left behind rather than hanging its caller.
-fn join_within(threads: Vec<JoinHandle<()>>, deadline: Duration) {
+/// Joins `threads`, waiting at most `deadline` in all (`None`: until they end): a thread
+/// blocked for good (in a wedged disk write) is left behind rather than hanging its caller.
+fn join_within(threads: Vec<JoinHandle<()>>, deadline: Option<Duration>) {
+    let Some(deadline) = deadline else {
+        threads.into_iter().for_each(|thread| drop(thread.join()));
+        return;
+    };
     let until = std::time::Instant::now() + deadline;
     let mut left = threads;
     while !left.is_empty() && std::time::Instant::now() < until {

@@ -59,7 +59,13 @@ pub(crate) struct LiveState {
     /// unreadable, a write refused): paused, with no runtime, retried from the live loop
     /// (findings F6, F13).
     unreconciled: Mutex<BTreeSet<PartitionId>>,
+    /// Topics whose incarnation this process has checked: once is enough, since a revoke
+    /// discards a partition's records and a restart checks again.
+    incarnations_checked: Mutex<BTreeSet<String>>,
 }
+
+/// How long the topic-id lookup may take: it is a check on top, and runs inside the rebalance.
+const TOPIC_ID_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The live consumer's context: overrides the rebalance to assign at absolute offsets.
 pub(crate) struct LiveContext {
@@ -289,9 +295,22 @@ impl LiveState {
     /// topic's offsets restart with other data. Without topic ids (an old broker, a failed
     /// request) the check is skipped; a topic never recorded before is recorded.
     fn check_incarnations(&self, consumer: &BaseConsumer<LiveContext>, partitions: &[PartitionId]) {
-        let topics: BTreeSet<&str> = partitions.iter().map(|(topic, _)| topic.as_str()).collect();
-        let topics: Vec<&str> = topics.into_iter().collect();
-        let ids = match super::topic_id::topic_ids(consumer.client(), &topics, REQUEST_TIMEOUT) {
+        let topics: Vec<&str> = {
+            let checked = self
+                .incarnations_checked
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let topics: BTreeSet<&str> = partitions
+                .iter()
+                .map(|(topic, _)| topic.as_str())
+                .filter(|topic| !checked.contains(*topic))
+                .collect();
+            topics.into_iter().collect()
+        };
+        if topics.is_empty() {
+            return;
+        }
+        let ids = match super::topic_id::topic_ids(consumer.client(), &topics, TOPIC_ID_TIMEOUT) {
             Ok(ids) => ids,
             Err(err) => {
                 tracing::debug!(%err, "topic ids unavailable; the incarnation check is skipped");
@@ -300,7 +319,9 @@ impl LiveState {
         };
         for (topic, id) in ids {
             match self.shared.buffer.record_incarnation(&topic, &id) {
-                Ok(None) => {}
+                Ok(None) => {
+                    self.checked(topic);
+                }
                 Ok(Some(old)) => {
                     for (_, partition) in partitions.iter().filter(|(t, _)| *t == topic) {
                         self.shared.emit(Event::LocalDiscarded {
@@ -311,6 +332,7 @@ impl LiveState {
                             ),
                         });
                     }
+                    self.checked(topic);
                 }
                 Err(err) => {
                     if err.is_io_failure() {
@@ -322,6 +344,13 @@ impl LiveState {
                 }
             }
         }
+    }
+
+    fn checked(&self, topic: String) {
+        self.incarnations_checked
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(topic);
     }
 
     /// Reconciles one partition, applies the decision and returns the live lane's start.
@@ -716,6 +745,7 @@ impl LiveFetcher {
             reset,
             abandoned: AtomicBool::new(false),
             unreconciled: Mutex::new(BTreeSet::new()),
+            incarnations_checked: Mutex::new(BTreeSet::new()),
         });
         let consumer: BaseConsumer<LiveContext> = config
             .create_with_context(LiveContext {
