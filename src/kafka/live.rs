@@ -318,7 +318,19 @@ impl LiveState {
             }
         };
         for (topic, id) in ids {
-            match self.shared.buffer.record_incarnation(&topic, &id) {
+            // Partitions of the topic running since an earlier assignment (whose lookup
+            // failed) hold what this process fetched: discarding them under their runtimes
+            // would stall them. Only the partitions being assigned now, and those not
+            // assigned, are dropped.
+            let running: BTreeSet<i32> = self
+                .shared
+                .partitions()
+                .keys()
+                .filter(|key| key.0 == topic && !partitions.contains(key))
+                .map(|key| key.1)
+                .collect();
+            let keep = |partition| running.contains(&partition);
+            match self.shared.buffer.record_incarnation(&topic, &id, keep) {
                 Ok(None) => {
                     self.checked(topic);
                 }

@@ -25,7 +25,7 @@ impl<T> Drop for Owned<T> {
     }
 }
 
-/// The ids of `topics` (base64, as Kafka's tools print them), by name. A topic whose
+/// The ids of `topics` (the 128-bit UUID as 32 hex digits), by name. A topic whose
 /// description failed (missing, not authorized) is left out; an error when the request as a
 /// whole failed (an old broker, a timeout).
 pub(crate) fn topic_ids<C: ClientContext>(
@@ -115,15 +115,15 @@ pub(crate) fn topic_ids<C: ClientContext>(
             if name.is_null() || uuid.is_null() {
                 continue;
             }
-            let id = rd::rd_kafka_Uuid_base64str(uuid);
-            if id.is_null() {
-                continue;
-            }
-            let id = CStr::from_ptr(id).to_string_lossy().into_owned();
+            let (high, low) = (
+                rd::rd_kafka_Uuid_most_significant_bits(uuid),
+                rd::rd_kafka_Uuid_least_significant_bits(uuid),
+            );
             // The zero id: the broker does not know topic ids (older than Kafka 2.8).
-            if id.bytes().all(|b| b == b'A' || b == b'=') {
+            if (high, low) == (0, 0) {
                 continue;
             }
+            let id = format!("{:016x}{:016x}", high as u64, low as u64);
             ids.insert(CStr::from_ptr(name).to_string_lossy().into_owned(), id);
         }
         Ok(ids)

@@ -518,7 +518,9 @@ fn verify_reports_damage_holes_and_orphans() {
 }
 
 fn incarnation(buffer: &Buffer, topic: &str, id: &str) -> Option<String> {
-    buffer.record_incarnation(topic, id).expect("record")
+    buffer
+        .record_incarnation(topic, id, |_| false)
+        .expect("record")
 }
 
 #[test]
@@ -572,6 +574,20 @@ fn a_new_incarnation_of_a_topic_discards_its_partitions() {
         "{refused:?}"
     );
     assert!(buffer.verify().expect("verify").is_empty());
+    // Partitions the caller keeps (assigned and running) stay.
+    append(&buffer, Lane::Live, "orders", 1, &records(0..5), 5).expect("append");
+    let kept = buffer.record_incarnation("orders", "id-C", |partition| partition == 1);
+    assert_eq!(kept.expect("record"), Some("id-B".to_owned()));
+    assert!(
+        buffer
+            .partition_state("orders", 1)
+            .expect("state")
+            .is_some()
+    );
+    assert_eq!(
+        incarnation(&buffer, "orders", "id-B"),
+        Some("id-C".to_owned())
+    );
     // The id survives a reopen.
     drop(buffer);
     let buffer = Buffer::open(dir.path(), BufferOptions::default()).expect("reopen");

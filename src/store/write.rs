@@ -268,13 +268,14 @@ impl Buffer {
 
     /// Records Kafka's id for `topic` (its incarnation). When the buffer knew another id —
     /// the topic was deleted and recreated under the same name, its offsets restarting with
-    /// other data — every partition of the topic is discarded first, and the old id is
-    /// returned. A crash in between leaves the old id recorded: the next call discards the
-    /// rest.
+    /// other data — every partition of the topic but those `keep` names is discarded first,
+    /// and the old id is returned. A crash in between leaves the old id recorded: the next
+    /// call discards the rest.
     pub fn record_incarnation(
         &self,
         topic: &str,
         topic_id: &str,
+        keep: impl Fn(i32) -> bool,
     ) -> Result<Option<String>, StoreError> {
         let key = keys::incarnation(topic);
         let recorded = match self.db.get(&key).map_err(|err| self.sled_error(err))? {
@@ -289,7 +290,7 @@ impl Buffer {
         }
         if recorded.is_some() {
             for (name, partition, _) in self.partitions()? {
-                if name == topic {
+                if name == topic && !keep(partition) {
                     self.discard_partition(topic, partition)?;
                 }
             }
