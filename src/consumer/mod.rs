@@ -312,7 +312,7 @@ impl CatchupConsumer {
         let result = self.request_async("closing", LiveCommand::Close).await;
         let _ = self.catchup.send(CatchupCommand::Shutdown);
         let threads = std::mem::take(&mut self.threads);
-        let deadline = self.join_deadline();
+        let deadline = self.join_deadline(false);
         tokio::task::spawn_blocking(move || join_within(threads, deadline))
             .await
             .map_err(|e| Error::Config(format!("joining threads failed: {e}")))?;
@@ -329,16 +329,22 @@ impl Drop for CatchupConsumer {
         }
         let _ = self.live.send(LiveCommand::Abandon);
         let _ = self.catchup.send(CatchupCommand::Shutdown);
-        join_within(std::mem::take(&mut self.threads), self.join_deadline());
+        join_within(std::mem::take(&mut self.threads), self.join_deadline(true));
     }
 }
 
 impl CatchupConsumer {
-    /// How long closing or dropping waits for the threads: until they end (they hold the
-    /// buffer, and a consumer opened next on the same directory needs it), but at most 10 s
-    /// once a buffer write failed, when a thread may be blocked for good inside sled.
-    fn join_deadline(&self) -> Option<Duration> {
-        self.shared.failure().map(|_| Duration::from_secs(10))
+    /// How long closing or dropping waits for the threads. They hold the buffer, and a
+    /// consumer opened next on the same directory needs it, so: `close` until they end;
+    /// a drop (a crash, or a panic unwinding) at most 30 s, since a thread may wait on a
+    /// broker that is gone (librdkafka's synchronous commit has no timeout); and either at
+    /// most 10 s once a buffer write failed, when a thread may be blocked for good in sled.
+    fn join_deadline(&self, dropping: bool) -> Option<Duration> {
+        if self.shared.failure().is_some() {
+            Some(Duration::from_secs(10))
+        } else {
+            dropping.then_some(Duration::from_secs(30))
+        }
     }
 }
 
