@@ -290,6 +290,12 @@ async fn a_write_that_fails_ends_the_run_with_an_error_and_loses_nothing() {
         "the error names the buffer and what to do:\n{rest}"
     );
 
+    // sled may have kept a torn state after the failed write: the buffer is marked, and the
+    // next start empties it and refetches from Kafka.
+    assert!(
+        buffer.join("UNTRUSTED").exists(),
+        "the failed buffer is marked untrusted"
+    );
     fs.resize(128);
     let second = Second {
         kafka: &kafka,

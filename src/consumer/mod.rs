@@ -62,6 +62,12 @@ impl CatchupConsumer {
         client
             .create::<rdkafka::consumer::BaseConsumer>()
             .map_err(|e| KafkaError::client("checking the rdkafka settings", e))?;
+        if Buffer::empty_if_untrusted(&config.buffer_dir)? {
+            tracing::warn!(
+                path = %config.buffer_dir.display(),
+                "the buffer was marked untrusted after a failed write: it starts empty, and its records are fetched again from Kafka"
+            );
+        }
         let buffer = Arc::new(Buffer::open(&config.buffer_dir, BufferOptions::default())?);
         let side_log = SideLog::open(client, &side_topic, &group)?;
         let shared = Arc::new(Shared::new(buffer, config, group));

@@ -235,6 +235,9 @@ impl Shared {
                 "{err}: the consumer stops fetching; start a new process once the disk is usable"
             );
             std::mem::forget(self.buffer.clone());
+            if let Err(mark) = self.buffer.mark_untrusted() {
+                tracing::error!("{mark}");
+            }
             self.emit(Event::Error {
                 message: err.to_string(),
             });

@@ -417,6 +417,60 @@ impl Buffer {
         }
     }
 
+    /// Marks the buffer untrusted after a failed write: sled may keep a torn state (a record
+    /// chunk lost while the partition state that counts it survived), so the next
+    /// [`Buffer::open`] through [`Buffer::empty_if_untrusted`] starts it empty and the
+    /// consumer refetches from Kafka. Creating an empty file usually works on a full disk;
+    /// if it does not, the error says to delete the directory.
+    pub fn mark_untrusted(&self) -> Result<(), StoreError> {
+        let marker = self.dir.join(UNTRUSTED);
+        std::fs::File::create(&marker)
+            .and_then(|file| file.sync_all())
+            .and_then(|()| std::fs::File::open(&self.dir)?.sync_all())
+            .map_err(|source| StoreError::Io {
+                dir: self.dir.clone(),
+                action: format!(
+                    "marking it untrusted after a failed write ({}); delete the directory before the next start",
+                    marker.display()
+                ),
+                source,
+            })
+    }
+
+    /// If `dir` holds a buffer marked untrusted ([`Buffer::mark_untrusted`]), deletes its
+    /// database so that the next open starts empty; returns whether it did.
+    pub fn empty_if_untrusted(dir: &Path) -> Result<bool, StoreError> {
+        let marker = dir.join(UNTRUSTED);
+        if !marker.exists() {
+            return Ok(false);
+        }
+        let io = |action: &str, source| StoreError::Io {
+            dir: dir.to_path_buf(),
+            action: action.into(),
+            source,
+        };
+        for entry in std::fs::read_dir(dir).map_err(|e| io("listing it", e))? {
+            let entry = entry.map_err(|e| io("listing it", e))?;
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            // sled's files only: what else the directory holds is not ours to delete.
+            let sled =
+                name == "db" || name == "conf" || name == "blobs" || name.starts_with("snap.");
+            if !sled {
+                continue;
+            }
+            let path = entry.path();
+            let removed = if path.is_dir() {
+                std::fs::remove_dir_all(&path)
+            } else {
+                std::fs::remove_file(&path)
+            };
+            removed.map_err(|e| io(&format!("emptying it ({})", path.display()), e))?;
+        }
+        std::fs::remove_file(&marker).map_err(|e| io("removing the untrusted marker", e))?;
+        Ok(true)
+    }
+
     /// Free and total bytes of the filesystem holding the buffer (`statvfs`).
     pub fn free_space(&self) -> Result<crate::fetch::DiskSpace, StoreError> {
         free_space(&self.dir).map_err(|source| StoreError::Io {
@@ -750,6 +804,9 @@ fn write_lock<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
     lock.write()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
+
+/// The file that marks a buffer whose write failed (see [`Buffer::mark_untrusted`]).
+const UNTRUSTED: &str = "UNTRUSTED";
 
 /// Free (for an unprivileged writer) and total bytes of the filesystem holding `path`.
 pub fn free_space(path: &Path) -> std::io::Result<crate::fetch::DiskSpace> {

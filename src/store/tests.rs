@@ -593,3 +593,31 @@ fn a_new_incarnation_of_a_topic_discards_its_partitions() {
     let buffer = Buffer::open(dir.path(), BufferOptions::default()).expect("reopen");
     assert_eq!(incarnation(&buffer, "orders", "id-B"), None);
 }
+
+#[test]
+fn an_untrusted_buffer_starts_empty() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let buffer = open(&dir);
+    buffer
+        .reset_partition("orders", 0, PartitionLayout::plain(0))
+        .expect("layout");
+    append(&buffer, Lane::Live, "orders", 0, &records(0..10), 10).expect("append");
+    std::fs::write(dir.path().join("buf").join("notes.txt"), b"not ours").expect("write");
+    assert!(
+        !Buffer::empty_if_untrusted(&dir.path().join("buf")).expect("check"),
+        "not marked"
+    );
+    buffer.mark_untrusted().expect("mark");
+    buffer.close().expect("close");
+    assert!(Buffer::empty_if_untrusted(&dir.path().join("buf")).expect("empty"));
+    let buffer = open(&dir);
+    assert!(buffer.partitions().expect("partitions").is_empty());
+    assert!(
+        dir.path().join("buf").join("notes.txt").exists(),
+        "only sled's files go"
+    );
+    assert!(
+        !Buffer::empty_if_untrusted(&dir.path().join("buf")).expect("check"),
+        "marker gone"
+    );
+}
