@@ -187,8 +187,20 @@ impl Buffer {
             Some(entry) => entry.map_err(|err| self.sled_error(err))?.0.to_vec(),
             None => lane_start.to_vec(),
         };
+        // Chunks chain: each starts where the previous one ended (the end of a catch-up
+        // range is the start of the next). A chunk starting past the offset the chain has
+        // reached is a hole — records the state counts as fetched are gone — and must never
+        // be read over as if the offsets were empty.
+        let mut reached = state.normalize(lane, from);
         for entry in self.db.range(start..=lane_end.to_vec()) {
             let (key, value) = entry.map_err(|err| self.sled_error(err))?;
+            let first = keys::chunk_first(&key).map_or(i64::MAX, |first| first as i64);
+            if first > reached && reached < cursors.fetched_next {
+                return Err(self.damaged(format!(
+                    "{lane} lane of topic id {} partition {}: offsets {reached}..{first} are missing",
+                    part.topic_id, part.partition
+                )));
+            }
             let chunk: Chunk = codec::decode(&value).map_err(|err| {
                 self.damaged(format!(
                     "chunk {:?} of topic id {} partition {}: {err}",
@@ -197,6 +209,7 @@ impl Buffer {
                     part.partition
                 ))
             })?;
+            reached = reached.max(state.normalize(lane, chunk.next as i64));
             let skip = chunk.records.partition_point(|r| r.offset < from);
             batch.records.extend(chunk.records.into_iter().skip(skip));
             batch.next = batch.next.max(state.normalize(lane, chunk.next as i64));

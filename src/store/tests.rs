@@ -621,3 +621,45 @@ fn an_untrusted_buffer_starts_empty() {
         "marker gone"
     );
 }
+
+#[test]
+fn a_lost_chunk_is_damage_never_a_gap() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let buffer = open(&dir);
+    buffer
+        .reset_partition("t", 0, PartitionLayout::plain(0))
+        .expect("layout");
+    for first in [0, 10, 20] {
+        append(
+            &buffer,
+            Lane::Live,
+            "t",
+            0,
+            &records(first..first + 10),
+            first + 10,
+        )
+        .expect("append");
+    }
+    assert_eq!(
+        offsets(&buffer.read(Lane::Live, "t", 0, 0, 100).expect("read")),
+        (0..30).collect::<Vec<_>>()
+    );
+    // The middle chunk vanishes while the state still counts it (a torn sled state).
+    let part = buffer.partition_key("t", 0).expect("key").expect("known");
+    buffer
+        .db
+        .remove(keys::chunk(Lane::Live, part, 10))
+        .expect("remove");
+    for from in [0, 5, 10, 15] {
+        let read = buffer.read(Lane::Live, "t", 0, from, 100);
+        assert!(
+            matches!(&read, Err(StoreError::Damaged { reason, .. }) if reason.contains("missing")),
+            "from {from}: {read:?}"
+        );
+    }
+    // Past the hole the chain holds again.
+    assert_eq!(
+        offsets(&buffer.read(Lane::Live, "t", 0, 20, 100).expect("read")),
+        (20..30).collect::<Vec<_>>()
+    );
+}
