@@ -179,6 +179,16 @@ fn processed(sinks: &[PathBuf]) -> BTreeSet<(i64, i64)> {
         .collect()
 }
 
+/// A produced topic and a group committed at its start.
+async fn topic_and_group(name: &str) -> (Kafka, String, String) {
+    let kafka = Kafka::connect();
+    let topic = unique(name);
+    produce(&kafka, &topic).await;
+    let group = unique(&format!("{name}-group"));
+    kafka.commit_as_operator(&group, &topic, &[0, 0]);
+    (kafka, topic, group)
+}
+
 fn every_offset() -> BTreeSet<(i64, i64)> {
     (0..PARTITIONS as i64)
         .flat_map(|p| (0..PER_PARTITION as i64).map(move |o| (p, o)))
@@ -190,11 +200,7 @@ async fn below_the_floor_fetching_pauses_sigterm_exits_and_nothing_is_lost() {
     let Some(fs) = SmallFilesystem::mount(64) else {
         return;
     };
-    let kafka = Kafka::connect();
-    let topic = unique("disk-floor");
-    produce(&kafka, &topic).await;
-    let group = unique("disk-floor-group");
-    kafka.commit_as_operator(&group, &topic, &[0, 0]);
+    let (kafka, topic, group) = topic_and_group("disk-floor").await;
     // 24 MiB left; the floor is 16 MiB: fetching must stop after about 8 MiB.
     let filler_file = fs.path().join("filler");
     filler(&filler_file, 40);
@@ -266,11 +272,7 @@ async fn a_write_that_fails_ends_the_run_with_an_error_and_loses_nothing() {
     let Some(fs) = SmallFilesystem::mount(12) else {
         return;
     };
-    let kafka = Kafka::connect();
-    let topic = unique("disk-full");
-    produce(&kafka, &topic).await;
-    let group = unique("disk-full-group");
-    kafka.commit_as_operator(&group, &topic, &[0, 0]);
+    let (kafka, topic, group) = topic_and_group("disk-full").await;
     let buffer = fs.path().join("buffer");
     let sinks_dir = tempfile::tempdir().expect("tempdir");
     let first_sink = sinks_dir.path().join("first.jsonl");

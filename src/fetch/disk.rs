@@ -142,6 +142,18 @@ mod tests {
 
     const MIB: u64 = 1 << 20;
     const GIB: u64 = 1 << 30;
+    const FLOOR_100_MIB: DiskFloor = DiskFloor {
+        min_free_bytes: 100 * MIB,
+        min_free_percent: 0.0,
+    };
+
+    /// `available` bytes free on a 10 GiB filesystem.
+    fn space(available: u64) -> DiskSpace {
+        DiskSpace {
+            available,
+            total: 10 * GIB,
+        }
+    }
 
     #[test]
     fn the_floor_is_the_larger_of_bytes_and_share() {
@@ -158,14 +170,7 @@ mod tests {
 
     #[test]
     fn writing_stops_below_the_floor_and_resumes_above_the_margin() {
-        let floor = DiskFloor {
-            min_free_bytes: 100 * MIB,
-            min_free_percent: 0.0,
-        };
-        let space = |available| DiskSpace {
-            available,
-            total: 10 * GIB,
-        };
+        let floor = FLOOR_100_MIB;
         let mut guard = DiskGuard::default();
         let change = |low, available| {
             Some(DiskChange {
@@ -213,14 +218,7 @@ mod tests {
 
     #[test]
     fn a_drained_buffer_resumes_below_the_floor_but_never_below_half() {
-        let floor = DiskFloor {
-            min_free_bytes: 100 * MIB,
-            min_free_percent: 0.0,
-        };
-        let space = |available| DiskSpace {
-            available,
-            total: 10 * GIB,
-        };
+        let floor = FLOOR_100_MIB;
         let mut guard = DiskGuard::default();
         let mut observe = |available, drained| {
             let change = guard.observe(&floor, space(available), drained);
