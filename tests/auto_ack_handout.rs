@@ -1,13 +1,13 @@
 //! `auto_ack` acknowledges a record when `recv` hands it out, not when the reader queues it.
 //! (Regression: the read-ahead of up to 256 records counted as processed, so a consumer that
 //! took 10 records and closed committed far past them, and a restart skipped the rest.)
-//! A consumer that received exactly 10 records commits exactly 10; the next member of the
-//! group starts there and receives everything after.
+//! A consumer that received exactly 10 records commits exactly 10 at `close()`, and at a
+//! revoke; the next owner starts there and receives everything after.
 
 mod support;
 
 use std::collections::BTreeSet;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use catchup::{CatchupConfig, CatchupConsumer, Mode};
 use support::{Kafka, catchup_consumer, unique};
@@ -98,6 +98,124 @@ async fn close_commits_only_what_recv_handed_out() {
     assert_eq!(
         kafka.committed(&group, &topic, 1),
         vec![Some(RECORDS)],
+        "everything handed out is committed at close"
+    );
+}
+
+/// A revoke while the reader holds read-ahead of both partitions: nothing queued may count
+/// as processed, so whichever partition moves, the member that takes it over starts at or
+/// before the first record the old owner never handed out, and the two together miss nothing.
+/// (Which partition moves is the assignor's choice; both hold queued records, so either way
+/// the check bites.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoke_commits_only_what_recv_handed_out() {
+    const PER_PARTITION: i64 = 100;
+    const TOTAL: usize = 2 * PER_PARTITION as usize;
+    let kafka = Kafka::connect();
+    let topic = unique("auto-ack-revoke");
+    kafka.create_topic(&topic, 2).await;
+    kafka.produce(&topic, 2, TOTAL).await;
+    let group = unique("auto-ack-revoke-group");
+    kafka.commit_as_operator(&group, &topic, &[0, 0]);
+
+    let dir_a = tempfile::tempdir().expect("tempdir");
+    let first = catchup_consumer(&kafka, &group, config(&dir_a));
+    let mut first_events = first.events();
+    first.subscribe(&[&topic]).expect("subscribe");
+    // Both partitions buffered before the first hand-out, so the reader's first read-ahead
+    // (up to 256 records) queues all of them.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let buffers = first.buffers().expect("buffers");
+        if buffers.len() == 2 && buffers.iter().all(|b| b.live.fetched_next == PER_PARTITION) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not buffered in time: {buffers:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Handed out per partition: the next offset not handed out.
+    let mut handed = [0i64; 2];
+    let mut seen = BTreeSet::new();
+    for _ in 0..TAKEN {
+        let delivery = tokio::time::timeout(WAIT, first.recv())
+            .await
+            .expect("a delivery in time")
+            .expect("recv");
+        let partition = delivery.partition as usize;
+        assert_eq!(delivery.offset, handed[partition], "in order per partition");
+        handed[partition] += 1;
+        seen.insert((delivery.partition, delivery.offset));
+    }
+    assert_eq!(
+        first.unacked(),
+        TOTAL - TAKEN as usize,
+        "the reader queues every record not handed out, of both partitions"
+    );
+
+    // A second member joins: the first loses a partition while its reader queues records of it.
+    let dir_b = tempfile::tempdir().expect("tempdir");
+    let second = catchup_consumer(&kafka, &group, config(&dir_b));
+    second.subscribe(&[&topic]).expect("subscribe");
+    let revoked = support::wait_for_event(
+        &mut first_events,
+        WAIT,
+        |e| matches!(e, catchup::Event::Revoked { partitions, .. } if !partitions.is_empty()),
+    )
+    .await;
+    let catchup::Event::Revoked { partitions, .. } = revoked else {
+        unreachable!("matched above")
+    };
+    assert_eq!(
+        partitions.len(),
+        1,
+        "one of two partitions moves: {partitions:?}"
+    );
+    let moved = partitions[0].1 as usize;
+    // It has records to hand out unless the old owner's queue was committed as processed.
+    let taken_over = tokio::time::timeout(WAIT, second.recv())
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "the new owner of partition {moved} received nothing in {WAIT:?}: the group \
+                 committed {:?} with {handed:?} handed out",
+                kafka.committed(&group, &topic, 2)
+            )
+        })
+        .expect("recv");
+    assert_eq!(
+        taken_over.partition as usize, moved,
+        "the second owns what moved"
+    );
+    assert!(
+        taken_over.offset <= handed[moved],
+        "the new owner of partition {moved} starts at {}, past the {} records the old owner \
+         handed out (its queued records counted as processed)",
+        taken_over.offset,
+        handed[moved]
+    );
+    seen.insert((taken_over.partition, taken_over.offset));
+
+    // Both go on; together they deliver every offset (`recv` is cancel-safe).
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while seen.len() < TOTAL {
+        let delivery = tokio::select! {
+            delivery = first.recv() => delivery,
+            delivery = second.recv() => delivery,
+            _ = tokio::time::sleep_until(deadline) => {
+                panic!("{} of {TOTAL} offsets delivered", seen.len())
+            }
+        };
+        let delivery = delivery.expect("recv");
+        seen.insert((delivery.partition, delivery.offset));
+    }
+    first.close().await.expect("close");
+    second.close().await.expect("close");
+    assert_eq!(
+        kafka.committed(&group, &topic, 2),
+        vec![Some(PER_PARTITION); 2],
         "everything handed out is committed at close"
     );
 }
