@@ -7,7 +7,7 @@
 pub(crate) mod types;
 mod writable;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -142,6 +142,10 @@ pub(crate) struct Shared {
     pub revocations: AtomicU64,
     /// Bumped on every assignment, empty ones included.
     pub assignments: AtomicU64,
+    /// Partitions whose buffered records failed verification on read: taken off the reader,
+    /// waiting for the live thread to discard them and refetch from Kafka (DESIGN
+    /// invariant 7; store audit R1).
+    damaged: Mutex<BTreeSet<PartitionId>>,
     events: broadcast::Sender<Event>,
     /// Round-robin start for fairness across partitions.
     next_start: AtomicU64,
@@ -162,6 +166,7 @@ impl Shared {
             live_appends: AtomicU64::new(0),
             revocations: AtomicU64::new(0),
             assignments: AtomicU64::new(0),
+            damaged: Mutex::new(BTreeSet::new()),
             events,
             next_start: AtomicU64::new(0),
             writability: Writability::new(config_floor),
@@ -298,33 +303,15 @@ impl Shared {
             let Some(runtime) = partitions.get_mut(key) else {
                 continue;
             };
-            let mut delivered = Vec::new();
-            match self.config.mode {
-                Mode::Ordered | Mode::Off => {
-                    let batch = self.buffer.read_ordered(
-                        &key.0,
-                        key.1,
-                        runtime.ordered_next,
-                        per_partition,
-                    )?;
-                    runtime.ordered_next = batch.next;
-                    delivered.push((
-                        0,
-                        self.deliver(key, runtime, batch.lane, batch.records, batch.next),
-                    ));
+            let delivered = match self.read_partition(key, runtime, lanes, per_partition) {
+                Ok(delivered) => delivered,
+                Err(StoreError::Damaged { reason, .. }) => {
+                    partitions.remove(key);
+                    self.damaged_on_read(key, reason);
+                    continue;
                 }
-                Mode::Concurrent => {
-                    for &lane in lanes {
-                        let from = runtime.lane_next[lane_index(lane)];
-                        let batch = self.buffer.read(lane, &key.0, key.1, from, per_partition)?;
-                        runtime.lane_next[lane_index(lane)] = batch.next;
-                        delivered.push((
-                            lane_index(lane),
-                            self.deliver(key, runtime, lane, batch.records, batch.next),
-                        ));
-                    }
-                }
-            }
+                Err(err) => return Err(err),
+            };
             if !runtime.drained
                 && runtime.acks[0].delivered_next() >= runtime.layout.catchup_end().unwrap_or(0)
             {
@@ -343,6 +330,73 @@ impl Shared {
             }
         }
         Ok(())
+    }
+
+    /// Reads one partition's next records as (queue, deliveries) pairs. A `Damaged` error
+    /// concerns this partition only.
+    fn read_partition(
+        &self,
+        key: &PartitionId,
+        runtime: &mut PartitionRuntime,
+        lanes: &[Lane],
+        per_partition: usize,
+    ) -> Result<Vec<(usize, Vec<Delivery>)>, StoreError> {
+        let mut delivered = Vec::new();
+        match self.config.mode {
+            Mode::Ordered | Mode::Off => {
+                let batch =
+                    self.buffer
+                        .read_ordered(&key.0, key.1, runtime.ordered_next, per_partition)?;
+                runtime.ordered_next = batch.next;
+                delivered.push((
+                    0,
+                    self.deliver(key, runtime, batch.lane, batch.records, batch.next),
+                ));
+            }
+            Mode::Concurrent => {
+                for &lane in lanes {
+                    let from = runtime.lane_next[lane_index(lane)];
+                    let batch = self.buffer.read(lane, &key.0, key.1, from, per_partition)?;
+                    runtime.lane_next[lane_index(lane)] = batch.next;
+                    delivered.push((
+                        lane_index(lane),
+                        self.deliver(key, runtime, lane, batch.records, batch.next),
+                    ));
+                }
+            }
+        }
+        Ok(delivered)
+    }
+
+    /// Takes a partition whose buffered records failed verification off the reader: its
+    /// queued deliveries are dropped, its acknowledgements ignored, and the live thread
+    /// discards its records and reconciles it again from Kafka's committed offsets.
+    fn damaged_on_read(&self, key: &PartitionId, reason: String) {
+        tracing::warn!(
+            topic = key.0,
+            partition = key.1,
+            "buffered records failed verification ({reason}); discarding them and refetching from the committed offset"
+        );
+        self.damaged
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(key.clone());
+        self.revocations.fetch_add(1, Ordering::Relaxed);
+        self.emit(Event::LocalDiscarded {
+            topic: key.0.clone(),
+            partition: key.1,
+            reason: format!("damaged: {reason}"),
+        });
+    }
+
+    /// The partitions taken off the reader as damaged since the last call.
+    pub fn take_damaged(&self) -> BTreeSet<PartitionId> {
+        std::mem::take(
+            &mut *self
+                .damaged
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        )
     }
 
     fn deliver(

@@ -44,6 +44,12 @@ impl Budget {
         self.writes_stopped || self.policy.is_paused(key)
     }
 
+    /// Forgets `key`, paused by its fetcher out of band: when its runtime comes back it is
+    /// resumed like a newly assigned partition.
+    pub fn forget(&mut self, key: &PartitionId) {
+        self.known.remove(key);
+    }
+
     /// Pauses and resumes the partitions of `consumer` that `fetching` says it fetches,
     /// by their bytes in this fetcher's lane, and all of them while the buffer may not be
     /// written.

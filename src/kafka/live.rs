@@ -290,6 +290,54 @@ impl LiveState {
         done
     }
 
+    /// Discards the records of partitions whose buffer failed verification on read (the
+    /// reader took them off already) and queues them for reconciliation, paused: with no
+    /// local records left, reconciliation refetches them from the group's committed offsets
+    /// (and the side entry of a split), as after a crash with an empty buffer.
+    fn refetch_damaged(
+        &self,
+        consumer: &BaseConsumer<LiveContext>,
+        damaged: &BTreeSet<PartitionId>,
+    ) {
+        let partitions: Vec<PartitionId> = damaged.iter().cloned().collect();
+        let mut list = TopicPartitionList::new();
+        for (topic, partition) in &partitions {
+            list.add_partition(topic, *partition);
+        }
+        if let Err(err) = consumer.pause(&list) {
+            tracing::warn!(%err, "pausing damaged partitions");
+        }
+        let (done, stopped) = crossbeam_channel::bounded(1);
+        if self
+            .catchup
+            .send(CatchupCommand::Remove {
+                partitions: partitions.clone(),
+                done,
+            })
+            .is_ok()
+        {
+            // The catch-up fetcher must stop appending before the partitions are discarded.
+            let _ = stopped.recv_timeout(REQUEST_TIMEOUT);
+        }
+        {
+            let mut runtimes = self.shared.partitions();
+            for key in &partitions {
+                runtimes.remove(key);
+            }
+        }
+        for (topic, partition) in &partitions {
+            if let Err(err) = self.shared.buffer.discard_partition(topic, *partition) {
+                if err.is_io_failure() {
+                    self.shared.write_failed(&err);
+                }
+                self.shared.emit(Event::Error {
+                    message: err.to_string(),
+                });
+            }
+        }
+        self.unreconciled().extend(partitions);
+    }
+
     /// Drops the buffered records of every topic among `partitions` that was deleted and
     /// recreated since they were fetched (Kafka's topic id changed; finding F8): the new
     /// topic's offsets restart with other data. Without topic ids (an old broker, a failed
@@ -825,7 +873,14 @@ fn run(
             let _ = state.commit(&consumer, None);
             last_commit = Instant::now();
         }
-        if last_retry.elapsed() >= retry_every {
+        let damaged = shared.take_damaged();
+        if !damaged.is_empty() {
+            state.refetch_damaged(&consumer, &damaged);
+            damaged.iter().for_each(|key| budget.forget(key));
+        }
+        // Damaged partitions are reconciled again at once, not after a backoff that other
+        // partitions ran up.
+        if !damaged.is_empty() || last_retry.elapsed() >= retry_every {
             // Each attempt asks the brokers (up to 30 s per request while they are down):
             // back off while it keeps failing so the live lane keeps fetching and committing.
             retry_every = if state.retry_unreconciled(&consumer) {
