@@ -49,7 +49,7 @@ pub use read::{BufferStats, LaneStats, PartitionStats, ReadBatch};
 pub use record::{Header, Record, Timestamp};
 pub use snapshot::Snapshot;
 pub use state::{LaneState, OffsetRange, PartitionLayout, PartitionState};
-pub use verify::Finding;
+pub use verify::{Finding, MAX_FINDINGS};
 pub use write::{AppendOutcome, Fetched};
 
 use keys::PartitionKey;
@@ -557,6 +557,16 @@ impl Buffer {
             None => return Err(self.damaged("buffer metadata is missing".into())),
         };
         let id = meta.next_topic_id;
+        if let Some((other, _)) = read_lock(&self.topics)
+            .iter()
+            .find(|(_, used)| **used == id)
+        {
+            // Only a damaged or crafted buffer gets here; sharing the id would mix two
+            // topics' records under the same keys.
+            return Err(self.damaged(format!(
+                "the next topic id {id} in the buffer metadata is already used by topic {other}"
+            )));
+        }
         let next = BufferMeta {
             next_topic_id: id
                 .checked_add(1)

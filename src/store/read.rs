@@ -92,7 +92,13 @@ impl Buffer {
             let state = codec::decode(&value).map_err(|err| {
                 self.damaged(format!("state of {topic}/{}: {err}", part.partition))
             })?;
-            out.push((part, topic, part.partition as i32, state));
+            let partition = i32::try_from(part.partition).map_err(|_| {
+                self.damaged(format!(
+                    "state of {topic}/{}: not a partition number",
+                    part.partition
+                ))
+            })?;
+            out.push((part, topic, partition, state));
         }
         out.sort_by(|a, b| (&a.1, a.2).cmp(&(&b.1, b.2)));
         Ok(out)
@@ -194,7 +200,9 @@ impl Buffer {
         let mut reached = state.normalize(lane, from);
         for entry in self.db.range(start..=lane_end.to_vec()) {
             let (key, value) = entry.map_err(|err| self.sled_error(err))?;
-            let first = keys::chunk_first(&key).map_or(i64::MAX, |first| first as i64);
+            let first = keys::chunk_first(&key)
+                .and_then(|first| i64::try_from(first).ok())
+                .unwrap_or(i64::MAX);
             if first > reached && reached < cursors.fetched_next {
                 return Err(self.damaged(format!(
                     "{lane} lane of topic id {} partition {}: offsets {reached}..{first} are missing",
@@ -209,10 +217,29 @@ impl Buffer {
                     part.partition
                 ))
             })?;
-            reached = reached.max(state.normalize(lane, chunk.next as i64));
+            let next = i64::try_from(chunk.next).unwrap_or(i64::MAX);
+            // A chunk must cover offsets and hold its records inside them, in order: a reader
+            // resumes at `next`, so one that does not advance past its records would hand
+            // them out forever.
+            let inside = chunk
+                .records
+                .first()
+                .is_none_or(|record| record.offset >= first)
+                && chunk
+                    .records
+                    .last()
+                    .is_none_or(|record| record.offset < next)
+                && chunk.records.windows(2).all(|w| w[0].offset < w[1].offset);
+            if next <= first || !inside {
+                return Err(self.damaged(format!(
+                    "{lane} chunk @{first} of topic id {} partition {}: its records do not lie in order inside [{first}, {next})",
+                    part.topic_id, part.partition
+                )));
+            }
+            reached = reached.max(state.normalize(lane, next));
             let skip = chunk.records.partition_point(|r| r.offset < from);
             batch.records.extend(chunk.records.into_iter().skip(skip));
-            batch.next = batch.next.max(state.normalize(lane, chunk.next as i64));
+            batch.next = batch.next.max(state.normalize(lane, next));
             if batch.records.len() >= max_records {
                 break;
             }
@@ -257,7 +284,7 @@ impl Buffer {
             let head: ChunkHead = codec::decode_prefix(&value)
                 .map_err(|err| self.damaged(format!("chunk {:?}: {err}", keys::parse(&key))))?;
             stats.chunks += 1;
-            stats.records += head.record_count;
+            stats.records = stats.records.saturating_add(head.record_count);
             stats.bytes += value.len() as u64;
             if head.record_count > 0 {
                 if first_nonempty.is_none() {

@@ -469,18 +469,27 @@ fn verify_reports_damage_holes_and_orphans() {
     buffer
         .reset_partition("t", 0, PartitionLayout::plain(0))
         .expect("layout");
-    append(&buffer, Lane::Live, "t", 0, &records(0..10), 10).expect("append");
-    append(&buffer, Lane::Live, "t", 0, &records(10..20), 20).expect("append");
-    append(&buffer, Lane::Live, "t", 0, &records(20..30), 30).expect("append");
+    for first in [0, 10, 20, 30] {
+        append(
+            &buffer,
+            Lane::Live,
+            "t",
+            0,
+            &records(first..first + 10),
+            first + 10,
+        )
+        .expect("append");
+    }
     let part = PartitionKey {
         topic_id: 0,
         partition: 0,
     };
-    // A flipped byte in the first chunk, a missing middle chunk, a chunk of nobody.
-    let first = keys::chunk(Lane::Live, part, 0);
-    let mut value = buffer.db.get(first).expect("get").expect("chunk").to_vec();
+    // A flipped byte in the last chunk, a missing chunk before an intact one, a chunk of
+    // nobody. The damaged chunk is left out of the chain, so only the removal makes the hole.
+    let last = keys::chunk(Lane::Live, part, 30);
+    let mut value = buffer.db.get(last).expect("get").expect("chunk").to_vec();
     value[20] ^= 0x40;
-    buffer.db.insert(first, value).expect("insert");
+    buffer.db.insert(last, value).expect("insert");
     buffer
         .db
         .remove(keys::chunk(Lane::Live, part, 10))
@@ -507,13 +516,225 @@ fn verify_reports_damage_holes_and_orphans() {
     let text: Vec<String> = findings.iter().map(ToString::to_string).collect();
     assert!(
         text.iter()
-            .any(|f| f.contains("t/0 live chunk @0") && f.contains("checksum")),
+            .any(|f| f.contains("t/0 live chunk @30") && f.contains("checksum")),
         "{text:?}"
     );
-    assert!(text.iter().any(|f| f.contains("hole")), "{text:?}");
+    assert!(
+        text.contains(&"t/0 live lane: hole: a chunk starts at 20, expected 10".to_owned()),
+        "{text:?}"
+    );
     assert!(
         text.iter().any(|f| f.contains("no laid-out partition")),
         "{text:?}"
+    );
+}
+
+/// Overwrites the stored state of `t`/0 with `change` applied (a damaged or crafted state).
+fn craft_state(buffer: &Buffer, change: impl FnOnce(&mut PartitionState)) {
+    let mut state = buffer
+        .partition_state("t", 0)
+        .expect("state")
+        .expect("laid out");
+    change(&mut state);
+    let part = buffer.partition_key("t", 0).expect("key").expect("known");
+    buffer
+        .db
+        .insert(keys::state(part), codec::encode(&state))
+        .expect("insert");
+}
+
+fn verify_text(buffer: &Buffer) -> Vec<String> {
+    let findings = buffer.verify().expect("verify");
+    findings.iter().map(ToString::to_string).collect()
+}
+
+#[test]
+fn verify_reports_unprocessed_records_deleted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let buffer = open(&dir);
+    buffer
+        .reset_partition("t", 0, PartitionLayout::plain(0))
+        .expect("layout");
+    append(&buffer, Lane::Live, "t", 0, &records(0..10), 10).expect("append");
+    append(&buffer, Lane::Live, "t", 0, &records(10..20), 20).expect("append");
+    assert_eq!(verify_text(&buffer), Vec::<String>::new());
+    // Records 0..10 gone while only 0..5 were committed: the chain alone cannot tell, since
+    // it starts at retained_from.
+    buffer
+        .db
+        .remove(keys::chunk(
+            Lane::Live,
+            buffer.partition_key("t", 0).expect("key").expect("known"),
+            0,
+        ))
+        .expect("remove");
+    craft_state(&buffer, |state| {
+        state.live.committed_next = 5;
+        state.live.retained_from = 10;
+    });
+    let text = verify_text(&buffer);
+    assert!(
+        text.iter().any(
+            |f| f.contains("t/0 live lane") && f.contains("deleted before they were processed")
+        ),
+        "{text:?}"
+    );
+}
+
+#[test]
+fn verify_checks_lanes_against_the_layout() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let buffer = open(&dir);
+    let layout = PartitionLayout {
+        epoch: 1,
+        catchup_ranges: vec![OffsetRange::new(0, 10), OffsetRange::new(20, 30)],
+        live_from: 40,
+    };
+    buffer.reset_partition("t", 0, layout).expect("layout");
+    append(&buffer, Lane::Catchup, "t", 0, &records(0..10), 10).expect("append");
+    append(&buffer, Lane::Live, "t", 0, &records(40..50), 50).expect("append");
+    assert_eq!(verify_text(&buffer), Vec::<String>::new());
+    let part = buffer.partition_key("t", 0).expect("key").expect("known");
+    // A live chunk below live_from, a catch-up chunk across the gap between the ranges.
+    buffer
+        .db
+        .insert(
+            keys::chunk(Lane::Live, part, 35),
+            codec::encode(&record::Chunk {
+                next: 40,
+                records: records(35..40),
+            }),
+        )
+        .expect("insert");
+    buffer
+        .db
+        .insert(
+            keys::chunk(Lane::Catchup, part, 5),
+            codec::encode(&record::Chunk {
+                next: 25,
+                records: vec![record(5), record(24)],
+            }),
+        )
+        .expect("insert");
+    let text = verify_text(&buffer);
+    for expected in [
+        "t/0 live chunk @35: starts below the live lane's first offset 40",
+        "t/0 catchup chunk @5: reaches 25, past the end of its catch-up range",
+    ] {
+        assert!(
+            text.iter().any(|f| f.starts_with(expected)),
+            "{expected}: {text:?}"
+        );
+    }
+
+    // Cursors: negative, inside the gap between the ranges, below the live lane.
+    craft_state(&buffer, |state| {
+        state.catchup.fetched_next = 15;
+        state.live.retained_from = -1;
+    });
+    let text = verify_text(&buffer);
+    for expected in [
+        "t/0 catchup lane: a cursor between the catch-up ranges",
+        "t/0 live lane: negative cursor",
+        "t/0 live lane: cursors below the live lane's first offset 40",
+    ] {
+        assert!(
+            text.iter().any(|f| f.starts_with(expected)),
+            "{expected}: {text:?}"
+        );
+    }
+}
+
+#[test]
+fn a_chunk_that_does_not_advance_is_damaged_not_an_endless_read() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let buffer = open(&dir);
+    buffer
+        .reset_partition("t", 0, PartitionLayout::plain(0))
+        .expect("layout");
+    append(&buffer, Lane::Live, "t", 0, &records(0..10), 10).expect("append");
+    append(&buffer, Lane::Live, "t", 0, &records(10..20), 20).expect("append");
+    let part = buffer.partition_key("t", 0).expect("key").expect("known");
+    // A valid checksum over a chunk whose `next` is not past its records: a reader resuming
+    // at `next` would read the same records again, forever.
+    buffer
+        .db
+        .insert(
+            keys::chunk(Lane::Live, part, 10),
+            codec::encode(&record::Chunk {
+                next: 5,
+                records: records(10..20),
+            }),
+        )
+        .expect("insert");
+    let read = buffer.read(Lane::Live, "t", 0, 0, 100);
+    assert!(
+        matches!(&read, Err(StoreError::Damaged { reason, .. }) if reason.contains("in order inside")),
+        "{read:?}"
+    );
+    let text = verify_text(&buffer);
+    assert!(
+        text.iter()
+            .any(|f| f.starts_with("t/0 live chunk @10: covers no offsets")),
+        "{text:?}"
+    );
+}
+
+#[test]
+fn a_topic_id_the_metadata_would_hand_out_again_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let buffer = open(&dir);
+    buffer
+        .reset_partition("t", 0, PartitionLayout::plain(0))
+        .expect("layout");
+    // The metadata rolled back: the next id to allocate is the one `t` holds.
+    buffer
+        .db
+        .insert(keys::META, codec::encode(&BufferMeta { next_topic_id: 0 }))
+        .expect("insert");
+    let text = verify_text(&buffer);
+    assert!(
+        text.iter()
+            .any(|f| f.starts_with("topic t: id 0 is not below the next id to allocate (0)")),
+        "{text:?}"
+    );
+    let err = buffer
+        .reset_partition("u", 0, PartitionLayout::plain(0))
+        .expect_err("a second topic under id 0");
+    assert!(
+        matches!(&err, StoreError::Damaged { reason, .. } if reason.contains("already used by topic t")),
+        "{err}"
+    );
+}
+
+#[test]
+fn verify_lists_a_bounded_number_of_findings() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let buffer = open(&dir);
+    let orphans = MAX_FINDINGS as u64 + 500;
+    for first in 0..orphans {
+        let key = keys::chunk(
+            Lane::Live,
+            PartitionKey {
+                topic_id: 7,
+                partition: 0,
+            },
+            first,
+        );
+        let chunk = record::Chunk {
+            next: first + 1,
+            records: vec![record(first as i64)],
+        };
+        buffer
+            .db
+            .insert(key, codec::encode(&chunk))
+            .expect("insert");
+    }
+    let findings = buffer.verify().expect("verify");
+    assert_eq!(findings.len(), MAX_FINDINGS + 1);
+    assert_eq!(
+        findings.last().map(|f| f.problem.clone()),
+        Some("500 more finding(s) not listed".to_owned())
     );
 }
 
