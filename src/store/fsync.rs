@@ -6,16 +6,37 @@ use std::os::unix::fs::DirBuilderExt;
 use std::path::Path;
 
 /// Creates `dir` and its missing parents, owner-only (0700): a buffer holds message payloads.
-/// An existing directory is left as it is.
+/// An existing directory is left as it is. The parent of each directory created is fsynced,
+/// so the new directory's entry survives a power loss (store audit C4).
 pub(crate) fn create_private_dir(dir: &Path) -> io::Result<()> {
-    DirBuilder::new().recursive(true).mode(0o700).create(dir)
+    let missing: Vec<&Path> = dir
+        .ancestors()
+        .take_while(|d| !d.as_os_str().is_empty() && !d.exists())
+        .collect();
+    DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+    for created in missing.iter().rev() {
+        let parent = match created.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => parent,
+            _ => Path::new("."),
+        };
+        File::open(parent)?.sync_all()?;
+    }
+    Ok(())
 }
 
 /// fsyncs every file under `dir`, every subdirectory, and `dir` itself, so that both the
-/// data and the directory entries naming it survive a power loss.
+/// data and the directory entries naming it survive a power loss. Subdirectories (sled's
+/// `blobs/`) go first and sled's log `db` last, so the log never becomes durable before
+/// the blob files it points to (store audit C5). Callers must treat an error as final for
+/// the handle: after a failed fsync the kernel may have dropped the dirty pages, and a retry
+/// can succeed without them.
 pub(crate) fn sync_tree(dir: &Path) -> io::Result<()> {
-    for entry in std::fs::read_dir(dir)? {
-        let entry = entry?;
+    let mut entries = std::fs::read_dir(dir)?.collect::<io::Result<Vec<_>>>()?;
+    entries.sort_by_key(|entry| {
+        let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+        (!is_dir, entry.file_name() == "db")
+    });
+    for entry in entries {
         let file_type = entry.file_type()?;
         if file_type.is_dir() {
             sync_tree(&entry.path())?;

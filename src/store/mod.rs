@@ -19,9 +19,15 @@
 //! per-entry cost over hundreds of records. A partly committed chunk stays until all of it
 //! is committed; the lane's `committed_next` is the cursor inside it.
 //!
-//! Durability: sled writes through its page cache and flushes every
-//! [`BufferOptions::flush_every_ms`]; only [`Buffer::sync`] is a durability point. After a
-//! crash the buffer holds a prefix of the batches applied, never a hole.
+//! Durability: the buffer is a cache of Kafka, and the consumer needs none for correctness.
+//! sled writes through its page cache and fsyncs its log every
+//! [`BufferOptions::flush_every_ms`]; after a process crash the buffer holds a prefix of the
+//! batches applied. After a power loss that holds only if no item was a blob file (see
+//! [`BufferOptions::segment_bytes`]), and nothing is trusted without checking: every read
+//! verifies that the chunks chain without a hole and decode with their checksums, and the
+//! consumer discards and refetches a partition that fails (a record is delivered only if the
+//! buffer proves it). [`Buffer::sync`] is the durability point for library users who want
+//! one; the consumer never calls it.
 
 mod codec;
 mod fsync;
@@ -102,13 +108,26 @@ pub struct BufferOptions {
     /// Bytes of sled's page cache. The reader mostly reads chunks shortly after they were
     /// written, so a modest cache serves it; 64 MiB by default.
     pub cache_capacity: u64,
-    /// How often sled flushes in the background, in milliseconds (`None`: never). This bounds
-    /// what a crash can lose between explicit [`Buffer::sync`] calls, which are the only
-    /// durability points the consumer relies on; 500 ms by default.
+    /// How often sled flushes and fsyncs its log in the background, in milliseconds (`None`:
+    /// never); 500 ms by default. This bounds what a power loss can take back between
+    /// explicit [`Buffer::sync`] calls (a process crash loses nothing sled was handed). The
+    /// consumer needs no durability point: it verifies what it reads and refetches.
     pub flush_every_ms: Option<u64>,
-    /// Upper bound on the encoded size of one chunk. Values above a quarter of sled's
-    /// 512 KiB segment become separate blob files, which are slower; 64 KiB by default.
+    /// Upper bound on the encoded size of one chunk (a single larger record makes a chunk
+    /// of its own); 32 KiB by default. See [`BufferOptions::segment_bytes`] for the limit.
     pub chunk_target_bytes: usize,
+    /// sled's segment size for a new buffer (a power of two, 1–16 MiB); 4 MiB by default.
+    /// An existing buffer keeps the size it was created with (sled cannot change it).
+    ///
+    /// The rule this serves: sled writes a logged item (a whole tree leaf when it rewrites
+    /// one, up to 17 entries) larger than a quarter of a segment as a separate *blob* file,
+    /// which it never fsyncs and, when the file is missing after a power loss, skips
+    /// without stopping recovery — the recovered tree is then not a prefix of what was
+    /// written. So `open` requires that 18 chunks of `chunk_target_bytes` fit in a quarter
+    /// segment, and no leaf of chunks becomes a blob unless a single record exceeds that
+    /// share (about 58 KiB with the defaults). The reader's checks catch what a blob could
+    /// still tear: a damaged partition is refetched, never read over.
+    pub segment_bytes: usize,
     /// How long `open` waits for the directory's lock. sled releases it only once its
     /// background threads let go of the files, shortly after the previous handle in this
     /// process was dropped; another process holding it gets [`StoreError::Locked`] after
@@ -121,7 +140,8 @@ impl Default for BufferOptions {
         Self {
             cache_capacity: 64 << 20,
             flush_every_ms: Some(500),
-            chunk_target_bytes: 64 << 10,
+            chunk_target_bytes: 32 << 10,
+            segment_bytes: 4 << 20,
             lock_wait: std::time::Duration::from_secs(2),
         }
     }
@@ -224,6 +244,14 @@ pub enum StoreError {
         /// Where the lane stands.
         fetched_next: i64,
     },
+    /// The [`BufferOptions`] cannot be used.
+    #[error("buffer {dir}: {reason}")]
+    Options {
+        /// The buffer directory.
+        dir: PathBuf,
+        /// Which option and why.
+        reason: String,
+    },
     /// A call that does not fit the partition's state (a bug in the caller, reported rather
     /// than written).
     #[error("buffer {dir}, {topic}/{partition}: {reason}")]
@@ -306,11 +334,33 @@ impl Buffer {
         Self::open_dir(dir, options, false)
     }
 
-    fn open_dir(dir: PathBuf, options: BufferOptions, create: bool) -> Result<Self, StoreError> {
+    fn open_dir(
+        dir: PathBuf,
+        mut options: BufferOptions,
+        create: bool,
+    ) -> Result<Self, StoreError> {
+        match persisted_segment_bytes(&dir) {
+            // sled cannot change it: chunks are sized for the segments the buffer has (a
+            // buffer of an earlier version has 512 KiB ones).
+            Some(persisted) if persisted != options.segment_bytes => {
+                tracing::debug!(
+                    dir = %dir.display(),
+                    persisted,
+                    "the buffer keeps the sled segment size it was created with"
+                );
+                options.segment_bytes = persisted;
+                options.chunk_target_bytes = options
+                    .chunk_target_bytes
+                    .min(largest_chunk_without_blobs(persisted))
+                    .max(1);
+            }
+            _ => check_options(&dir, &options)?,
+        }
         let config = sled::Config::new()
             .path(&dir)
             .cache_capacity(options.cache_capacity)
             .flush_every_ms(options.flush_every_ms)
+            .segment_size(options.segment_bytes)
             .mode(sled::Mode::HighThroughput);
         let deadline = std::time::Instant::now() + options.lock_wait;
         // sled 0.34 can panic on some damaged files instead of returning an error; a damaged
@@ -374,7 +424,8 @@ impl Buffer {
 
     /// Makes everything written so far durable: sled's flush, then an fsync of every file in
     /// the directory and of the directory itself (sled 0.34.7 alone uses `sync_file_range`,
-    /// which does not survive a power loss).
+    /// which does not survive a power loss). After an error, do not trust a later success on
+    /// the same handle: the kernel may have dropped the pages that failed to write.
     pub fn sync(&self) -> Result<(), StoreError> {
         self.db.flush().map_err(|err| self.sled_error(err))?;
         fsync::sync_tree(&self.dir).map_err(|source| StoreError::Io {
@@ -693,6 +744,7 @@ impl StoreError {
             StoreError::NotABuffer { reason, .. } => StoreError::NotABuffer { dir, reason },
             StoreError::NewerFormat { found, .. } => StoreError::NewerFormat { dir, found },
             StoreError::Damaged { reason, .. } => StoreError::Damaged { dir, reason },
+            StoreError::Options { reason, .. } => StoreError::Options { dir, reason },
             StoreError::Sled { source, .. } => StoreError::Sled { dir, source },
             StoreError::StaleLayout {
                 topic,
@@ -804,6 +856,48 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Entries a sled leaf holds at most before it splits (it splits above 16), plus one.
+const LEAF_ENTRIES: usize = 18;
+
+/// The largest chunk whose leaf of [`LEAF_ENTRIES`] chunks stays below sled's blob
+/// threshold for `segment_bytes` (a quarter segment less sled's segment and message
+/// headers, and about 64 bytes of key and framing per entry).
+fn largest_chunk_without_blobs(segment_bytes: usize) -> usize {
+    ((segment_bytes / 4).saturating_sub(20 + 32) / LEAF_ENTRIES).saturating_sub(64)
+}
+
+fn check_options(dir: &Path, options: &BufferOptions) -> Result<(), StoreError> {
+    let invalid = |reason: String| StoreError::Options {
+        dir: dir.to_path_buf(),
+        reason,
+    };
+    let segment = options.segment_bytes;
+    if !segment.is_power_of_two() || !((1 << 20)..=(16 << 20)).contains(&segment) {
+        return Err(invalid(format!(
+            "segment_bytes {segment} must be a power of two from 1 MiB to 16 MiB"
+        )));
+    }
+    let largest = largest_chunk_without_blobs(segment);
+    if options.chunk_target_bytes == 0 || options.chunk_target_bytes > largest {
+        return Err(invalid(format!(
+            "chunk_target_bytes {} must be from 1 to {largest} with segments of {segment} bytes: \
+             larger chunks would make sled write leaves as blob files, which a power loss can \
+             tear out of order",
+            options.chunk_target_bytes
+        )));
+    }
+    Ok(())
+}
+
+/// The segment size recorded in an existing buffer's sled configuration file, if any.
+fn persisted_segment_bytes(dir: &Path) -> Option<usize> {
+    let conf = std::fs::read(dir.join("conf")).ok()?;
+    String::from_utf8_lossy(&conf)
+        .lines()
+        .find_map(|line| line.strip_prefix("segment_size: "))
+        .and_then(|value| value.trim().parse().ok())
 }
 
 fn read_lock<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {

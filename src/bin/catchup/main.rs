@@ -67,6 +67,7 @@ impl From<StoreError> for Failure {
             | StoreError::Damaged { .. }
             | StoreError::NewerFormat { .. }
             | StoreError::Locked { .. }
+            | StoreError::Options { .. }
             | StoreError::Io { .. } => Failure::Usage(err.to_string()),
             other => Failure::Runtime(other.to_string()),
         }
