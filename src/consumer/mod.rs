@@ -274,9 +274,12 @@ impl CatchupConsumer {
     /// What is buffered per assigned partition and lane.
     pub fn buffers(&self) -> Result<Vec<PartitionBuffer>, Error> {
         let stats = self.shared.buffer.stats()?;
+        let assigned = self.shared.partitions();
         Ok(stats
             .partitions
             .into_iter()
+            // Records kept for partitions not assigned here are not this consumer's to report.
+            .filter(|p| assigned.contains_key(&(p.topic.clone(), p.partition)))
             .map(|p| {
                 let lane = |index: usize| {
                     let stats = &p.lanes[index];

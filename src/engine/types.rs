@@ -251,6 +251,18 @@ pub enum Event {
         /// Why.
         reason: String,
     },
+    /// Records the buffer already held were kept at assignment (after a revoke or a
+    /// restart), so offsets `[from, to)` are delivered from disk instead of refetched.
+    LocalReused {
+        /// Topic.
+        topic: String,
+        /// Partition.
+        partition: i32,
+        /// The group's position: delivery resumes here.
+        from: i64,
+        /// Where fetching resumes: the end of what the buffer holds.
+        to: i64,
+    },
     /// A side entry or token was stale and ignored (processing restarts at the group's offset).
     StaleState {
         /// Topic.

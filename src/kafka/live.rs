@@ -21,9 +21,9 @@ use crate::engine::{PartitionId, PartitionRuntime, PendingCommit, Shared};
 use crate::fetch::{AppendResult, PendingAppend, PollErrorKind, classify_poll_error};
 use crate::plan::{
     CommitPlan, Committed, Inputs, LocalAction, OffsetReset, PlanEvent, SideValue, SideWrite,
-    SplitSecret, SplitToken, reconcile,
+    SplitSecret, SplitToken, UnownedAction, reconcile, unowned_action,
 };
-use crate::store::{Lane, Record, StoreError};
+use crate::store::{Lane, PartitionState, Record, StoreError};
 
 /// Timeout of one broker request made during a rebalance or a commit.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -33,6 +33,11 @@ const SEEK_TIMEOUT: Duration = Duration::from_secs(5);
 const RECONCILE_RETRY: Duration = Duration::from_secs(1);
 /// The longest wait between two reconciliation attempts that keep failing.
 const RECONCILE_RETRY_MAX: Duration = Duration::from_secs(30);
+/// How often the buffered records of partitions not assigned here are checked against the
+/// group's commits (and after every assignment).
+const PRUNE_EVERY: Duration = Duration::from_secs(10);
+/// How long that check may wait for the committed offsets.
+const PRUNE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Most messages taken from one poll round before they are appended.
 const POLL_BATCH: usize = 2000;
 
@@ -59,8 +64,9 @@ pub(crate) struct LiveState {
     /// unreadable, a write refused): paused, with no runtime, retried from the live loop
     /// (findings F6, F13).
     unreconciled: Mutex<BTreeSet<PartitionId>>,
-    /// Topics whose incarnation this process has checked: once is enough, since a revoke
-    /// discards a partition's records and a restart checks again.
+    /// Topics whose incarnation this process has checked: once while assigned is enough; a
+    /// revoke forgets its topics (records kept meanwhile are checked when they return) and a
+    /// restart checks again.
     incarnations_checked: Mutex<BTreeSet<String>>,
 }
 
@@ -290,6 +296,77 @@ impl LiveState {
         done
     }
 
+    /// Discards the buffered records of partitions not assigned here (revoked, or held
+    /// before a restart) that a reassignment could never reuse, by the group's commits
+    /// ([`unowned_action`]). A failed lookup leaves them for the next round.
+    fn prune_unowned(&self, consumer: &BaseConsumer<LiveContext>) {
+        let Ok(buffered) = self.shared.buffer.partitions() else {
+            return; // a damaged state: reconciliation reports it when the partition comes
+        };
+        let owned: BTreeSet<PartitionId> = {
+            let mut owned: BTreeSet<PartitionId> =
+                self.shared.partitions().keys().cloned().collect();
+            owned.extend(self.unreconciled().iter().cloned());
+            if let Ok(assignment) = consumer.assignment() {
+                owned.extend(partitions_of(&assignment));
+            }
+            owned
+        };
+        let unowned: Vec<(String, i32, PartitionState)> = buffered
+            .into_iter()
+            .filter(|(topic, partition, _)| !owned.contains(&(topic.clone(), *partition)))
+            .collect();
+        if unowned.is_empty() {
+            return;
+        }
+        let subscription = consumer.subscription().map(|list| partitions_of(&list));
+        let Ok(subscription) = subscription else {
+            return;
+        };
+        // A pattern subscription does not say which topics it covers: keep those.
+        let patterns = subscription.iter().any(|(topic, _)| topic.starts_with('^'));
+        let mut list = TopicPartitionList::new();
+        for (topic, partition, _) in &unowned {
+            list.add_partition(topic, *partition);
+        }
+        let Ok(committed) = consumer.committed_offsets(list, PRUNE_TIMEOUT) else {
+            return;
+        };
+        for (topic, partition, local) in unowned {
+            let main = committed.find_partition(&topic, partition).and_then(|e| {
+                match (e.error(), e.offset()) {
+                    (Ok(()), Offset::Offset(offset)) => Some(Committed {
+                        offset,
+                        metadata: e.metadata().to_owned(),
+                    }),
+                    _ => None,
+                }
+            });
+            let subscribed = patterns || subscription.iter().any(|(t, _)| *t == topic);
+            if let UnownedAction::Discard { reason } =
+                unowned_action(&local, main.as_ref(), subscribed)
+            {
+                match self.shared.buffer.discard_partition(&topic, partition) {
+                    Ok(_) => {
+                        tracing::info!(
+                            topic,
+                            partition,
+                            "{reason}: its buffered records are dropped"
+                        );
+                        self.shared.emit(Event::LocalDiscarded {
+                            topic,
+                            partition,
+                            reason: format!("not assigned here, and {reason}"),
+                        });
+                    }
+                    Err(err) => self.shared.emit(Event::Error {
+                        message: err.to_string(),
+                    }),
+                }
+            }
+        }
+    }
+
     /// Discards the records of partitions whose buffer failed verification on read (the
     /// reader took them off already) and queues them for reconciliation, paused: with no
     /// local records left, reconciliation refetches them from the group's committed offsets
@@ -508,12 +585,31 @@ impl LiveState {
                 live_committed,
             } => {
                 let buffer = &shared.buffer;
-                buffer
+                let reused = buffer
                     .record_committed(Lane::Catchup, topic, partition, *catchup_committed)
                     .and_then(|_| {
                         buffer.record_committed(Lane::Live, topic, partition, *live_committed)
                     })
-                    .map_err(|err| err.to_string())
+                    .map_err(|err| err.to_string());
+                // Delivery resumes in the catch-up lane while it has offsets left.
+                let in_catchup = decision
+                    .layout
+                    .catchup_end()
+                    .is_some_and(|end| *catchup_committed < end);
+                let (from, to) = match &local {
+                    Some(local) if in_catchup => (*catchup_committed, local.catchup.fetched_next),
+                    Some(local) => (*live_committed, local.live.fetched_next),
+                    None => (0, 0),
+                };
+                if reused.is_ok() && to > from {
+                    shared.emit(Event::LocalReused {
+                        topic: topic.into(),
+                        partition,
+                        from,
+                        to,
+                    });
+                }
+                reused
             }
             LocalAction::Reset { reason } => Err(reason.clone().unwrap_or_default()),
         };
@@ -606,11 +702,24 @@ impl LiveState {
             }
         }
         self.shared.revocations.fetch_add(1, Ordering::Relaxed);
+        // The records stay: a reassignment reconciles them like a restart would, and the
+        // pruning in the live loop drops them once the group's commit shows they can never
+        // be reused. Writers still positioned for them are refused from here on.
         for (topic, partition) in &partitions {
-            if let Err(err) = self.shared.buffer.discard_partition(topic, *partition) {
+            if let Err(err) = self.shared.buffer.retire_layout(topic, *partition) {
                 self.shared.emit(Event::Error {
                     message: err.to_string(),
                 });
+            }
+        }
+        // While not ours the topic may be deleted and recreated: check again on return.
+        {
+            let mut checked = self
+                .incarnations_checked
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            for (topic, _) in &partitions {
+                checked.remove(topic);
             }
         }
         self.shared.emit(Event::Revoked { partitions, lost });
@@ -831,6 +940,8 @@ fn run(
     let mut last_commit = Instant::now();
     let mut last_retry = Instant::now();
     let mut retry_every = RECONCILE_RETRY;
+    let mut last_prune = Instant::now();
+    let mut pruned_at_assignment = 0;
     let mut budget = Budget::new("live", Lane::Live, shared.config.buffer_budget_bytes);
     loop {
         while let Ok(command) = commands.try_recv() {
@@ -872,6 +983,12 @@ fn run(
         if last_commit.elapsed() >= interval {
             let _ = state.commit(&consumer, None);
             last_commit = Instant::now();
+        }
+        let assignments = shared.assignments.load(Ordering::Relaxed);
+        if last_prune.elapsed() >= PRUNE_EVERY || assignments != pruned_at_assignment {
+            state.prune_unowned(&consumer);
+            last_prune = Instant::now();
+            pruned_at_assignment = assignments;
         }
         let damaged = shared.take_damaged();
         if !damaged.is_empty() {

@@ -1,5 +1,5 @@
 //! Pure decisions, no I/O: the split token and side-entry formats, reconciliation on
-//! assignment, and the tracking of acknowledged offsets. The Kafka adapters gather inputs,
+//! assignment, what becomes of records of partitions not owned, and the tracking of acknowledged offsets. The Kafka adapters gather inputs,
 //! call these functions and apply what they return; the table tests and model tests drive
 //! them directly.
 
@@ -9,6 +9,7 @@ mod reconcile;
 mod secret;
 mod side_entry;
 mod token;
+mod unowned;
 
 pub use acks::AckTracker;
 pub use commit::{CommitPlan, Progress, plan_commit};
@@ -19,6 +20,7 @@ pub use reconcile::{
 pub use secret::SplitSecret;
 pub use side_entry::{SealedSideEntry, SideEntry, parse_side_key, side_key};
 pub use token::{MAX_METADATA_BYTES, SplitToken};
+pub use unowned::{UnownedAction, unowned_action};
 
 #[cfg(test)]
 mod reconcile_tests;

@@ -266,6 +266,17 @@ impl Buffer {
         Ok(existed)
     }
 
+    /// Keeps what the buffer holds for `topic`/`partition` but makes every writer positioned
+    /// so far stale (the partition was revoked: a fetcher still running for it must not
+    /// append, yet a reassignment may reuse the records).
+    pub fn retire_layout(&self, topic: &str, partition: i32) -> Result<(), StoreError> {
+        if let Some(part) = self.partition_key(topic, partition)? {
+            let _guard = self.partition_lock(part);
+            self.new_layout_id(part);
+        }
+        Ok(())
+    }
+
     /// Records Kafka's id for `topic` (its incarnation). When the buffer knew another id —
     /// the topic was deleted and recreated under the same name, its offsets restarting with
     /// other data — every partition of the topic but those `keep` names is discarded first,

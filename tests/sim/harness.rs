@@ -788,15 +788,25 @@ impl Sim {
     }
 
     /// The partition is revoked (after a commit attempt, as the live fetcher does) and
-    /// assigned again; the buffer discards it, and the old fetchers linger as stale writers
-    /// for a while.
+    /// assigned again; the buffer keeps its records for reconciliation to reuse (or, as the
+    /// pruning does once they are stale, discards them), and the old fetchers linger as
+    /// stale writers for a while.
     fn revoke_and_reassign(&mut self) -> Result<(), Failure> {
         if self.rng.chance(500) {
             self.commit()?;
         }
-        self.buffer()?
-            .discard_partition(&self.topic, 0)
-            .map_err(|e| err("discard", e))?;
+        let discard = self.rng.chance(500);
+        let buffer = self.buffer()?;
+        if discard {
+            buffer
+                .discard_partition(&self.topic, 0)
+                .map(|_| ())
+                .map_err(|e| err("discard", e))?;
+        } else {
+            buffer
+                .retire_layout(&self.topic, 0)
+                .map_err(|e| err("retire", e))?;
+        }
         self.fetchers.retain(|f| !f.zombie);
         for fetcher in &mut self.fetchers {
             fetcher.zombie = true;
