@@ -134,6 +134,7 @@ impl PerRecord {
             .path(dir)
             .cache_capacity(defaults.cache_capacity)
             .flush_every_ms(defaults.flush_every_ms)
+            .segment_size(defaults.segment_bytes)
             .mode(sled::Mode::HighThroughput)
             .open()
             .expect("sled");

@@ -224,7 +224,7 @@ fn verify_reports_a_hole_and_exits_1() {
     sample_buffer(&dir);
     {
         // Remove the live chunk of orders/0 (topic id 0, partition 0, first offset 120).
-        let db = sled::open(&dir).expect("raw sled");
+        let db = support::raw_sled(&dir).expect("raw sled");
         let mut key = vec![b'L'];
         key.extend_from_slice(&0u32.to_be_bytes());
         key.extend_from_slice(&0u32.to_be_bytes());
@@ -314,7 +314,7 @@ fn future_format_version_exits_2() {
     sample_buffer(&dir);
     {
         // Rewrite the metadata value as format version 2 with a valid checksum.
-        let db = sled::open(&dir).expect("raw sled");
+        let db = support::raw_sled(&dir).expect("raw sled");
         let mut meta = db.get(b"M").expect("get").expect("metadata").to_vec();
         meta[0] = 2;
         let crc = crc32c::crc32c_append(crc32c::crc32c(&meta[..1]), &meta[5..]);

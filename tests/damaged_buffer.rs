@@ -47,7 +47,7 @@ fn live_chunks(db: &sled::Db) -> BTreeMap<i32, Vec<sled::IVec>> {
 fn damage(dir: &Path) {
     let deadline = Instant::now() + WAIT;
     let db = loop {
-        match sled::Config::new().path(dir).open() {
+        match support::raw_sled(dir) {
             Ok(db) => break db,
             Err(err) => {
                 assert!(Instant::now() < deadline, "opening the buffer: {err}");

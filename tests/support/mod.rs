@@ -559,3 +559,14 @@ pub fn catchup_consumer(
 ) -> catchup::CatchupConsumer {
     catchup::CatchupConsumer::new(&kafka.consumer_config(group), config).expect("catchup consumer")
 }
+
+/// Opens a buffer directory with sled itself (to damage it the way a disk or a crafted file
+/// would), with the segment size the buffer was created with: sled refuses any other.
+pub fn raw_sled(dir: &std::path::Path) -> sled::Result<sled::Db> {
+    let conf = std::fs::read(dir.join("conf")).unwrap_or_default();
+    let segment = String::from_utf8_lossy(&conf)
+        .lines()
+        .find_map(|line| line.strip_prefix("segment_size: ")?.trim().parse().ok())
+        .unwrap_or(4 << 20);
+    sled::Config::new().path(dir).segment_size(segment).open()
+}
