@@ -345,6 +345,13 @@ fn resume(
     next_epoch: u64,
     mut events: Vec<PlanEvent>,
 ) -> Decision {
+    // Retention may have raised the commit past a whole range, into the gap before the next:
+    // the offsets of a gap were processed, so the commit moves to the first range left — or
+    // a new split would commit below its own side entry's first range, which the next
+    // assignment rejects as implausible (found by the simulation, seed 0x13c0).
+    let committed = ranges
+        .first()
+        .map_or(committed, |first| committed.max(first.start));
     let live_backlog = inputs.high.saturating_sub(side.live_next);
     let resplit = inputs
         .min_lag

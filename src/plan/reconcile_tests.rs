@@ -185,6 +185,39 @@ fn resumed_split_whose_live_lane_fell_behind_splits_again() {
     );
 }
 
+/// Retention raised the commit past a whole range, into the gap before the next one (the
+/// simulation's seed 0x13c0): a re-split commits at the first range left, never below its
+/// own side entry, which the next assignment must trust.
+#[test]
+fn a_resplit_after_retention_emptied_a_range_commits_at_the_next_range() {
+    let c = committed(115, &token(3, 115, 319));
+    let s = side(3, 319, &[(115, 147), (148, 197), (198, 319)], 319);
+    let d = reconcile(&Inputs {
+        low: 147,
+        ..inputs(Some(&c), Some(&s), 346)
+    });
+    let main = d.main_log.clone().expect("a new split is committed");
+    assert_eq!(main.offset, 148, "{d:?}");
+    let SideWrite::Write(entry) = &d.side else {
+        panic!("a side entry is written: {d:?}")
+    };
+    assert_eq!(entry.ranges.first().map(|r| r.start), Some(148));
+    // The next assignment trusts what this one wrote.
+    let next_commit = committed(main.offset, &main.metadata);
+    let next_side = entry.seal(KEY, &SECRET).into_bytes();
+    let next = reconcile(&Inputs {
+        low: 147,
+        ..inputs(Some(&next_commit), Some(&next_side), 346)
+    });
+    assert!(
+        next.events.iter().all(|e| !matches!(
+            e,
+            PlanEvent::StaleSideEntry { .. } | PlanEvent::StaleToken { .. }
+        )),
+        "{next:?}"
+    );
+}
+
 #[test]
 fn catchup_done_but_merge_unfinished_is_merged() {
     let c = committed(120, &token(4, 70, 120));

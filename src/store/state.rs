@@ -102,11 +102,12 @@ impl PartitionLayout {
         Ok(())
     }
 
-    /// The position after `offset` in the catch-up lane: the end of one range is the start
-    /// of the next, because the offsets between two ranges were already processed.
+    /// The position after `offset` in the catch-up lane: the end of one range — or any
+    /// offset between two ranges — is the start of the next, because the offsets between
+    /// two ranges were already processed.
     pub fn normalize_catchup(&self, offset: i64) -> i64 {
         for pair in self.catchup_ranges.windows(2) {
-            if offset == pair[0].end {
+            if (pair[0].end..pair[1].start).contains(&offset) {
                 return pair[1].start;
             }
         }
