@@ -389,6 +389,17 @@ impl Shared {
         });
     }
 
+    /// Drops `partitions` from those waiting to be refetched as damaged (revoked meanwhile).
+    pub fn forget_damaged(&self, partitions: &[PartitionId]) {
+        let mut damaged = self
+            .damaged
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        for key in partitions {
+            damaged.remove(key);
+        }
+    }
+
     /// The partitions taken off the reader as damaged since the last call.
     pub fn take_damaged(&self) -> BTreeSet<PartitionId> {
         std::mem::take(

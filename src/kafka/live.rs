@@ -68,6 +68,9 @@ pub(crate) struct LiveState {
     /// revoke forgets its topics (records kept meanwhile are checked when they return) and a
     /// restart checks again.
     incarnations_checked: Mutex<BTreeSet<String>>,
+    /// Partitions revoked in this process whose records stayed in the buffer: when one comes
+    /// back, its topic's incarnation is checked again before anything is reused.
+    kept: Mutex<BTreeSet<PartitionId>>,
 }
 
 /// How long the topic-id lookup may take: it is a check on top, and runs inside the rebalance.
@@ -174,6 +177,12 @@ impl LiveState {
         }
         self.unreconciled().extend(deferred);
         list
+    }
+
+    fn kept(&self) -> MutexGuard<'_, BTreeSet<PartitionId>> {
+        self.kept
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn unreconciled(&self) -> MutexGuard<'_, BTreeSet<PartitionId>> {
@@ -320,9 +329,13 @@ impl LiveState {
             return;
         }
         let subscription = consumer.subscription().map(|list| partitions_of(&list));
+        // No subscription yet (or unreadable): nothing tells what is still wanted.
         let Ok(subscription) = subscription else {
             return;
         };
+        if subscription.is_empty() {
+            return;
+        }
         // A pattern subscription does not say which topics it covers: keep those.
         let patterns = subscription.iter().any(|(topic, _)| topic.starts_with('^'));
         let mut list = TopicPartitionList::new();
@@ -376,7 +389,19 @@ impl LiveState {
         consumer: &BaseConsumer<LiveContext>,
         damaged: &BTreeSet<PartitionId>,
     ) {
-        let partitions: Vec<PartitionId> = damaged.iter().cloned().collect();
+        // Only what is still ours: a revoke in between hands the partition to its new owner.
+        let assigned: BTreeSet<PartitionId> = consumer
+            .assignment()
+            .map(|list| partitions_of(&list).into_iter().collect())
+            .unwrap_or_default();
+        let partitions: Vec<PartitionId> = damaged
+            .iter()
+            .filter(|key| assigned.contains(*key))
+            .cloned()
+            .collect();
+        if partitions.is_empty() {
+            return;
+        }
         let mut list = TopicPartitionList::new();
         for (topic, partition) in &partitions {
             list.add_partition(topic, *partition);
@@ -420,11 +445,22 @@ impl LiveState {
     /// topic's offsets restart with other data. Without topic ids (an old broker, a failed
     /// request) the check is skipped; a topic never recorded before is recorded.
     fn check_incarnations(&self, consumer: &BaseConsumer<LiveContext>, partitions: &[PartitionId]) {
+        let returning: Vec<PartitionId> = {
+            let mut kept = self.kept();
+            partitions
+                .iter()
+                .filter(|key| kept.remove(*key))
+                .cloned()
+                .collect()
+        };
         let topics: Vec<&str> = {
-            let checked = self
+            let mut checked = self
                 .incarnations_checked
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
+            for (topic, _) in &returning {
+                checked.remove(topic);
+            }
             let topics: BTreeSet<&str> = partitions
                 .iter()
                 .map(|(topic, _)| topic.as_str())
@@ -439,9 +475,24 @@ impl LiveState {
             Ok(ids) => ids,
             Err(err) => {
                 tracing::debug!(%err, "topic ids unavailable; the incarnation check is skipped");
-                return;
+                Default::default()
             }
         };
+        // Records kept across a revoke in this process, of a topic whose incarnation cannot
+        // be told now: the topic may have been recreated meanwhile, with the same offsets
+        // holding other data. Refetching costs only time.
+        for (topic, partition) in returning.iter().filter(|(t, _)| !ids.contains_key(t)) {
+            match self.shared.buffer.discard_partition(topic, *partition) {
+                Ok(_) => self.shared.emit(Event::LocalDiscarded {
+                    topic: topic.clone(),
+                    partition: *partition,
+                    reason: "kept since its revoke, and the topic's id (its incarnation) cannot be read now".into(),
+                }),
+                Err(err) => self.shared.emit(Event::Error {
+                    message: err.to_string(),
+                }),
+            }
+        }
         for (topic, id) in ids {
             // Partitions of the topic running since an earlier assignment (whose lookup
             // failed) hold what this process fetched: discarding them under their runtimes
@@ -712,16 +763,10 @@ impl LiveState {
                 });
             }
         }
-        // While not ours the topic may be deleted and recreated: check again on return.
-        {
-            let mut checked = self
-                .incarnations_checked
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            for (topic, _) in &partitions {
-                checked.remove(topic);
-            }
-        }
+        // While not ours the topic may be deleted and recreated: checked again on return.
+        self.kept().extend(partitions.iter().cloned());
+        // Not ours to refetch any more, should the reader have found it damaged meanwhile.
+        self.shared.forget_damaged(&partitions);
         self.shared.emit(Event::Revoked { partitions, lost });
     }
 
@@ -915,6 +960,7 @@ impl LiveFetcher {
             abandoned: AtomicBool::new(false),
             unreconciled: Mutex::new(BTreeSet::new()),
             incarnations_checked: Mutex::new(BTreeSet::new()),
+            kept: Mutex::new(BTreeSet::new()),
         });
         let consumer: BaseConsumer<LiveContext> = config
             .create_with_context(LiveContext {

@@ -123,10 +123,11 @@ pub struct BufferOptions {
     /// one, up to 17 entries) larger than a quarter of a segment as a separate *blob* file,
     /// which it never fsyncs and, when the file is missing after a power loss, skips
     /// without stopping recovery — the recovered tree is then not a prefix of what was
-    /// written. So `open` requires that 18 chunks of `chunk_target_bytes` fit in a quarter
-    /// segment, and no leaf of chunks becomes a blob unless a single record exceeds that
-    /// share (about 58 KiB with the defaults). The reader's checks catch what a blob could
-    /// still tear: a damaged partition is refetched, never read over.
+    /// written. So `open` requires that 18 chunks of `chunk_target_bytes` fit in two thirds
+    /// of a quarter segment (chunks are cut on an estimate of their encoded size), and no
+    /// leaf of chunks becomes a blob unless a single record exceeds that share (about
+    /// 38 KiB with the defaults). The reader's checks catch what a blob could still tear: a
+    /// damaged partition is refetched, never read over.
     pub segment_bytes: usize,
     /// How long `open` waits for the directory's lock. sled releases it only once its
     /// background threads let go of the files, shortly after the previous handle in this
@@ -863,9 +864,10 @@ const LEAF_ENTRIES: usize = 18;
 
 /// The largest chunk whose leaf of [`LEAF_ENTRIES`] chunks stays below sled's blob
 /// threshold for `segment_bytes` (a quarter segment less sled's segment and message
-/// headers, and about 64 bytes of key and framing per entry).
+/// headers, and about 64 bytes of key and framing per entry). Two thirds of that: chunks are
+/// cut on an estimate of their encoded size, which tiny records can exceed by up to 40 %.
 fn largest_chunk_without_blobs(segment_bytes: usize) -> usize {
-    ((segment_bytes / 4).saturating_sub(20 + 32) / LEAF_ENTRIES).saturating_sub(64)
+    ((segment_bytes / 4).saturating_sub(20 + 32) / LEAF_ENTRIES).saturating_sub(64) * 2 / 3
 }
 
 fn check_options(dir: &Path, options: &BufferOptions) -> Result<(), StoreError> {
