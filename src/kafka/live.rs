@@ -201,6 +201,12 @@ impl LiveState {
         partitions: &[PartitionId],
         mut start_at: impl FnMut(&str, i32, i64) -> rdkafka::error::KafkaResult<()>,
     ) -> Vec<PartitionId> {
+        // An empty assignment (cooperative and KIP-848 rebalances hand out many) asks nothing:
+        // with the consumer protocol, fetching the committed offsets of no partition while
+        // the member leaves blocked the rebalance callback for the whole request timeout.
+        if partitions.is_empty() {
+            return Vec::new();
+        }
         let mut list = TopicPartitionList::new();
         for (topic, partition) in partitions {
             list.add_partition(topic, *partition);
