@@ -19,7 +19,7 @@ pub use crate::fetch::DiskFloor;
 use crate::Error;
 use crate::engine::Shared;
 use crate::kafka::{CatchupCommand, CatchupFetcher, KafkaError, LiveCommand, LiveFetcher, SideLog};
-use crate::store::{Buffer, BufferOptions, Lane};
+use crate::store::{Buffer, BufferOptions, Lane, StoreError};
 
 /// Records read from the buffer per refill of the delivery queue (split fairly over the
 /// partitions, at least `engine::MIN_READ` each).
@@ -68,7 +68,20 @@ impl CatchupConsumer {
                 "the buffer was marked untrusted after a failed write: it starts empty, and its records are fetched again from Kafka"
             );
         }
-        let buffer = Arc::new(Buffer::open(&config.buffer_dir, BufferOptions::default())?);
+        let buffer = match Buffer::open(&config.buffer_dir, BufferOptions::default()) {
+            // What a power loss or a damaged disk left, beyond sled's recovery: the buffer
+            // is a cache of Kafka, so it starts empty rather than refusing to start.
+            Err(StoreError::Damaged { reason, .. }) => {
+                tracing::warn!(
+                    path = %config.buffer_dir.display(),
+                    "the buffer cannot be recovered ({reason}): it starts empty, and its records are fetched again from Kafka"
+                );
+                Buffer::empty(&config.buffer_dir)?;
+                Buffer::open(&config.buffer_dir, BufferOptions::default())?
+            }
+            other => other?,
+        };
+        let buffer = Arc::new(buffer);
         let side_log = SideLog::open(client, &side_topic, &group)?;
         let shared = Arc::new(Shared::new(buffer, config, group));
         let (catchup, catchup_thread) = CatchupFetcher::spawn(client, shared.clone())?;

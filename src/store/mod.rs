@@ -496,6 +496,18 @@ impl Buffer {
         if !marker.exists() {
             return Ok(false);
         }
+        Self::empty(dir)?;
+        std::fs::remove_file(&marker).map_err(|source| StoreError::Io {
+            dir: dir.to_path_buf(),
+            action: "removing the untrusted marker".into(),
+            source,
+        })?;
+        Ok(true)
+    }
+
+    /// Deletes sled's files in `dir` (a buffer that cannot be trusted or recovered: it is a
+    /// cache of Kafka, refetched from there). Other files in the directory are left alone.
+    pub fn empty(dir: &Path) -> Result<(), StoreError> {
         let io = |action: &str, source| StoreError::Io {
             dir: dir.to_path_buf(),
             action: action.into(),
@@ -519,8 +531,7 @@ impl Buffer {
             };
             removed.map_err(|e| io(&format!("emptying it ({})", path.display()), e))?;
         }
-        std::fs::remove_file(&marker).map_err(|e| io("removing the untrusted marker", e))?;
-        Ok(true)
+        Ok(())
     }
 
     /// Free and total bytes of the filesystem holding the buffer (`statvfs`).
