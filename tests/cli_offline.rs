@@ -343,3 +343,38 @@ fn a_directory_in_use_is_refused() {
         assert!(stderr(&output).contains("in use"), "{}", stderr(&output));
     }
 }
+
+/// The offline tools copy the buffer where `--tmp-dir` says (a multi-GB buffer need not fit
+/// in the system's temporary directory), and say so when that place cannot take it.
+#[test]
+fn tools_copy_into_the_tmp_dir_given() {
+    let temp = tempfile::tempdir().expect("tempdir");
+    let dir = temp.path().join("buf");
+    sample_buffer(&dir);
+    let dir_arg = dir.to_str().expect("utf-8");
+    let scratch = temp.path().join("scratch");
+    std::fs::create_dir(&scratch).expect("scratch");
+    let scratch_arg = scratch.to_str().expect("utf-8");
+    for command in ["inspect", "verify"] {
+        assert_exit(&catchup(&[command, dir_arg, "--tmp-dir", scratch_arg]), 0);
+    }
+    assert_exit(&catchup(&["dump", dir_arg, "--tmp-dir", scratch_arg]), 0);
+    assert_eq!(
+        std::fs::read_dir(&scratch).expect("scratch").count(),
+        0,
+        "the private copies are removed"
+    );
+    let missing = temp.path().join("no-such-dir");
+    let output = catchup(&[
+        "verify",
+        dir_arg,
+        "--tmp-dir",
+        missing.to_str().expect("utf-8"),
+    ]);
+    assert_exit(&output, 2);
+    assert!(
+        stderr(&output).contains("no-such-dir"),
+        "{}",
+        stderr(&output)
+    );
+}

@@ -245,6 +245,21 @@ pub enum StoreError {
         /// Where the lane stands.
         fetched_next: i64,
     },
+    /// An offline tool's private copy of the buffer would not fit in the temporary directory.
+    #[error(
+        "buffer {dir}: a snapshot needs {} MiB in {}, {} MiB are free there: pass --tmp-dir (or set TMPDIR) to a filesystem with room",
+        needed >> 20, tmp.display(), available >> 20
+    )]
+    NoRoom {
+        /// The buffer directory.
+        dir: PathBuf,
+        /// Where the copy would go.
+        tmp: PathBuf,
+        /// Bytes the copy needs.
+        needed: u64,
+        /// Bytes free there.
+        available: u64,
+    },
     /// The [`BufferOptions`] cannot be used.
     #[error("buffer {dir}: {reason}")]
     Options {
@@ -363,7 +378,10 @@ impl Buffer {
             .flush_every_ms(options.flush_every_ms)
             .segment_size(options.segment_bytes)
             .mode(sled::Mode::HighThroughput);
-        let deadline = std::time::Instant::now() + options.lock_wait;
+        let started = std::time::Instant::now();
+        let deadline = started + options.lock_wait;
+        let tool_deadline = deadline + TOOL_WAIT;
+        let mut told = false;
         // sled 0.34 can panic on some damaged files instead of returning an error; a damaged
         // buffer must be a typed error, so the panic is contained here and reported as one.
         let db = match catch_unwind(AssertUnwindSafe(|| {
@@ -374,6 +392,21 @@ impl Buffer {
                 {
                     Err(StoreError::Locked { .. }) if std::time::Instant::now() < deadline => {
                         std::thread::sleep(std::time::Duration::from_millis(10));
+                    }
+                    // `inspect`, `dump` or `verify` copying the buffer holds it for as long as
+                    // the copy takes: wait for it rather than fail (store audit S1).
+                    Err(StoreError::Locked { .. })
+                        if std::time::Instant::now() < tool_deadline
+                            && snapshot::held_by_reader(&dir) =>
+                    {
+                        if !told {
+                            tracing::info!(
+                                dir = %dir.display(),
+                                "an offline tool (inspect, dump or verify) is copying the buffer; waiting for it"
+                            );
+                            told = true;
+                        }
+                        std::thread::sleep(std::time::Duration::from_millis(50));
                     }
                     result => return result,
                 }
@@ -757,6 +790,17 @@ impl StoreError {
             StoreError::NewerFormat { found, .. } => StoreError::NewerFormat { dir, found },
             StoreError::Damaged { reason, .. } => StoreError::Damaged { dir, reason },
             StoreError::Options { reason, .. } => StoreError::Options { dir, reason },
+            StoreError::NoRoom {
+                tmp,
+                needed,
+                available,
+                ..
+            } => StoreError::NoRoom {
+                dir,
+                tmp,
+                needed,
+                available,
+            },
             StoreError::Sled { source, .. } => StoreError::Sled { dir, source },
             StoreError::StaleLayout {
                 topic,
@@ -869,6 +913,10 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
+
+/// How long opening waits, beyond [`BufferOptions::lock_wait`], while an offline tool holds
+/// the buffer's lock to copy it (a copy of several GB takes minutes).
+const TOOL_WAIT: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// Entries a sled leaf holds at most before it splits (it splits above 16), plus one.
 const LEAF_ENTRIES: usize = 18;

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use super::{Buffer, BufferOptions, StoreError};
 
 /// A private, opened copy of a buffer directory. The original is never written.
+#[derive(Debug)]
 pub struct Snapshot {
     buffer: Buffer,
     // Dropped after the buffer (field order): the copy outlives the open database.
@@ -35,6 +36,18 @@ impl Buffer {
         dir: impl AsRef<Path>,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<Snapshot, StoreError> {
+        Self::open_snapshot_in(dir, None, progress)
+    }
+
+    /// [`Buffer::open_snapshot`] with the private copy under `tmp_dir` (default: the
+    /// system's temporary directory). Fails with [`StoreError::NoRoom`] before copying when
+    /// that filesystem cannot hold the copy, and with [`StoreError::NotABuffer`] when the
+    /// directory holds a symlink or a special file (never followed).
+    pub fn open_snapshot_in(
+        dir: impl AsRef<Path>,
+        tmp_dir: Option<&Path>,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Snapshot, StoreError> {
         let dir = dir.as_ref().to_path_buf();
         check_buffer_dir(&dir)?;
         let io = |action: &str, source| StoreError::Io {
@@ -52,11 +65,34 @@ impl Buffer {
                 _ => io("locking the database file", err),
             });
         }
+        let total = tree_bytes(&dir).map_err(|err| match err {
+            TreeError::Io(e) => io("reading the directory", e),
+            TreeError::NotAFile(path) => StoreError::NotABuffer {
+                dir: dir.clone(),
+                reason: format!(
+                    "{} is a symlink or a special file; a buffer holds only sled's files",
+                    path.display()
+                ),
+            },
+        })?;
+        let tmp = tmp_dir.map_or_else(std::env::temp_dir, Path::to_path_buf);
+        let available = super::free_space(&tmp)
+            .map_err(|e| io(&format!("measuring the free space in {}", tmp.display()), e))?
+            .available;
+        // The copy, and room for sled to open it.
+        let needed = total.saturating_add(SNAPSHOT_MARGIN);
+        if available < needed {
+            return Err(StoreError::NoRoom {
+                dir,
+                tmp,
+                needed,
+                available,
+            });
+        }
         let copy = tempfile::Builder::new()
             .prefix("catchup-snapshot-")
-            .tempdir()
+            .tempdir_in(&tmp)
             .map_err(|e| io("creating a temporary directory for the snapshot", e))?;
-        let total = tree_bytes(&dir).map_err(|e| io("reading the directory", e))?;
         let mut copied = 0;
         copy_tree(&dir, copy.path(), &mut |bytes| {
             copied += bytes;
@@ -105,16 +141,35 @@ pub(crate) fn check_buffer_dir(dir: &Path) -> Result<(), StoreError> {
     Ok(())
 }
 
-fn tree_bytes(dir: &Path) -> std::io::Result<u64> {
-    let mut total = 0;
+/// Room left beyond the copy itself: sled's recovery of the copy may write to it.
+const SNAPSHOT_MARGIN: u64 = 16 << 20;
+
+/// Why a directory tree cannot be measured or copied.
+enum TreeError {
+    Io(std::io::Error),
+    /// A symlink, FIFO, socket or device: never followed, read or copied.
+    NotAFile(PathBuf),
+}
+
+impl From<std::io::Error> for TreeError {
+    fn from(err: std::io::Error) -> Self {
+        TreeError::Io(err)
+    }
+}
+
+/// The bytes of the regular files under `dir`; anything else is refused.
+fn tree_bytes(dir: &Path) -> Result<u64, TreeError> {
+    let mut total: u64 = 0;
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
-        let meta = entry.metadata()?;
-        total += if meta.is_dir() {
+        let file_type = entry.file_type()?; // of the entry itself, not a symlink's target
+        total = total.saturating_add(if file_type.is_dir() {
             tree_bytes(&entry.path())?
+        } else if file_type.is_file() {
+            entry.metadata()?.len()
         } else {
-            meta.len()
-        };
+            return Err(TreeError::NotAFile(entry.path()));
+        });
     }
     Ok(total)
 }
@@ -124,13 +179,31 @@ fn copy_tree(from: &Path, to: &Path, copied: &mut dyn FnMut(u64)) -> std::io::Re
     for entry in std::fs::read_dir(from)? {
         let entry = entry?;
         let target: PathBuf = to.join(entry.file_name());
-        if entry.file_type()?.is_dir() {
+        let file_type = entry.file_type()?;
+        if file_type.is_dir() {
             copy_tree(&entry.path(), &target, copied)?;
-        } else {
+        } else if file_type.is_file() {
             copied(std::fs::copy(entry.path(), &target)?);
         }
+        // Anything else was refused when the tree was measured, under the same lock.
     }
     Ok(())
+}
+
+/// Whether the holder of the buffer's lock is an offline tool copying it (a shared lock)
+/// rather than a consumer (an exclusive one): only then does a shared probe succeed. A
+/// lock released in between also answers yes, which only means trying again.
+pub(crate) fn held_by_reader(dir: &Path) -> bool {
+    let Ok(file) = File::open(dir.join("db")) else {
+        return false;
+    };
+    // SAFETY: flock on a valid, owned file descriptor; no memory is involved.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } != 0 {
+        return false;
+    }
+    // SAFETY: as above.
+    unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_UN) };
+    true
 }
 
 /// Takes and at once releases an exclusive flock on `file`: `Ok(false)` while someone holds

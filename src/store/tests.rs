@@ -979,3 +979,55 @@ fn a_buffer_keeps_the_segment_size_it_was_created_with() {
         (0..10).collect::<Vec<_>>()
     );
 }
+
+/// A consumer starting while an offline tool copies its buffer (the tool holds a shared lock
+/// for as long as the copy takes) waits for the copy instead of failing after `lock_wait`.
+#[test]
+fn open_waits_for_an_offline_tool_copying_the_buffer() {
+    use std::os::fd::AsRawFd;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("buf");
+    Buffer::open(&path, BufferOptions::default())
+        .expect("create")
+        .close()
+        .expect("close");
+    let db = std::fs::File::open(path.join("db")).expect("db");
+    // SAFETY: flock on a valid, owned file descriptor.
+    assert_eq!(
+        unsafe { libc::flock(db.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) },
+        0,
+        "the tool's shared lock"
+    );
+    let options = BufferOptions {
+        lock_wait: std::time::Duration::from_millis(100),
+        ..BufferOptions::default()
+    };
+    let opening = std::thread::spawn(move || Buffer::open(&path, options).map(drop));
+    std::thread::sleep(std::time::Duration::from_millis(600)); // the copy, in progress
+    assert!(
+        !opening.is_finished(),
+        "open gave up while the tool held the lock"
+    );
+    drop(db); // the copy is done
+    opening
+        .join()
+        .expect("no panic")
+        .expect("open once the tool is done");
+}
+
+/// The offline tools never follow a symlink out of a buffer directory (or block on a FIFO).
+#[test]
+fn a_snapshot_refuses_a_symlink_in_the_buffer() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("buf");
+    Buffer::open(&path, BufferOptions::default())
+        .expect("create")
+        .close()
+        .expect("close");
+    std::os::unix::fs::symlink("/etc/hostname", path.join("extra")).expect("symlink");
+    let err = Buffer::open_snapshot(&path, &mut |_, _| {}).expect_err("refused");
+    assert!(
+        matches!(&err, StoreError::NotABuffer { reason, .. } if reason.contains("symlink")),
+        "{err}"
+    );
+}

@@ -27,6 +27,10 @@ pub struct DumpArgs {
     /// Print at most this many records.
     #[arg(long)]
     pub limit: Option<usize>,
+    /// Where the private copy of the buffer goes (default: the system's temporary
+    /// directory); it needs the buffer's size free.
+    #[arg(long)]
+    pub tmp_dir: Option<PathBuf>,
 }
 
 fn parse_lane(text: &str) -> Result<Lane, String> {

@@ -34,6 +34,10 @@ enum Command {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
+        /// Where the private copy of the buffer goes (default: the system's temporary
+        /// directory); it needs the buffer's size free.
+        #[arg(long)]
+        tmp_dir: Option<PathBuf>,
     },
     /// Print buffered records as JSON lines, in delivery order (offline, read-only).
     Dump(dump::DumpArgs),
@@ -48,6 +52,10 @@ enum Command {
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
+        /// Where the private copy of the buffer goes (default: the system's temporary
+        /// directory); it needs the buffer's size free.
+        #[arg(long)]
+        tmp_dir: Option<PathBuf>,
     },
 }
 
@@ -68,6 +76,7 @@ impl From<StoreError> for Failure {
             | StoreError::NewerFormat { .. }
             | StoreError::Locked { .. }
             | StoreError::Options { .. }
+            | StoreError::NoRoom { .. }
             | StoreError::Io { .. } => Failure::Usage(err.to_string()),
             other => Failure::Runtime(other.to_string()),
         }
@@ -85,13 +94,13 @@ fn failure(err: catchup::Error) -> Failure {
 }
 
 /// Opens a read-only snapshot of `dir`, with a progress bar when copying takes a while.
-fn open_snapshot(dir: &Path) -> Result<Snapshot, Failure> {
+fn open_snapshot(dir: &Path, tmp_dir: Option<&Path>) -> Result<Snapshot, Failure> {
     let bar = indicatif::ProgressBar::new(0).with_message("copying the buffer");
     bar.set_style(
         indicatif::ProgressStyle::with_template("{msg} {bar:30} {bytes}/{total_bytes} ({eta})")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
-    let snapshot = Buffer::open_snapshot(dir, &mut |copied, total| {
+    let snapshot = Buffer::open_snapshot_in(dir, tmp_dir, &mut |copied, total| {
         bar.set_length(total);
         bar.set_position(copied);
     });
@@ -114,18 +123,18 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             tokio_runtime()?.block_on(demo::demo(args))?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Inspect { dir, json } => {
-            let snapshot = open_snapshot(&dir)?;
+        Command::Inspect { dir, json, tmp_dir } => {
+            let snapshot = open_snapshot(&dir, tmp_dir.as_deref())?;
             inspect::print(&dir, snapshot.buffer(), json)?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Dump(args) => {
-            let snapshot = open_snapshot(&args.dir)?;
+            let snapshot = open_snapshot(&args.dir, args.tmp_dir.as_deref())?;
             dump::print(&args, snapshot.buffer())?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Verify { dir, json } => {
-            let snapshot = open_snapshot(&dir)?;
+        Command::Verify { dir, json, tmp_dir } => {
+            let snapshot = open_snapshot(&dir, tmp_dir.as_deref())?;
             let findings = snapshot.buffer().verify()?;
             if json {
                 let findings: Vec<_> = findings
