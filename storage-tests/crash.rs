@@ -15,7 +15,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use catchup::store::{
-    Buffer, BufferOptions, Fetched, Lane, PartitionLayout, PartitionState, Record, Timestamp,
+    Buffer, BufferOptions, Fetched, Header, Lane, OffsetRange, PartitionLayout, PartitionState,
+    Record, Timestamp,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -24,8 +25,6 @@ const TOPIC: &str = "crash";
 const PARTITIONS: i32 = 4;
 /// Partitions below this are split (catch-up + live); the others are plain.
 const SPLIT_PARTITIONS: i32 = 2;
-/// The boundary of split partitions: far enough that the catch-up lane never finishes.
-const BOUNDARY: i64 = 1 << 40;
 
 const CHILD_DIR: &str = "CATCHUP_CRASH_CHILD_DIR";
 const CHILD_ORACLE: &str = "CATCHUP_CRASH_ORACLE";
@@ -46,18 +45,41 @@ fn record(epoch: u64, partition: i32, lane: Lane, offset: i64) -> Record {
     let padding = (offset as usize).wrapping_mul(2_654_435_761) % 300;
     let mut payload = text.into_bytes();
     payload.resize(payload.len() + padding, b'x');
+    // Headers on some records: their encoding crosses crashes too.
+    let headers = if offset % 3 == 0 {
+        vec![Header {
+            key: "h".into(),
+            value: Some(offset.to_le_bytes().to_vec()),
+        }]
+    } else {
+        Vec::new()
+    };
     Record {
         offset,
         timestamp: Timestamp::CreateTime(offset),
         key: Some(offset.to_be_bytes().to_vec()),
         payload: Some(payload),
-        headers: Vec::new(),
+        headers,
     }
 }
 
+/// A split partition's layout: two catch-up ranges with a gap between them (a re-split's
+/// shape) and another gap before the live lane, small enough that the catch-up lane reaches
+/// its range ends and finishes within a run, so range ends, the hand-over between ranges and
+/// a finished catch-up lane are all crossed by kills. Sizes vary with the epoch.
 fn layout(partition: i32, epoch: u64, from: i64) -> PartitionLayout {
     if partition < SPLIT_PARTITIONS {
-        PartitionLayout::split(epoch, from, BOUNDARY)
+        let first_end = from + 500 + (epoch % 4) as i64 * 400;
+        let second_start = first_end + 1 + (epoch % 3) as i64 * 40;
+        let second_end = second_start + 700 + (epoch % 5) as i64 * 300;
+        PartitionLayout {
+            epoch,
+            catchup_ranges: vec![
+                OffsetRange::new(from, first_end),
+                OffsetRange::new(second_start, second_end),
+            ],
+            live_from: second_end + 25,
+        }
     } else {
         PartitionLayout {
             epoch,
@@ -224,8 +246,23 @@ fn last_report(oracle: &Path) -> Option<HashMap<i32, Durable>> {
     complete
 }
 
+/// What the kills crossed in the split partitions' catch-up lanes (the test must reach
+/// range ends and finished catch-up lanes, not only the first range's middle).
+#[derive(Debug, Default)]
+struct Coverage {
+    /// Recoveries with a catch-up lane past its first range's end.
+    past_a_range_end: usize,
+    /// Recoveries with a catch-up lane fetched to its last range's end.
+    catchup_finished: usize,
+}
+
 /// Checks the reopened buffer against what is known durable; returns the new knowledge.
-fn check(dir: &Path, known: &HashMap<i32, Durable>, kill: usize) -> HashMap<i32, Durable> {
+fn check(
+    dir: &Path,
+    known: &HashMap<i32, Durable>,
+    kill: usize,
+    coverage: &mut Coverage,
+) -> HashMap<i32, Durable> {
     let buffer = Buffer::open(dir, options())
         .unwrap_or_else(|err| panic!("kill {kill}: reopen failed: {err}"));
     let findings = buffer.verify().expect("verify");
@@ -243,6 +280,12 @@ fn check(dir: &Path, known: &HashMap<i32, Durable>, kill: usize) -> HashMap<i32,
             continue;
         };
         let recovered = durable_of(&state);
+        let ranges = &state.layout.catchup_ranges;
+        if let (Some(first), Some(end)) = (ranges.first(), state.layout.catchup_end()) {
+            let fetched = state.catchup.fetched_next;
+            coverage.past_a_range_end += usize::from(fetched > first.end);
+            coverage.catchup_finished += usize::from(fetched >= end);
+        }
         if let Some(before) = known.get(&partition) {
             assert!(
                 recovered.epoch >= before.epoch,
@@ -282,7 +325,17 @@ fn check(dir: &Path, known: &HashMap<i32, Durable>, kill: usize) -> HashMap<i32,
                 seen.extend(read.records);
                 from = read.next;
             }
+            // Offsets between catch-up ranges are not the lane's.
+            let in_lane = |offset: i64| {
+                lane == Lane::Live
+                    || state
+                        .layout
+                        .catchup_ranges
+                        .iter()
+                        .any(|r| r.contains(offset))
+            };
             let expected: Vec<Record> = (cursors.committed_next..cursors.fetched_next)
+                .filter(|&o| in_lane(o))
                 .map(|o| record(state.layout.epoch, partition, lane, o))
                 .collect();
             assert!(
@@ -312,9 +365,11 @@ fn wait_until_opened(oracle: &Path, child: &mut std::process::Child, kill: usize
     }
 }
 
+/// The child's entry point, not a test of its own: ignored in normal runs, launched with
+/// `--ignored` by the crash test below.
 #[test]
+#[ignore = "the crash test's child process; run by sigkill_at_random_points_loses_nothing_synced"]
 fn crash_child_entry() {
-    // Only does something when the crash test below launches this binary as its child.
     if let (Some(dir), Some(oracle), Some(seed)) = (
         std::env::var_os(CHILD_DIR),
         std::env::var_os(CHILD_ORACLE),
@@ -347,12 +402,14 @@ fn sigkill_at_random_points_loses_nothing_synced() {
     let mut known: HashMap<i32, Durable> = HashMap::new();
     let started = Instant::now();
     let mut reports = 0;
+    let mut coverage = Coverage::default();
     for kill in 0..kills {
         std::fs::write(&oracle, b"").expect("reset oracle");
         let mut child = Command::new(&exe)
             .args([
                 "--exact",
                 "crash_child_entry",
+                "--ignored",
                 "--nocapture",
                 "--test-threads=1",
             ])
@@ -384,11 +441,17 @@ fn sigkill_at_random_points_loses_nothing_synced() {
             // The child started from what the parent last saw, so its report is newer.
             known.extend(report);
         }
-        known = check(&dir, &known, kill);
+        known = check(&dir, &known, kill, &mut coverage);
     }
     println!(
-        "{kills} kills, {reports} with a synced report, in {:.1} s",
-        started.elapsed().as_secs_f64()
+        "{kills} kills, {reports} with a synced report, in {:.1} s; split partitions recovered past a range end {} times, with catch-up finished {} times",
+        started.elapsed().as_secs_f64(),
+        coverage.past_a_range_end,
+        coverage.catchup_finished
+    );
+    assert!(
+        coverage.past_a_range_end > 0 && coverage.catchup_finished > 0,
+        "the kills never crossed a catch-up range end or a finished catch-up lane: {coverage:?}"
     );
     assert!(
         reports * 2 >= kills,
