@@ -7,7 +7,7 @@
 mod support;
 
 use std::collections::BTreeSet;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use catchup::{CatchupConfig, CatchupConsumer, Mode};
 use support::{Kafka, catchup_consumer, unique};
@@ -124,18 +124,7 @@ async fn a_revoke_commits_only_what_recv_handed_out() {
     first.subscribe(&[&topic]).expect("subscribe");
     // Both partitions buffered before the first hand-out, so the reader's first read-ahead
     // (up to 256 records) queues all of them.
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let buffers = first.buffers().expect("buffers");
-        if buffers.len() == 2 && buffers.iter().all(|b| b.live.fetched_next == PER_PARTITION) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "not buffered in time: {buffers:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    support::wait_until_buffered(&first, 2, PER_PARTITION).await;
     // Handed out per partition: the next offset not handed out.
     let mut handed = [0i64; 2];
     let mut seen = BTreeSet::new();

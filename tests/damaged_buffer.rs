@@ -94,20 +94,7 @@ async fn damaged_partitions_are_refetched_and_the_rest_keeps_flowing() {
     let first =
         CatchupConsumer::new(&kafka.consumer_config(&group), config.clone()).expect("consumer");
     first.subscribe(&[&topic]).expect("subscribe");
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let buffers = first.buffers().expect("buffers");
-        if buffers.len() == PARTITIONS as usize
-            && buffers.iter().all(|b| b.live.fetched_next == PER_PARTITION)
-        {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "not buffered in time: {buffers:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    support::wait_until_buffered(&first, PARTITIONS as usize, PER_PARTITION).await;
     drop(first);
     damage(dir.path());
 

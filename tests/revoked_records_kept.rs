@@ -7,7 +7,7 @@
 mod support;
 
 use std::collections::BTreeSet;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use catchup::{CatchupConsumer, Event, Mode};
 use support::{Kafka, test_config, unique, wait_for_event};
@@ -38,18 +38,7 @@ async fn second_member_takes_one(
     .expect("consumer");
     let mut events = first.events();
     first.subscribe(&[topic]).expect("subscribe");
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let buffers = first.buffers().expect("buffers");
-        if buffers.len() == 2 && buffers.iter().all(|b| b.live.fetched_next == PER_PARTITION) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "not buffered in time: {buffers:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    support::wait_until_buffered(&first, 2, PER_PARTITION).await;
     let second = CatchupConsumer::new(
         &kafka.consumer_config(group),
         test_config(dirs[1].path(), Mode::Off, 100),

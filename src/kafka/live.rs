@@ -179,6 +179,19 @@ impl LiveState {
         list
     }
 
+    /// Takes `partitions` from the catch-up fetcher and waits (bounded) until it has stopped
+    /// appending for them: their records are discarded or their layout retired next.
+    fn stop_catchup(&self, partitions: &[PartitionId]) {
+        let (done, stopped) = crossbeam_channel::bounded(1);
+        let command = CatchupCommand::Remove {
+            partitions: partitions.to_vec(),
+            done,
+        };
+        if self.catchup.send(command).is_ok() {
+            let _ = stopped.recv_timeout(REQUEST_TIMEOUT);
+        }
+    }
+
     fn kept(&self) -> MutexGuard<'_, BTreeSet<PartitionId>> {
         self.kept
             .lock()
@@ -415,18 +428,7 @@ impl LiveState {
         if let Err(err) = consumer.pause(&list) {
             tracing::warn!(%err, "pausing damaged partitions");
         }
-        let (done, stopped) = crossbeam_channel::bounded(1);
-        if self
-            .catchup
-            .send(CatchupCommand::Remove {
-                partitions: partitions.clone(),
-                done,
-            })
-            .is_ok()
-        {
-            // The catch-up fetcher must stop appending before the partitions are discarded.
-            let _ = stopped.recv_timeout(REQUEST_TIMEOUT);
-        }
+        self.stop_catchup(&partitions);
         {
             let mut runtimes = self.shared.partitions();
             for key in &partitions {
@@ -738,18 +740,7 @@ impl LiveState {
             // Errors are reported as events; what is not committed is reprocessed (safe).
             let _ = self.commit(consumer, Some(&partitions));
         }
-        let (done, stopped) = crossbeam_channel::bounded(1);
-        if self
-            .catchup
-            .send(CatchupCommand::Remove {
-                partitions: partitions.clone(),
-                done,
-            })
-            .is_ok()
-        {
-            // The catch-up fetcher must stop appending before the partitions are discarded.
-            let _ = stopped.recv_timeout(REQUEST_TIMEOUT);
-        }
+        self.stop_catchup(&partitions);
         {
             let mut runtimes = self.shared.partitions();
             let mut unreconciled = self.unreconciled();

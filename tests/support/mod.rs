@@ -570,3 +570,26 @@ pub fn raw_sled(dir: &std::path::Path) -> sled::Result<sled::Db> {
         .unwrap_or(4 << 20);
     sled::Config::new().path(dir).segment_size(segment).open()
 }
+
+/// Waits (bounded) until `consumer` has buffered every partition of its assignment up to
+/// `fetched_next` in the live lane, and `partitions` are assigned.
+pub async fn wait_until_buffered(
+    consumer: &catchup::CatchupConsumer,
+    partitions: usize,
+    fetched_next: i64,
+) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let buffers = consumer.buffers().expect("buffers");
+        if buffers.len() == partitions
+            && buffers.iter().all(|b| b.live.fetched_next == fetched_next)
+        {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not buffered in time: {buffers:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
