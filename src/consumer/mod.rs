@@ -71,7 +71,7 @@ impl CatchupConsumer {
         let buffer = match Buffer::open(&config.buffer_dir, BufferOptions::default()) {
             // What a power loss or a damaged disk left, beyond sled's recovery: the buffer
             // is a cache of Kafka, so it starts empty rather than refusing to start.
-            Err(StoreError::Damaged { reason, .. }) => {
+            Err(StoreError::Damaged { reason, .. }) if Buffer::is_marked(&config.buffer_dir) => {
                 tracing::warn!(
                     path = %config.buffer_dir.display(),
                     "the buffer cannot be recovered ({reason}): it starts empty, and its records are fetched again from Kafka"

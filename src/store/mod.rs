@@ -132,7 +132,8 @@ pub struct BufferOptions {
     /// How long `open` waits for the directory's lock. sled releases it only once its
     /// background threads let go of the files, shortly after the previous handle in this
     /// process was dropped; another process holding it gets [`StoreError::Locked`] after
-    /// this wait. 2 s by default.
+    /// this wait, 2 s by default — except an offline tool copying the buffer (a shared
+    /// lock), which `open` waits for up to 10 minutes more.
     pub lock_wait: std::time::Duration,
 }
 
@@ -436,7 +437,25 @@ impl Buffer {
             buffer.load_meta(create)?;
             buffer.load_topics()
         })?;
+        if create && !buffer.dir.join(MARKER).exists() {
+            // Proven ours now (catchup metadata): the mark that lets a later start empty the
+            // directory if sled cannot recover it, and never a directory that is not ours.
+            std::fs::write(buffer.dir.join(MARKER), MARKER_TEXT).map_err(|source| {
+                StoreError::Io {
+                    dir: buffer.dir.clone(),
+                    action: format!("writing {MARKER}"),
+                    source,
+                }
+            })?;
+        }
         Ok(buffer)
+    }
+
+    /// Whether `dir` holds the mark a catchup buffer gets once opened (every buffer since
+    /// this mark exists, and every older one opened since): only such a directory is ever
+    /// emptied by [`Buffer::empty`].
+    pub fn is_marked(dir: &Path) -> bool {
+        dir.join(MARKER).is_file()
     }
 
     /// Runs `read`, turning a panic inside sled (which 0.34 raises on some damaged files
@@ -540,14 +559,40 @@ impl Buffer {
 
     /// Deletes sled's files in `dir` (a buffer that cannot be trusted or recovered: it is a
     /// cache of Kafka, refetched from there). Other files in the directory are left alone.
+    /// Refuses a directory without the catchup mark ([`Buffer::is_marked`]) with
+    /// [`StoreError::NotABuffer`], and one whose database another process holds with
+    /// [`StoreError::Locked`]: the lock is taken first and held until `db` goes, last.
     pub fn empty(dir: &Path) -> Result<(), StoreError> {
         let io = |action: &str, source| StoreError::Io {
             dir: dir.to_path_buf(),
             action: action.into(),
             source,
         };
-        for entry in std::fs::read_dir(dir).map_err(|e| io("listing it", e))? {
-            let entry = entry.map_err(|e| io("listing it", e))?;
+        if !Self::is_marked(dir) {
+            return Err(StoreError::NotABuffer {
+                dir: dir.to_path_buf(),
+                reason: format!("no {MARKER} file: not emptied, it may not be catchup's"),
+            });
+        }
+        let db = match std::fs::File::open(dir.join("db")) {
+            Ok(db) => Some(db),
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => None,
+            Err(err) => return Err(io("opening the database file", err)),
+        };
+        if let Some(db) = &db {
+            if !snapshot::try_lock_exclusive_held(db).map_err(|e| io("locking it", e))? {
+                return Err(StoreError::Locked {
+                    dir: dir.to_path_buf(),
+                });
+            }
+        }
+        let mut entries: Vec<std::fs::DirEntry> = std::fs::read_dir(dir)
+            .map_err(|e| io("listing it", e))?
+            .collect::<Result<_, _>>()
+            .map_err(|e| io("listing it", e))?;
+        // `db` last: its lock keeps others out until everything else is gone.
+        entries.sort_by_key(|entry| entry.file_name() == "db");
+        for entry in entries {
             let name = entry.file_name();
             let name = name.to_string_lossy();
             // sled's files only: what else the directory holds is not ours to delete.
@@ -564,6 +609,7 @@ impl Buffer {
             };
             removed.map_err(|e| io(&format!("emptying it ({})", path.display()), e))?;
         }
+        drop(db); // releases the lock
         Ok(())
     }
 
@@ -972,6 +1018,9 @@ fn write_lock<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
 
 /// The file that marks a buffer whose write failed (see [`Buffer::mark_untrusted`]).
 const UNTRUSTED: &str = "UNTRUSTED";
+/// The file that marks a directory as a catchup buffer (see [`Buffer::is_marked`]).
+const MARKER: &str = "CATCHUP_BUFFER";
+const MARKER_TEXT: &str = "A catchup buffer: a cache of Kafka records. When sled cannot recover it, catchup deletes its sled files (db, conf, blobs, snap.*) and refetches from Kafka.\n";
 
 /// Free (for an unprivileged writer) and total bytes of the filesystem holding `path`.
 pub fn free_space(path: &Path) -> std::io::Result<crate::fetch::DiskSpace> {

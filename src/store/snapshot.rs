@@ -206,9 +206,9 @@ pub(crate) fn held_by_reader(dir: &Path) -> bool {
     true
 }
 
-/// Takes and at once releases an exclusive flock on `file`: `Ok(false)` while someone holds
-/// it (a consumer's sled has the buffer open).
-pub(crate) fn try_lock_exclusive(file: &File) -> std::io::Result<bool> {
+/// Takes an exclusive flock on `file` and keeps it (until `file` is closed): `Ok(false)`
+/// while someone else holds it.
+pub(crate) fn try_lock_exclusive_held(file: &File) -> std::io::Result<bool> {
     // SAFETY: flock on a valid, owned file descriptor; no memory is involved.
     if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         let err = std::io::Error::last_os_error();
@@ -217,7 +217,16 @@ pub(crate) fn try_lock_exclusive(file: &File) -> std::io::Result<bool> {
             _ => Err(err),
         };
     }
-    // SAFETY: as above.
-    unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_UN) };
     Ok(true)
+}
+
+/// Takes and at once releases an exclusive flock on `file`: `Ok(false)` while someone holds
+/// it (a consumer's sled has the buffer open).
+pub(crate) fn try_lock_exclusive(file: &File) -> std::io::Result<bool> {
+    let locked = try_lock_exclusive_held(file)?;
+    if locked {
+        // SAFETY: flock on a valid, owned file descriptor; no memory is involved.
+        unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_UN) };
+    }
+    Ok(locked)
 }

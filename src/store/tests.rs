@@ -1031,3 +1031,28 @@ fn a_snapshot_refuses_a_symlink_in_the_buffer() {
         "{err}"
     );
 }
+
+/// Only a directory catchup marked as its buffer is ever emptied, and never while another
+/// process holds its database.
+#[test]
+fn empty_touches_only_a_marked_buffer_nobody_holds() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("buf");
+    let buffer = Buffer::open(&path, BufferOptions::default()).expect("create");
+    assert!(Buffer::is_marked(&path), "a new buffer is marked");
+    let err = Buffer::empty(&path).expect_err("held by the open buffer");
+    assert!(matches!(err, StoreError::Locked { .. }), "{err}");
+    assert!(path.join("db").exists(), "nothing deleted while held");
+    buffer.close().expect("close");
+    std::fs::write(path.join("notes.txt"), b"mine").expect("a file of the user's");
+    Buffer::empty(&path).expect("empty");
+    assert!(!path.join("db").exists() && !path.join("conf").exists());
+    assert!(path.join("notes.txt").exists(), "other files stay");
+
+    // Another application's sled database: never emptied.
+    let foreign = dir.path().join("foreign");
+    drop(sled::open(&foreign).expect("sled"));
+    let err = Buffer::empty(&foreign).expect_err("not marked");
+    assert!(matches!(err, StoreError::NotABuffer { .. }), "{err}");
+    assert!(foreign.join("db").exists() && foreign.join("conf").exists());
+}
