@@ -80,12 +80,9 @@ async fn damaged_partitions_are_refetched_and_the_rest_keeps_flowing() {
     let topic = unique("damaged-buffer");
     let group = unique("damaged-buffer-group");
     kafka.create_topic(&topic, PARTITIONS).await;
-    for partition in 0..PARTITIONS {
-        let records: Vec<(String, String)> = (0..PER_PARTITION)
-            .map(|offset| (format!("key-{offset}"), value(partition, offset)))
-            .collect();
-        kafka.produce_keyed(&topic, partition, &records).await;
-    }
+    kafka
+        .produce_values(&topic, PARTITIONS, PER_PARTITION, value)
+        .await;
     kafka.commit_as_operator(&group, &topic, &[0; PARTITIONS as usize]);
     let dir = tempfile::tempdir().expect("tempdir");
     let config = test_config(dir.path(), Mode::Off, 100);

@@ -134,12 +134,9 @@ async fn any_mix_of_lost_writes_ends_verified_or_refetched() {
     let kafka = Kafka::connect();
     let topic = unique("power-loss");
     kafka.create_topic(&topic, PARTITIONS).await;
-    for partition in 0..PARTITIONS {
-        let records: Vec<(String, String)> = (0..PER_PARTITION)
-            .map(|offset| (format!("key-{offset}"), value(partition, offset)))
-            .collect();
-        kafka.produce_keyed(&topic, partition, &records).await;
-    }
+    kafka
+        .produce_values(&topic, PARTITIONS, PER_PARTITION, value)
+        .await;
     let zeros = [0; PARTITIONS as usize];
 
     // The run the images come from: buffers everything, processes about half, and its

@@ -650,17 +650,10 @@ impl LiveState {
                         buffer.record_committed(Lane::Live, topic, partition, *live_committed)
                     })
                     .map_err(|err| err.to_string());
-                // Delivery resumes in the catch-up lane while it has offsets left.
-                let in_catchup = decision
-                    .layout
-                    .catchup_end()
-                    .is_some_and(|end| *catchup_committed < end);
-                let (from, to) = match &local {
-                    Some(local) if in_catchup => (*catchup_committed, local.catchup.fetched_next),
-                    Some(local) => (*live_committed, local.live.fetched_next),
-                    None => (0, 0),
-                };
-                if reused.is_ok() && to > from {
+                let range = decision
+                    .local
+                    .reused_range(&decision.layout, local.as_ref());
+                if let (Ok(_), Some((from, to))) = (&reused, range) {
                     shared.emit(Event::LocalReused {
                         topic: topic.into(),
                         partition,

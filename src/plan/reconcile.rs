@@ -109,6 +109,38 @@ pub enum LocalAction {
     },
 }
 
+impl LocalAction {
+    /// The offsets a reuse serves from disk instead of refetching, as `[from, to)`: from
+    /// Kafka's position in the lane delivery resumes in (the catch-up lane while `layout`
+    /// has catch-up offsets left) to where the buffer's `local` state has fetched that lane.
+    /// `None` for a reset, or when nothing buffered lies ahead.
+    pub fn reused_range(
+        &self,
+        layout: &PartitionLayout,
+        local: Option<&PartitionState>,
+    ) -> Option<(i64, i64)> {
+        let (
+            LocalAction::Reuse {
+                catchup_committed,
+                live_committed,
+            },
+            Some(local),
+        ) = (self, local)
+        else {
+            return None;
+        };
+        let in_catchup = layout
+            .catchup_end()
+            .is_some_and(|end| *catchup_committed < end);
+        let (from, to) = if in_catchup {
+            (*catchup_committed, local.catchup.fetched_next)
+        } else {
+            (*live_committed, local.live.fetched_next)
+        };
+        (to > from).then_some((from, to))
+    }
+}
+
 /// Something worth telling the application about.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PlanEvent {

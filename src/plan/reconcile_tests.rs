@@ -588,3 +588,30 @@ fn a_forged_huge_epoch_does_not_pin_new_splits() {
     let d = reconcile(&inputs(Some(&c), Some(&forged), 50));
     assert_eq!(d.token.map(|t| t.epoch), Some(1), "{:?}", d.events);
 }
+
+#[test]
+fn a_reuse_serves_from_the_groups_position_to_what_the_lane_fetched() {
+    let mut local = PartitionState::new(PartitionLayout::split(3, 100, 500));
+    local.catchup.fetched_next = 300;
+    local.live.fetched_next = 650;
+    let layout = local.layout.clone();
+    let reuse = |catchup_committed, live_committed| LocalAction::Reuse {
+        catchup_committed,
+        live_committed,
+    };
+    // Catch-up offsets left: the catch-up lane's range.
+    assert_eq!(
+        reuse(150, 520).reused_range(&layout, Some(&local)),
+        Some((150, 300))
+    );
+    // Catch-up done: the live lane's.
+    assert_eq!(
+        reuse(500, 520).reused_range(&layout, Some(&local)),
+        Some((520, 650))
+    );
+    // Nothing buffered ahead, no local state, or a reset: nothing reused.
+    assert_eq!(reuse(500, 650).reused_range(&layout, Some(&local)), None);
+    assert_eq!(reuse(150, 520).reused_range(&layout, None), None);
+    let reset = LocalAction::Reset { reason: None };
+    assert_eq!(reset.reused_range(&layout, Some(&local)), None);
+}

@@ -19,6 +19,9 @@ pub(crate) const META: &[u8] = b"M";
 const TOPIC: u8 = b'T';
 const INCARNATION: u8 = b'I';
 const STATE: u8 = b'S';
+/// The first byte of every key that is not a chunk's: the small entries `verify` reads
+/// before it walks the chunks.
+pub(crate) const NON_CHUNK_KINDS: [u8; 4] = [META[0], TOPIC, INCARNATION, STATE];
 const CATCHUP: u8 = b'C';
 const LIVE: u8 = b'L';
 

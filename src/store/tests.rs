@@ -503,16 +503,7 @@ fn verify_reports_damage_holes_and_orphans() {
         },
         0,
     );
-    buffer
-        .db
-        .insert(
-            orphan,
-            codec::encode(&record::Chunk {
-                next: 1,
-                records: vec![record(0)],
-            }),
-        )
-        .expect("insert");
+    craft_chunk(&buffer, orphan, 1, vec![record(0)]);
     let findings = buffer.verify().expect("verify");
     let text: Vec<String> = findings.iter().map(ToString::to_string).collect();
     assert!(
@@ -528,6 +519,15 @@ fn verify_reports_damage_holes_and_orphans() {
         text.iter().any(|f| f.contains("no laid-out partition")),
         "{text:?}"
     );
+}
+
+/// Stores a chunk under `key` as written, valid checksum included, whatever it holds (a
+/// crafted or miswritten chunk).
+fn craft_chunk(buffer: &Buffer, key: [u8; 17], next: u64, records: Vec<Record>) {
+    buffer
+        .db
+        .insert(key, codec::encode(&record::Chunk { next, records }))
+        .expect("insert");
 }
 
 /// Overwrites the stored state of `t`/0 with `change` applied (a damaged or crafted state).
@@ -597,26 +597,18 @@ fn verify_checks_lanes_against_the_layout() {
     assert_eq!(verify_text(&buffer), Vec::<String>::new());
     let part = buffer.partition_key("t", 0).expect("key").expect("known");
     // A live chunk below live_from, a catch-up chunk across the gap between the ranges.
-    buffer
-        .db
-        .insert(
-            keys::chunk(Lane::Live, part, 35),
-            codec::encode(&record::Chunk {
-                next: 40,
-                records: records(35..40),
-            }),
-        )
-        .expect("insert");
-    buffer
-        .db
-        .insert(
-            keys::chunk(Lane::Catchup, part, 5),
-            codec::encode(&record::Chunk {
-                next: 25,
-                records: vec![record(5), record(24)],
-            }),
-        )
-        .expect("insert");
+    craft_chunk(
+        &buffer,
+        keys::chunk(Lane::Live, part, 35),
+        40,
+        records(35..40),
+    );
+    craft_chunk(
+        &buffer,
+        keys::chunk(Lane::Catchup, part, 5),
+        25,
+        vec![record(5), record(24)],
+    );
     let text = verify_text(&buffer);
     for expected in [
         "t/0 live chunk @35: starts below the live lane's first offset 40",
@@ -658,16 +650,12 @@ fn a_chunk_that_does_not_advance_is_damaged_not_an_endless_read() {
     let part = buffer.partition_key("t", 0).expect("key").expect("known");
     // A valid checksum over a chunk whose `next` is not past its records: a reader resuming
     // at `next` would read the same records again, forever.
-    buffer
-        .db
-        .insert(
-            keys::chunk(Lane::Live, part, 10),
-            codec::encode(&record::Chunk {
-                next: 5,
-                records: records(10..20),
-            }),
-        )
-        .expect("insert");
+    craft_chunk(
+        &buffer,
+        keys::chunk(Lane::Live, part, 10),
+        5,
+        records(10..20),
+    );
     let read = buffer.read(Lane::Live, "t", 0, 0, 100);
     assert!(
         matches!(&read, Err(StoreError::Damaged { reason, .. }) if reason.contains("in order inside")),
@@ -722,14 +710,7 @@ fn verify_lists_a_bounded_number_of_findings() {
             },
             first,
         );
-        let chunk = record::Chunk {
-            next: first + 1,
-            records: vec![record(first as i64)],
-        };
-        buffer
-            .db
-            .insert(key, codec::encode(&chunk))
-            .expect("insert");
+        craft_chunk(&buffer, key, first + 1, vec![record(first as i64)]);
     }
     let findings = buffer.verify().expect("verify");
     assert_eq!(findings.len(), MAX_FINDINGS + 1);

@@ -83,15 +83,17 @@ impl Buffer {
         let mut chains: BTreeMap<(PartitionKey, Lane), Chain> = BTreeMap::new();
         let mut next_topic_id = None;
 
-        // Key order puts chunks ('C', 'L') before states ('S') and topics ('T'): a first pass
-        // reads everything but chunks, a second judges each chunk as it goes.
-        for entry in self.db.iter() {
+        // Chunks must be judged against their partition's state and topic, which sort after
+        // them: a first pass reads only those small entries, by prefix; a second walks every
+        // key once, judging each chunk as it goes and reporting keys this format never writes.
+        let non_chunks = keys::NON_CHUNK_KINDS
+            .iter()
+            .flat_map(|kind| self.db.scan_prefix([*kind]));
+        for entry in non_chunks {
             let (key, value) = entry.map_err(|err| self.sled_error(err))?;
             match keys::parse(&key) {
-                None => findings.add(
-                    format!("key {key:?}"),
-                    "not a key this format writes".into(),
-                ),
+                // Reported by the second pass, which sees every key.
+                None => {}
                 Some(ParsedKey::Meta) => match codec::decode::<BufferMeta>(&value) {
                     Ok(meta) => next_topic_id = Some(meta.next_topic_id),
                     Err(err) => findings.add("buffer metadata".into(), err.to_string()),
@@ -145,8 +147,16 @@ impl Buffer {
 
         for entry in self.db.iter() {
             let (key, value) = entry.map_err(|err| self.sled_error(err))?;
-            let Some(ParsedKey::Chunk(lane, part, first)) = keys::parse(&key) else {
-                continue;
+            let (lane, part, first) = match keys::parse(&key) {
+                Some(ParsedKey::Chunk(lane, part, first)) => (lane, part, first),
+                Some(_) => continue,
+                None => {
+                    findings.add(
+                        format!("key {key:?}"),
+                        "not a key this format writes".into(),
+                    );
+                    continue;
+                }
             };
             let location = format!("{} {lane} chunk @{first}", describe(&topics, part));
             let Ok(first) = i64::try_from(first) else {

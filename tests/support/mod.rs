@@ -371,6 +371,24 @@ impl Kafka {
         }
     }
 
+    /// Produces `per_partition` records to each of `partitions` partitions, in order, with
+    /// key `key-<offset>` and the value `value(partition, offset)` (so a reader can check
+    /// each record's content), and waits for them.
+    pub async fn produce_values(
+        &self,
+        topic: &str,
+        partitions: i32,
+        per_partition: i64,
+        value: impl Fn(i32, i64) -> String,
+    ) {
+        for partition in 0..partitions {
+            let records: Vec<(String, String)> = (0..per_partition)
+                .map(|offset| (format!("key-{offset}"), value(partition, offset)))
+                .collect();
+            self.produce_keyed(topic, partition, &records).await;
+        }
+    }
+
     /// The group's committed offset per partition (`None`: nothing committed).
     pub fn committed(&self, group: &str, topic: &str, partitions: i32) -> Vec<Option<i64>> {
         let consumer: BaseConsumer = self.consumer_config(group).create().expect("consumer");
