@@ -119,6 +119,10 @@ impl Kafka {
             .set("bootstrap.servers", &bootstrap)
             .set("enable.idempotence", "true")
             .set("linger.ms", "5")
+            // A batch caught in a broker restart fails within 20 s and is sent again by
+            // `produce_from_retrying`, instead of waiting librdkafka's default 5 minutes (the
+            // broker-restart test's producer once outlived its 60 s deadline that way).
+            .set("message.timeout.ms", "20000")
             .create()
             .expect("producer");
         Self {
