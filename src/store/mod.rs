@@ -30,7 +30,9 @@
 //! one; the consumer never calls it.
 
 mod codec;
+mod compact;
 mod fsync;
+mod generation;
 mod keys;
 mod read;
 mod record;
@@ -39,6 +41,8 @@ mod state;
 mod verify;
 mod write;
 
+#[cfg(test)]
+mod compact_tests;
 #[cfg(test)]
 mod tests;
 
@@ -51,6 +55,7 @@ use std::sync::{Mutex, MutexGuard, RwLock};
 use bincode::{Decode, Encode};
 
 pub use codec::{CodecError, FORMAT_VERSION};
+pub use compact::Compaction;
 pub use read::{BufferStats, LaneStats, PartitionStats, ReadBatch};
 pub use record::{Header, Record, Timestamp};
 pub use snapshot::Snapshot;
@@ -135,6 +140,11 @@ pub struct BufferOptions {
     /// this wait, 2 s by default — except an offline tool copying the buffer (a shared
     /// lock), which `open` waits for up to 10 minutes more.
     pub lock_wait: std::time::Duration,
+    /// Disk the buffer may occupy beyond twice what it stores before
+    /// [`Buffer::compact_if_bloated`] compacts it; 64 MiB by default. sled's garbage
+    /// awaiting its cleaner, its segment rounding and the compaction's pause all shrink as
+    /// this grows.
+    pub disk_allowance_bytes: u64,
 }
 
 impl Default for BufferOptions {
@@ -145,6 +155,7 @@ impl Default for BufferOptions {
             chunk_target_bytes: 32 << 10,
             segment_bytes: 4 << 20,
             lock_wait: std::time::Duration::from_secs(2),
+            disk_allowance_bytes: 64 << 20,
         }
     }
 }
@@ -301,7 +312,8 @@ const LOCK_SHARDS: usize = 64;
 /// reader (`Arc<Buffer>`).
 pub struct Buffer {
     dir: PathBuf,
-    db: sled::Db,
+    /// The open generation; replaced only by [`Buffer::compact`], under every writer's lock.
+    current: RwLock<Generation>,
     options: BufferOptions,
     topics: RwLock<HashMap<String, u32>>,
     topic_alloc: Mutex<()>,
@@ -309,6 +321,14 @@ pub struct Buffer {
     /// The current layout of each partition this process has touched (see [`LayoutId`]).
     layouts: Mutex<HashMap<PartitionKey, LayoutId>>,
     next_layout: std::sync::atomic::AtomicU64,
+    /// What compaction needs to decide (stored bytes) and to run alone (see `compact`).
+    compaction: compact::Tracker,
+}
+
+/// One sled database of a buffer and the directory holding its files (see `generation`).
+struct Generation {
+    db: sled::Db,
+    path: PathBuf,
 }
 
 impl fmt::Debug for Buffer {
@@ -351,12 +371,31 @@ impl Buffer {
         Self::open_dir(dir, options, false)
     }
 
-    fn open_dir(
-        dir: PathBuf,
+    fn open_dir(dir: PathBuf, options: BufferOptions, create: bool) -> Result<Self, StoreError> {
+        // A compaction in another process may switch generations between our reading
+        // `CURRENT` and sled's lock: the lock of a generation no longer current proves
+        // nothing, so look again (a handful of switches in a row cannot happen: each needs
+        // the lock we just got).
+        let mut attempts = 0;
+        loop {
+            let sled_dir = generation::current(&dir).map_err(|err| current_error(&dir, err))?;
+            let (db, options) = Self::open_sled(&dir, &sled_dir, options.clone())?;
+            let still = generation::current(&dir).map_err(|err| current_error(&dir, err))?;
+            attempts += 1;
+            if still == sled_dir || attempts >= 5 {
+                return Self::with_db(dir, sled_dir, db, options, create);
+            }
+            drop(db);
+        }
+    }
+
+    /// Opens sled in `sled_dir` (a generation of the buffer in `dir`), waiting for its lock.
+    fn open_sled(
+        dir: &Path,
+        sled_dir: &Path,
         mut options: BufferOptions,
-        create: bool,
-    ) -> Result<Self, StoreError> {
-        match persisted_segment_bytes(&dir) {
+    ) -> Result<(sled::Db, BufferOptions), StoreError> {
+        match persisted_segment_bytes(sled_dir) {
             // sled cannot change it: chunks are sized for the segments the buffer has (a
             // buffer of an earlier version has 512 KiB ones).
             Some(persisted) if persisted != options.segment_bytes => {
@@ -371,14 +410,9 @@ impl Buffer {
                     .min(largest_chunk_without_blobs(persisted))
                     .max(1);
             }
-            _ => check_options(&dir, &options)?,
+            _ => check_options(dir, &options)?,
         }
-        let config = sled::Config::new()
-            .path(&dir)
-            .cache_capacity(options.cache_capacity)
-            .flush_every_ms(options.flush_every_ms)
-            .segment_size(options.segment_bytes)
-            .mode(sled::Mode::HighThroughput);
+        let config = sled_config(sled_dir, &options);
         let started = std::time::Instant::now();
         let deadline = started + options.lock_wait;
         let tool_deadline = deadline + TOOL_WAIT;
@@ -389,7 +423,7 @@ impl Buffer {
             loop {
                 match config
                     .open()
-                    .map_err(|err| classify_open_error(dir.clone(), err))
+                    .map_err(|err| classify_open_error(dir.to_path_buf(), err))
                 {
                     Err(StoreError::Locked { .. }) if std::time::Instant::now() < deadline => {
                         std::thread::sleep(std::time::Duration::from_millis(10));
@@ -398,7 +432,7 @@ impl Buffer {
                     // the copy takes: wait for it rather than fail (store audit S1).
                     Err(StoreError::Locked { .. })
                         if std::time::Instant::now() < tool_deadline
-                            && snapshot::held_by_reader(&dir) =>
+                            && snapshot::held_by_reader(dir) =>
                     {
                         if !told {
                             tracing::info!(
@@ -417,26 +451,54 @@ impl Buffer {
             Ok(Err(err)) => return Err(err),
             Err(panic) => {
                 return Err(StoreError::Damaged {
-                    dir,
+                    dir: dir.to_path_buf(),
                     reason: format!("recovery failed: {}", panic_reason(&*panic)),
                 });
             }
         };
+        Ok((db, options))
+    }
+
+    fn with_db(
+        dir: PathBuf,
+        sled_dir: PathBuf,
+        db: sled::Db,
+        options: BufferOptions,
+        create: bool,
+    ) -> Result<Self, StoreError> {
         let buffer = Buffer {
             dir,
-            db,
+            current: RwLock::new(Generation { db, path: sled_dir }),
             options,
             topics: RwLock::new(HashMap::new()),
             topic_alloc: Mutex::new(()),
             partition_locks: (0..LOCK_SHARDS).map(|_| Mutex::new(())).collect(),
             layouts: Mutex::new(HashMap::new()),
             next_layout: std::sync::atomic::AtomicU64::new(1),
+            compaction: compact::Tracker::default(),
         };
         // sled can also panic on the first reads of a damaged database it opened.
         buffer.contain_panics("reading the buffer metadata", || {
             buffer.load_meta(create)?;
             buffer.load_topics()
         })?;
+        // What an interrupted compaction or a switch left behind: not the buffer any more.
+        let sled_dir = buffer.sled_dir();
+        match generation::remove_stale(&buffer.dir, &sled_dir) {
+            Ok(0) => {}
+            Ok(freed) => tracing::info!(
+                dir = %buffer.dir.display(),
+                freed_bytes = freed,
+                "removed what an interrupted buffer compaction left behind"
+            ),
+            Err(source) => {
+                return Err(StoreError::Io {
+                    dir: buffer.dir.clone(),
+                    action: "removing an earlier generation of the database".into(),
+                    source,
+                });
+            }
+        }
         if create && !buffer.dir.join(MARKER).exists() {
             // Proven ours now (catchup metadata): the mark that lets a later start empty the
             // directory if sled cannot recover it, and never a directory that is not ours.
@@ -449,6 +511,17 @@ impl Buffer {
             })?;
         }
         Ok(buffer)
+    }
+
+    /// The open generation's database (a cheap handle). Take it afresh for every use, after
+    /// any lock the use needs: a compaction swaps it under those locks.
+    fn db(&self) -> sled::Db {
+        read_lock(&self.current).db.clone()
+    }
+
+    /// The directory holding the open generation's sled files.
+    fn sled_dir(&self) -> PathBuf {
+        read_lock(&self.current).path.clone()
     }
 
     /// Whether `dir` holds the mark a catchup buffer gets once opened (every buffer since
@@ -480,17 +553,21 @@ impl Buffer {
     /// which does not survive a power loss). After an error, do not trust a later success on
     /// the same handle: the kernel may have dropped the pages that failed to write.
     pub fn sync(&self) -> Result<(), StoreError> {
-        self.db.flush().map_err(|err| self.sled_error(err))?;
-        fsync::sync_tree(&self.dir).map_err(|source| StoreError::Io {
-            dir: self.dir.clone(),
-            action: "fsync".into(),
-            source,
-        })
+        // Not while a compaction switches generations under the walk.
+        let _alone = self.compaction.exclusive();
+        self.db().flush().map_err(|err| self.sled_error(err))?;
+        fsync::sync_tree(&self.sled_dir())
+            .and_then(|()| std::fs::File::open(&self.dir)?.sync_all())
+            .map_err(|source| StoreError::Io {
+                dir: self.dir.clone(),
+                action: "fsync".into(),
+                source,
+            })
     }
 
-    /// Bytes the buffer occupies on disk, as sled accounts them.
+    /// Bytes the buffer's directory occupies on disk (allocated blocks of every file in it).
     pub fn disk_bytes(&self) -> Result<u64, StoreError> {
-        self.db.size_on_disk().map_err(|err| self.sled_error(err))
+        Ok(generation::allocated_bytes(&self.dir))
     }
 
     /// Drops the handle and waits (up to [`BufferOptions::lock_wait`]) until sled's
@@ -499,14 +576,15 @@ impl Buffer {
     /// lock a little later (sled's flusher holds the file until its next tick).
     pub fn close(self) -> Result<(), StoreError> {
         let (dir, lock_wait) = (self.dir.clone(), self.options.lock_wait);
+        let sled_dir = self.sled_dir();
         drop(self);
         let io = |action: &str, source| StoreError::Io {
             dir: dir.clone(),
             action: action.into(),
             source,
         };
-        let db_file =
-            std::fs::File::open(dir.join("db")).map_err(|e| io("opening the database file", e))?;
+        let db_file = std::fs::File::open(sled_dir.join("db"))
+            .map_err(|e| io("opening the database file", e))?;
         let deadline = std::time::Instant::now() + lock_wait;
         loop {
             match snapshot::try_lock_exclusive(&db_file) {
@@ -574,7 +652,9 @@ impl Buffer {
                 reason: format!("no {MARKER} file: not emptied, it may not be catchup's"),
             });
         }
-        let db = match std::fs::File::open(dir.join("db")) {
+        // A `CURRENT` naming no generation cannot be trusted either: everything goes.
+        let current = generation::current(dir).unwrap_or_else(|_| dir.to_path_buf());
+        let db = match std::fs::File::open(current.join("db")) {
             Ok(db) => Some(db),
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => None,
             Err(err) => return Err(io("opening the database file", err)),
@@ -586,28 +666,29 @@ impl Buffer {
                 });
             }
         }
-        let mut entries: Vec<std::fs::DirEntry> = std::fs::read_dir(dir)
-            .map_err(|e| io("listing it", e))?
-            .collect::<Result<_, _>>()
-            .map_err(|e| io("listing it", e))?;
-        // `db` last: its lock keeps others out until everything else is gone.
-        entries.sort_by_key(|entry| entry.file_name() == "db");
-        for entry in entries {
-            let name = entry.file_name();
-            let name = name.to_string_lossy();
-            // sled's files only: what else the directory holds is not ours to delete.
-            let sled =
-                name == "db" || name == "conf" || name == "blobs" || name.starts_with("snap.");
-            if !sled {
-                continue;
+        // Every other generation first, the locked one last: its lock keeps others out
+        // until everything else is gone. sled's files and generations only: what else the
+        // directory holds is not ours to delete.
+        let remove = |path: &Path| {
+            generation::remove(path)
+                .map_err(|e| io(&format!("emptying it ({})", path.display()), e))
+        };
+        generation::remove_stale(dir, &current)
+            .map_err(|e| io("removing an earlier generation", e))?;
+        remove(&dir.join(generation::CURRENT))?;
+        if current != dir {
+            remove(&current)?;
+        } else {
+            let mut entries: Vec<std::fs::DirEntry> = std::fs::read_dir(dir)
+                .map_err(|e| io("listing it", e))?
+                .collect::<Result<_, _>>()
+                .map_err(|e| io("listing it", e))?;
+            entries.sort_by_key(|entry| entry.file_name() == "db");
+            for entry in entries {
+                if generation::is_sled_file(&entry.file_name().to_string_lossy()) {
+                    remove(&entry.path())?;
+                }
             }
-            let path = entry.path();
-            let removed = if path.is_dir() {
-                std::fs::remove_dir_all(&path)
-            } else {
-                std::fs::remove_file(&path)
-            };
-            removed.map_err(|e| io(&format!("emptying it ({})", path.display()), e))?;
         }
         drop(db); // releases the lock
         Ok(())
@@ -624,7 +705,7 @@ impl Buffer {
 
     fn load_meta(&self, create: bool) -> Result<(), StoreError> {
         match self
-            .db
+            .db()
             .get(keys::META)
             .map_err(|err| self.sled_error(err))?
         {
@@ -636,16 +717,16 @@ impl Buffer {
                 }),
                 Err(err) => Err(self.damaged(format!("buffer metadata: {err}"))),
             },
-            None if create && self.db.is_empty() => {
+            None if create && self.db().is_empty() => {
                 let meta = BufferMeta { next_topic_id: 0 };
-                self.db
+                self.db()
                     .insert(keys::META, codec::encode(&meta))
                     .map_err(|err| self.sled_error(err))?;
                 Ok(())
             }
             None => Err(StoreError::NotABuffer {
                 dir: self.dir.clone(),
-                reason: if self.db.is_empty() {
+                reason: if self.db().is_empty() {
                     "the database is empty".into()
                 } else {
                     "a sled database without catchup metadata".into()
@@ -656,7 +737,7 @@ impl Buffer {
 
     fn load_topics(&self) -> Result<(), StoreError> {
         let mut topics = HashMap::new();
-        for entry in self.db.scan_prefix(keys::topic_prefix()) {
+        for entry in self.db().scan_prefix(keys::topic_prefix()) {
             let (key, value) = entry.map_err(|err| self.sled_error(err))?;
             let name = String::from_utf8(key[1..].to_vec())
                 .map_err(|_| self.damaged("a topic name is not UTF-8".into()))?;
@@ -690,7 +771,7 @@ impl Buffer {
             return Ok(id);
         }
         let meta: BufferMeta = match self
-            .db
+            .db()
             .get(keys::META)
             .map_err(|err| self.sled_error(err))?
         {
@@ -717,7 +798,7 @@ impl Buffer {
         let mut batch = sled::Batch::default();
         batch.insert(keys::topic(topic), codec::encode(&id));
         batch.insert(keys::META, codec::encode(&next));
-        self.db
+        self.db()
             .apply_batch(batch)
             .map_err(|err| self.sled_error(err))?;
         write_lock(&self.topics).insert(topic.to_owned(), id);
@@ -784,7 +865,7 @@ impl Buffer {
 
     fn load_state(&self, part: PartitionKey) -> Result<Option<PartitionState>, StoreError> {
         match self
-            .db
+            .db()
             .get(keys::state(part))
             .map_err(|err| self.sled_error(err))?
         {
@@ -799,7 +880,7 @@ impl Buffer {
     }
 
     fn sled_error(&self, source: sled::Error) -> StoreError {
-        sled_error(&self.dir, source)
+        sled_error(&self.dir, &self.sled_dir(), source)
     }
 
     fn damaged(&self, reason: String) -> StoreError {
@@ -909,24 +990,25 @@ fn classify_open_error(dir: PathBuf, err: sled::Error) -> StoreError {
                 reason: format!("sled cannot open it: {reason}"),
             }
         }
-        other => sled_error(&dir, other),
+        other => sled_error(&dir, &dir, other),
     }
 }
 
 /// A sled error as a sentence for a person: sled's own rendering of corruption is a debug
 /// dump (`Read corrupted data at file offset Some(Inline(1180828)) backtrace ()`).
-fn sled_error(dir: &Path, source: sled::Error) -> StoreError {
+/// `files` is the directory of the generation whose files failed.
+fn sled_error(dir: &Path, files: &Path, source: sled::Error) -> StoreError {
     match source {
         sled::Error::Corruption { at, .. } => StoreError::Damaged {
             dir: dir.to_path_buf(),
             reason: match at {
                 Some(sled::DiskPtr::Inline(offset)) => format!(
                     "corrupted data in {} at byte {offset}",
-                    dir.join("db").display()
+                    files.join("db").display()
                 ),
                 Some(sled::DiskPtr::Blob(_, blob)) => format!(
                     "blob file {} is corrupted or missing",
-                    dir.join("blobs").join(blob.to_string()).display()
+                    files.join("blobs").join(blob.to_string()).display()
                 ),
                 None => "corrupted data in the database files".into(),
             },
@@ -996,6 +1078,31 @@ fn check_options(dir: &Path, options: &BufferOptions) -> Result<(), StoreError> 
         )));
     }
     Ok(())
+}
+
+/// sled's configuration of a buffer generation in `sled_dir`.
+fn sled_config(sled_dir: &Path, options: &BufferOptions) -> sled::Config {
+    sled::Config::new()
+        .path(sled_dir)
+        .cache_capacity(options.cache_capacity)
+        .flush_every_ms(options.flush_every_ms)
+        .segment_size(options.segment_bytes)
+        .mode(sled::Mode::HighThroughput)
+}
+
+/// A `CURRENT` file that cannot be read or names no generation.
+fn current_error(dir: &Path, err: std::io::Error) -> StoreError {
+    match err.kind() {
+        std::io::ErrorKind::InvalidData => StoreError::Damaged {
+            dir: dir.to_path_buf(),
+            reason: err.to_string(),
+        },
+        _ => StoreError::Io {
+            dir: dir.to_path_buf(),
+            action: format!("reading {}", generation::CURRENT),
+            source: err,
+        },
+    }
 }
 
 /// The segment size recorded in an existing buffer's sled configuration file, if any.

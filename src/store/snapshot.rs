@@ -8,7 +8,7 @@ use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
-use super::{Buffer, BufferOptions, StoreError};
+use super::{Buffer, BufferOptions, StoreError, generation};
 
 /// A private, opened copy of a buffer directory. The original is never written.
 #[derive(Debug)]
@@ -55,7 +55,9 @@ impl Buffer {
             action: action.into(),
             source,
         };
-        let db_file = File::open(dir.join("db")).map_err(|e| io("opening the database file", e))?;
+        let current = generation::current(&dir).map_err(|err| super::current_error(&dir, err))?;
+        let db_file =
+            File::open(current.join("db")).map_err(|e| io("opening the database file", e))?;
         // A consumer holds an exclusive flock on `db` for as long as it has the buffer open.
         // SAFETY: flock on a valid, owned file descriptor; no memory is involved.
         if unsafe { libc::flock(db_file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } != 0 {
@@ -64,6 +66,11 @@ impl Buffer {
                 Some(libc::EWOULDBLOCK) => StoreError::Locked { dir },
                 _ => io("locking the database file", err),
             });
+        }
+        // A consumer that compacted and switched away from that generation holds the lock
+        // of the new one: the lock of a generation no longer current proves nothing.
+        if generation::current(&dir).ok().as_ref() != Some(&current) {
+            return Err(StoreError::Locked { dir });
         }
         let total = tree_bytes(&dir).map_err(|err| match err {
             TreeError::Io(e) => io("reading the directory", e),
@@ -130,8 +137,9 @@ pub(crate) fn check_buffer_dir(dir: &Path) -> Result<(), StoreError> {
             });
         }
     }
+    let current = generation::current(dir).map_err(|err| super::current_error(dir, err))?;
     for file in ["conf", "db"] {
-        if !dir.join(file).is_file() {
+        if !current.join(file).is_file() {
             return Err(StoreError::NotABuffer {
                 dir: dir.into(),
                 reason: format!("the database file '{file}' is missing"),
@@ -194,7 +202,10 @@ fn copy_tree(from: &Path, to: &Path, copied: &mut dyn FnMut(u64)) -> std::io::Re
 /// rather than a consumer (an exclusive one): only then does a shared probe succeed. A
 /// lock released in between also answers yes, which only means trying again.
 pub(crate) fn held_by_reader(dir: &Path) -> bool {
-    let Ok(file) = File::open(dir.join("db")) else {
+    let Ok(current) = generation::current(dir) else {
+        return false;
+    };
+    let Ok(file) = File::open(current.join("db")) else {
         return false;
     };
     // SAFETY: flock on a valid, owned file descriptor; no memory is involved.

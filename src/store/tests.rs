@@ -451,7 +451,7 @@ fn newer_format_is_refused_by_name() {
         meta[0] = FORMAT_VERSION + 1;
         let crc = crc32c::crc32c_append(crc32c::crc32c(&meta[..1]), &meta[5..]);
         meta[1..5].copy_from_slice(&crc.to_le_bytes());
-        buffer.db.insert(keys::META, meta).expect("insert");
+        buffer.db().insert(keys::META, meta).expect("insert");
         buffer.sync().expect("sync");
     }
     let err =
@@ -488,11 +488,11 @@ fn verify_reports_damage_holes_and_orphans() {
     // A flipped byte in the last chunk, a missing chunk before an intact one, a chunk of
     // nobody. The damaged chunk is left out of the chain, so only the removal makes the hole.
     let last = keys::chunk(Lane::Live, part, 30);
-    let mut value = buffer.db.get(last).expect("get").expect("chunk").to_vec();
+    let mut value = buffer.db().get(last).expect("get").expect("chunk").to_vec();
     value[20] ^= 0x40;
-    buffer.db.insert(last, value).expect("insert");
+    buffer.db().insert(last, value).expect("insert");
     buffer
-        .db
+        .db()
         .remove(keys::chunk(Lane::Live, part, 10))
         .expect("remove");
     let orphan = keys::chunk(
@@ -525,7 +525,7 @@ fn verify_reports_damage_holes_and_orphans() {
 /// crafted or miswritten chunk).
 fn craft_chunk(buffer: &Buffer, key: [u8; 17], next: u64, records: Vec<Record>) {
     buffer
-        .db
+        .db()
         .insert(key, codec::encode(&record::Chunk { next, records }))
         .expect("insert");
 }
@@ -539,7 +539,7 @@ fn craft_state(buffer: &Buffer, change: impl FnOnce(&mut PartitionState)) {
     change(&mut state);
     let part = buffer.partition_key("t", 0).expect("key").expect("known");
     buffer
-        .db
+        .db()
         .insert(keys::state(part), codec::encode(&state))
         .expect("insert");
 }
@@ -562,7 +562,7 @@ fn verify_reports_unprocessed_records_deleted() {
     // Records 0..10 gone while only 0..5 were committed: the chain alone cannot tell, since
     // it starts at retained_from.
     buffer
-        .db
+        .db()
         .remove(keys::chunk(
             Lane::Live,
             buffer.partition_key("t", 0).expect("key").expect("known"),
@@ -678,7 +678,7 @@ fn a_topic_id_the_metadata_would_hand_out_again_is_refused() {
         .expect("layout");
     // The metadata rolled back: the next id to allocate is the one `t` holds.
     buffer
-        .db
+        .db()
         .insert(keys::META, codec::encode(&BufferMeta { next_topic_id: 0 }))
         .expect("insert");
     let text = verify_text(&buffer);
@@ -850,7 +850,7 @@ fn a_lost_chunk_is_damage_never_a_gap() {
     // The middle chunk vanishes while the state still counts it (a torn sled state).
     let part = buffer.partition_key("t", 0).expect("key").expect("known");
     buffer
-        .db
+        .db()
         .remove(keys::chunk(Lane::Live, part, 10))
         .expect("remove");
     for from in [0, 5, 10, 15] {

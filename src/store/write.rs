@@ -63,12 +63,13 @@ impl Buffer {
             partition: partition_number,
         };
         let _guard = self.partition_lock(part);
-        let mut batch = self.removal_batch(part)?;
+        let (mut batch, removed) = self.removal_batch(part)?;
         let state = PartitionState::new(layout);
         batch.insert(&keys::state(part), codec::encode(&state));
-        self.db
+        self.db()
             .apply_batch(batch)
             .map_err(|err| self.sled_error(err))?;
+        self.compaction.removed(removed);
         self.new_layout_id(part);
         Ok(state)
     }
@@ -146,6 +147,7 @@ impl Buffer {
         let mut chunk_start = 0;
         let mut chunk_bytes = 0;
         let mut value = Vec::new();
+        let mut written: u64 = 0;
         for (index, record) in kept.iter().enumerate() {
             let size = estimated_size(record);
             if chunk_bytes > 0 && chunk_bytes + size > self.options.chunk_target_bytes {
@@ -155,10 +157,9 @@ impl Buffer {
                     records: &kept[chunk_start..index],
                 };
                 codec::encode_into(&chunk, &mut value);
-                batch.insert(
-                    &keys::chunk(lane, part, chunk_first as u64),
-                    value.as_slice(),
-                );
+                let key = keys::chunk(lane, part, chunk_first as u64);
+                written += (key.len() + value.len()) as u64;
+                batch.insert(&key, value.as_slice());
                 chunk_first = record.offset;
                 chunk_start = index;
                 chunk_bytes = 0;
@@ -170,17 +171,17 @@ impl Buffer {
             records: &kept[chunk_start..],
         };
         codec::encode_into(&chunk, &mut value);
-        batch.insert(
-            &keys::chunk(lane, part, chunk_first as u64),
-            value.as_slice(),
-        );
+        let key = keys::chunk(lane, part, chunk_first as u64);
+        written += (key.len() + value.len()) as u64;
+        batch.insert(&key, value.as_slice());
 
         let next = state.normalize(lane, plan.next);
         state.lane_mut(lane).fetched_next = next;
         batch.insert(&keys::state(part), codec::encode(&state));
-        self.db
+        self.db()
             .apply_batch(batch)
             .map_err(|err| self.sled_error(err))?;
+        self.compaction.added(written);
         let stored_bytes = kept.iter().map(|r| r.payload_bytes() as u64).sum();
         Ok(AppendOutcome {
             stored: kept.len(),
@@ -215,7 +216,7 @@ impl Buffer {
         let from = keys::chunk(lane, part, lane_state.retained_from as u64);
         let through = keys::chunk(lane, part, committed as u64);
         let mut covered = Vec::new();
-        for entry in self.db.range(from..=through) {
+        for entry in self.db().range(from..=through) {
             let (key, value) = entry.map_err(|err| self.sled_error(err))?;
             covered.push((key, value));
         }
@@ -233,16 +234,19 @@ impl Buffer {
             }
         }
         let mut batch = sled::Batch::default();
-        for (key, _) in &covered {
+        let mut removed: u64 = 0;
+        for (key, value) in &covered {
+            removed += (key.len() + value.len()) as u64;
             batch.remove(key);
         }
         let lane_state = state.lane_mut(lane);
         lane_state.committed_next = committed;
         lane_state.retained_from = retained_from;
         batch.insert(&keys::state(part), codec::encode(&state));
-        self.db
+        self.db()
             .apply_batch(batch)
             .map_err(|err| self.sled_error(err))?;
+        self.compaction.removed(removed);
         Ok(covered.len())
     }
 
@@ -255,13 +259,14 @@ impl Buffer {
         };
         let _guard = self.partition_lock(part);
         let existed = self
-            .db
+            .db()
             .contains_key(keys::state(part))
             .map_err(|err| self.sled_error(err))?;
-        let batch = self.removal_batch(part)?;
-        self.db
+        let (batch, removed) = self.removal_batch(part)?;
+        self.db()
             .apply_batch(batch)
             .map_err(|err| self.sled_error(err))?;
+        self.compaction.removed(removed);
         self.new_layout_id(part);
         Ok(existed)
     }
@@ -289,7 +294,7 @@ impl Buffer {
         keep: impl Fn(i32) -> bool,
     ) -> Result<Option<String>, StoreError> {
         let key = keys::incarnation(topic);
-        let recorded = match self.db.get(&key).map_err(|err| self.sled_error(err))? {
+        let recorded = match self.db().get(&key).map_err(|err| self.sled_error(err))? {
             Some(value) => Some(
                 codec::decode::<String>(&value)
                     .map_err(|err| self.damaged(format!("incarnation of topic {topic}: {err}")))?,
@@ -306,22 +311,27 @@ impl Buffer {
                 }
             }
         }
-        self.db
+        // Under the lock a compaction takes: no write may land in a generation being left.
+        let _alloc = super::lock(&self.topic_alloc);
+        self.db()
             .insert(key, codec::encode(&topic_id.to_owned()))
             .map_err(|err| self.sled_error(err))?;
         Ok(recorded)
     }
 
-    /// A batch removing the state and every chunk of `part`.
-    fn removal_batch(&self, part: PartitionKey) -> Result<sled::Batch, StoreError> {
+    /// A batch removing the state and every chunk of `part`, and the bytes of the chunks.
+    fn removal_batch(&self, part: PartitionKey) -> Result<(sled::Batch, u64), StoreError> {
         let mut batch = sled::Batch::default();
+        let mut removed: u64 = 0;
         for lane in Lane::ALL {
-            for key in self.db.scan_prefix(keys::chunk_prefix(lane, part)).keys() {
-                batch.remove(key.map_err(|err| self.sled_error(err))?);
+            for entry in self.db().scan_prefix(keys::chunk_prefix(lane, part)) {
+                let (key, value) = entry.map_err(|err| self.sled_error(err))?;
+                removed += (key.len() + value.len()) as u64;
+                batch.remove(key);
             }
         }
         batch.remove(&keys::state(part));
-        Ok(batch)
+        Ok((batch, removed))
     }
 
     /// Takes the partition's write lock and loads its state, which must exist.
