@@ -3,8 +3,9 @@
 //! Side by side in one run: the chunked layout the buffer uses (one sled entry per fetched
 //! batch) against one sled entry per record, written in batches of the same size through
 //! sled directly with the same value codec shape. After criterion's groups a table prints
-//! records/s and MB/s of one fixed-size pass of each, disk bytes per payload byte, and the
-//! reopen time of a 1M-record buffer.
+//! records/s and MB/s of one fixed-size pass of each, disk bytes per payload byte (after
+//! filling 1M records, draining them, and filling again, compacting as the consumer does),
+//! and the reopen time of a 1M-record buffer.
 //!
 //! `cargo bench --bench store`; `CATCHUP_BENCH_TABLE_ONLY=1` skips the criterion groups;
 //! `CATCHUP_BENCH_CHUNK_BYTES=N` tries another chunk size.
@@ -54,6 +55,12 @@ trait Layout {
     fn append(&mut self, batch: &[Record]);
     fn read_commit(&mut self) -> usize;
     fn sync(&mut self);
+    /// What the consumer does every 10 s: compact a bloated buffer. Returns how long the
+    /// compaction took and how long writers waited, if it compacted (here the same thread
+    /// pays both; the consumer runs it on a thread of its own).
+    fn maintain(&mut self) -> Option<(Duration, Duration)> {
+        None
+    }
 }
 
 /// The buffer as shipped: one sled entry per fetched batch.
@@ -111,6 +118,11 @@ impl Layout for Chunked {
 
     fn sync(&mut self) {
         self.buffer.sync().expect("sync");
+    }
+
+    fn maintain(&mut self) -> Option<(Duration, Duration)> {
+        let compaction = self.buffer.compact_if_bloated().expect("compact")?;
+        Some((compaction.took, compaction.writers_waited))
     }
 }
 
@@ -233,43 +245,106 @@ struct Pass {
     read_commit: Duration,
     /// Disk bytes after buffering everything, after draining it, after buffering it again.
     disk: [u64; 3],
+    /// The highest ratio, over every sample, of the disk to its bound: twice the payload
+    /// still buffered plus the allowance (≤ 1 meets the target).
+    worst_vs_bound: f64,
+    compactions: usize,
+    longest_compaction: Duration,
+    longest_pause: Duration,
 }
 
-/// Buffers `TABLE_RECORDS` records, drains them (read + commit), buffers as many again.
+/// Batches between two samples of the disk (and calls to `maintain`).
+const SAMPLE_EVERY: usize = 50;
+
+/// Tracks the disk against its bound while a pass runs.
+struct Sampler<'a> {
+    dir: &'a Path,
+    payload_per_record: f64,
+    worst_vs_bound: f64,
+    compactions: usize,
+    longest_compaction: Duration,
+    longest_pause: Duration,
+}
+
+impl Sampler<'_> {
+    fn sample(&mut self, layout: &mut dyn Layout, buffered_records: usize) {
+        if let Some((took, pause)) = layout.maintain() {
+            self.compactions += 1;
+            self.longest_compaction = self.longest_compaction.max(took);
+            self.longest_pause = self.longest_pause.max(pause);
+        }
+        let bound = 2.0 * self.payload_per_record * buffered_records as f64
+            + options().disk_allowance_bytes as f64;
+        self.worst_vs_bound = self.worst_vs_bound.max(disk_bytes(self.dir) as f64 / bound);
+    }
+}
+
+/// Buffers `TABLE_RECORDS` records, drains them (read + commit), buffers as many again;
+/// samples the disk every `SAMPLE_EVERY` batches. Timings include the samples (a
+/// directory walk) and any compaction, as a consumer would pay them.
 fn pass(layout: &mut dyn Layout, dir: &Path, size: usize) -> Pass {
+    let mut sampler = Sampler {
+        dir,
+        payload_per_record: records(0, 1, size)[0].payload_bytes() as f64,
+        worst_vs_bound: 0.0,
+        compactions: 0,
+        longest_compaction: Duration::ZERO,
+        longest_pause: Duration::ZERO,
+    };
     let first = batches(0, TABLE_RECORDS, size);
     let started = Instant::now();
-    for batch in &first {
+    for (index, batch) in first.iter().enumerate() {
         layout.append(batch);
+        if index % SAMPLE_EVERY == SAMPLE_EVERY - 1 {
+            sampler.sample(layout, (index + 1) * BATCH);
+        }
     }
     let append = started.elapsed();
     layout.sync();
     let buffered = disk_bytes(dir);
     let started = Instant::now();
     let mut read = 0;
+    let mut reads = 0;
     while read < TABLE_RECORDS {
         read += layout.read_commit();
+        reads += 1;
+        if reads % SAMPLE_EVERY == 0 {
+            sampler.sample(layout, TABLE_RECORDS - read);
+        }
     }
     let read_commit = started.elapsed();
+    sampler.sample(layout, 0);
     layout.sync();
     let drained = disk_bytes(dir);
-    for batch in batches(TABLE_RECORDS as i64, TABLE_RECORDS, size) {
-        layout.append(&batch);
+    for (index, batch) in batches(TABLE_RECORDS as i64, TABLE_RECORDS, size)
+        .iter()
+        .enumerate()
+    {
+        layout.append(batch);
+        if index % SAMPLE_EVERY == SAMPLE_EVERY - 1 {
+            sampler.sample(layout, (index + 1) * BATCH);
+        }
     }
     layout.sync();
     Pass {
         append,
         read_commit,
         disk: [buffered, drained, disk_bytes(dir)],
+        worst_vs_bound: sampler.worst_vs_bound,
+        compactions: sampler.compactions,
+        longest_compaction: sampler.longest_compaction,
+        longest_pause: sampler.longest_pause,
     }
 }
 
 fn summary_table() {
     println!(
-        "\none pass of {TABLE_RECORDS} records in batches of {BATCH}; disk = allocated bytes per payload byte"
+        "\none pass of {TABLE_RECORDS} records in batches of {BATCH}; disk = allocated bytes per payload byte;\n\
+         worst = highest disk / (2 x payload still buffered + {} MiB) over samples every {SAMPLE_EVERY} batches",
+        options().disk_allowance_bytes >> 20
     );
     println!(
-        "{:<11} {:>7} {:>13} {:>7} {:>14} {:>7} {:>9} {:>9} {:>9}",
+        "{:<11} {:>7} {:>13} {:>7} {:>14} {:>7} {:>9} {:>9} {:>9} {:>6} {:>9} {:>9} {:>9}",
         "layout",
         "record",
         "append rec/s",
@@ -278,7 +353,11 @@ fn summary_table() {
         "MB/s",
         "buffered",
         "drained",
-        "again"
+        "again",
+        "worst",
+        "compacted",
+        "longest",
+        "max pause"
     );
     for size in SIZES {
         let payload = records(0, BATCH, size)
@@ -296,7 +375,7 @@ fn summary_table() {
             let result = pass(layout.as_mut(), dir.path(), size);
             let [buffered, drained, again] = result.disk;
             println!(
-                "{name:<11} {:>7} {:>13.0} {:>7.1} {:>14.0} {:>7.1} {:>9} {:>9} {:>9}",
+                "{name:<11} {:>7} {:>13.0} {:>7.1} {:>14.0} {:>7.1} {:>9} {:>9} {:>9} {:>6.2} {:>9} {:>9} {:>9}",
                 format!("{size} B"),
                 rate(result.append),
                 mb(result.append),
@@ -304,7 +383,11 @@ fn summary_table() {
                 mb(result.read_commit),
                 ratio(buffered),
                 ratio(drained),
-                ratio(again)
+                ratio(again),
+                result.worst_vs_bound,
+                result.compactions,
+                format!("{} ms", result.longest_compaction.as_millis()),
+                format!("{} ms", result.longest_pause.as_millis())
             );
         }
     }

@@ -68,7 +68,11 @@ impl CatchupConsumer {
                 "the buffer was marked untrusted after a failed write: it starts empty, and its records are fetched again from Kafka"
             );
         }
-        let buffer = match Buffer::open(&config.buffer_dir, BufferOptions::default()) {
+        let options = BufferOptions {
+            disk_allowance_bytes: config.disk_allowance_bytes,
+            ..BufferOptions::default()
+        };
+        let buffer = match Buffer::open(&config.buffer_dir, options.clone()) {
             // What a power loss or a damaged disk left, beyond sled's recovery: the buffer
             // is a cache of Kafka, so it starts empty rather than refusing to start.
             Err(StoreError::Damaged { reason, .. }) if Buffer::is_marked(&config.buffer_dir) => {
@@ -77,7 +81,7 @@ impl CatchupConsumer {
                     "the buffer cannot be recovered ({reason}): it starts empty, and its records are fetched again from Kafka"
                 );
                 Buffer::empty(&config.buffer_dir)?;
-                Buffer::open(&config.buffer_dir, BufferOptions::default())?
+                Buffer::open(&config.buffer_dir, options)?
             }
             other => other?,
         };

@@ -45,6 +45,10 @@ pub struct CatchupConfig {
     /// partition and write nothing until the space is back (the records wait in Kafka).
     /// The larger of 256 MiB and 5 % by default; [`DiskFloor::DISABLED`] turns it off.
     pub disk_floor: DiskFloor,
+    /// Disk the buffer may occupy beyond twice the payload it holds before it is compacted
+    /// into a fresh database, giving back what sled keeps after a backlog drained
+    /// ([`BufferOptions::disk_allowance_bytes`](crate::store::BufferOptions)); 64 MiB.
+    pub disk_allowance_bytes: u64,
 }
 
 impl CatchupConfig {
@@ -60,6 +64,7 @@ impl CatchupConfig {
             auto_ack: false,
             buffer_budget_bytes: 256 << 20,
             disk_floor: DiskFloor::default(),
+            disk_allowance_bytes: 64 << 20,
         }
     }
 
@@ -300,6 +305,24 @@ pub enum Event {
         available_bytes: u64,
         /// The floor in bytes ([`CatchupConfig::disk_floor`]).
         floor_bytes: u64,
+    },
+    /// The buffer occupied more than twice what it stores plus
+    /// [`BufferOptions::disk_allowance_bytes`](crate::store::BufferOptions) and was
+    /// compacted into a fresh database: the disk sled held is given back.
+    BufferCompacted {
+        /// The buffer directory.
+        path: PathBuf,
+        /// Bytes on disk before.
+        disk_before: u64,
+        /// Bytes on disk after.
+        disk_after: u64,
+        /// Bytes copied (everything stored).
+        copied_bytes: u64,
+        /// How long the compaction took (on its own thread).
+        took: std::time::Duration,
+        /// How long fetching and commits waited: the keys written during the copy, copied
+        /// again, and the switch.
+        writers_waited: std::time::Duration,
     },
     /// A background error; the consumer keeps going where it safely can.
     Error {

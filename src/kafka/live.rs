@@ -71,6 +71,9 @@ pub(crate) struct LiveState {
     /// Partitions revoked in this process whose records stayed in the buffer: when one comes
     /// back, its topic's incarnation is checked again before anything is reused.
     kept: Mutex<BTreeSet<PartitionId>>,
+    /// A buffer compaction running on its own thread (its copy takes seconds on a large
+    /// buffer; the live lane keeps polling meanwhile).
+    compacting: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 /// How long the topic-id lookup may take: it is a check on top, and runs inside the rebalance.
@@ -194,6 +197,12 @@ impl LiveState {
 
     fn kept(&self) -> MutexGuard<'_, BTreeSet<PartitionId>> {
         self.kept
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn compacting(&self) -> MutexGuard<'_, Option<std::thread::JoinHandle<()>>> {
+        self.compacting
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
@@ -322,6 +331,53 @@ impl LiveState {
             self.shared.notify.notify_waiters();
         }
         done
+    }
+
+    /// Starts a compaction of the buffer on its own thread, unless one is running; it
+    /// compacts when sled holds far more disk than the buffer stores
+    /// ([`Buffer::compact_if_bloated`](crate::store::Buffer::compact_if_bloated)). A
+    /// failure changes nothing stored (the old generation stays): a WARN, and the next
+    /// round tries again.
+    fn compact_if_bloated(&self) {
+        let mut compacting = self.compacting();
+        if compacting
+            .as_ref()
+            .is_some_and(|running| !running.is_finished())
+        {
+            return;
+        }
+        let shared = self.shared.clone();
+        let spawned = std::thread::Builder::new()
+            .name("catchup-compact".into())
+            .spawn(move || match shared.buffer.compact_if_bloated() {
+                Ok(None) => {}
+                Ok(Some(done)) => {
+                    metrics::counter!("catchup_buffer_compactions_total").increment(1);
+                    shared.emit(Event::BufferCompacted {
+                        path: shared.buffer.dir().to_path_buf(),
+                        disk_before: done.disk_before,
+                        disk_after: done.disk_after,
+                        copied_bytes: done.copied_bytes,
+                        took: done.took,
+                        writers_waited: done.writers_waited,
+                    });
+                }
+                Err(err) => {
+                    tracing::warn!(%err, "buffer compaction failed; the buffer is unchanged")
+                }
+            });
+        match spawned {
+            Ok(handle) => *compacting = Some(handle),
+            Err(err) => tracing::warn!(%err, "cannot start a buffer compaction thread"),
+        }
+    }
+
+    /// Waits for a running compaction (it holds the buffer, which closing needs alone).
+    fn finish_compaction(&self) {
+        let running = self.compacting().take();
+        if let Some(running) = running {
+            let _ = running.join();
+        }
     }
 
     /// Discards the buffered records of partitions not assigned here (revoked, or held
@@ -951,6 +1007,7 @@ impl LiveFetcher {
             unreconciled: Mutex::new(BTreeSet::new()),
             incarnations_checked: Mutex::new(BTreeSet::new()),
             kept: Mutex::new(BTreeSet::new()),
+            compacting: Mutex::new(None),
         });
         let consumer: BaseConsumer<LiveContext> = config
             .create_with_context(LiveContext {
@@ -997,6 +1054,7 @@ fn run(
                     let _ = reply.send(state.backlog(&consumer));
                 }
                 LiveCommand::Close(reply) => {
+                    state.finish_compaction();
                     let result = state.commit(&consumer, None);
                     consumer.unsubscribe();
                     // Serve the revocation this triggers before the consumer goes.
@@ -1011,6 +1069,7 @@ fn run(
                     return;
                 }
                 LiveCommand::Abandon => {
+                    state.finish_compaction();
                     state.abandoned.store(true, Ordering::Relaxed);
                     return;
                 }
@@ -1023,6 +1082,7 @@ fn run(
         let assignments = shared.assignments.load(Ordering::Relaxed);
         if last_prune.elapsed() >= PRUNE_EVERY || assignments != pruned_at_assignment {
             state.prune_unowned(&consumer);
+            state.compact_if_bloated();
             last_prune = Instant::now();
             pruned_at_assignment = assignments;
         }

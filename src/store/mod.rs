@@ -55,7 +55,7 @@ use std::sync::{Mutex, MutexGuard, RwLock};
 use bincode::{Decode, Encode};
 
 pub use codec::{CodecError, FORMAT_VERSION};
-pub use compact::Compaction;
+pub use compact::{COPY_OVERHEAD, COPY_RATIO, Compaction};
 pub use read::{BufferStats, LaneStats, PartitionStats, ReadBatch};
 pub use record::{Header, Record, Timestamp};
 pub use snapshot::Snapshot;
@@ -795,12 +795,10 @@ impl Buffer {
                 .checked_add(1)
                 .ok_or_else(|| self.damaged("topic ids exhausted".into()))?,
         };
-        let mut batch = sled::Batch::default();
+        let mut batch = compact::Batch::default();
         batch.insert(keys::topic(topic), codec::encode(&id));
         batch.insert(keys::META, codec::encode(&next));
-        self.db()
-            .apply_batch(batch)
-            .map_err(|err| self.sled_error(err))?;
+        self.apply(batch)?;
         write_lock(&self.topics).insert(topic.to_owned(), id);
         Ok(id)
     }

@@ -3,6 +3,7 @@
 
 use bincode::Encode;
 
+use super::compact::Batch;
 use super::keys::{self, PartitionKey};
 use super::{Buffer, Lane, LayoutId, PartitionLayout, PartitionState, Record, StoreError, codec};
 
@@ -65,10 +66,8 @@ impl Buffer {
         let _guard = self.partition_lock(part);
         let (mut batch, removed) = self.removal_batch(part)?;
         let state = PartitionState::new(layout);
-        batch.insert(&keys::state(part), codec::encode(&state));
-        self.db()
-            .apply_batch(batch)
-            .map_err(|err| self.sled_error(err))?;
+        batch.insert(keys::state(part), codec::encode(&state));
+        self.apply(batch)?;
         self.compaction.removed(removed);
         self.new_layout_id(part);
         Ok(state)
@@ -142,7 +141,7 @@ impl Buffer {
             });
         };
         let kept = &records[plan.keep.clone()];
-        let mut batch = sled::Batch::default();
+        let mut batch = Batch::default();
         let mut chunk_first = plan.first;
         let mut chunk_start = 0;
         let mut chunk_bytes = 0;
@@ -159,7 +158,7 @@ impl Buffer {
                 codec::encode_into(&chunk, &mut value);
                 let key = keys::chunk(lane, part, chunk_first as u64);
                 written += (key.len() + value.len()) as u64;
-                batch.insert(&key, value.as_slice());
+                batch.insert(key, value.as_slice());
                 chunk_first = record.offset;
                 chunk_start = index;
                 chunk_bytes = 0;
@@ -173,16 +172,14 @@ impl Buffer {
         codec::encode_into(&chunk, &mut value);
         let key = keys::chunk(lane, part, chunk_first as u64);
         written += (key.len() + value.len()) as u64;
-        batch.insert(&key, value.as_slice());
+        batch.insert(key, value.as_slice());
 
         let next = state.normalize(lane, plan.next);
         state.lane_mut(lane).fetched_next = next;
-        batch.insert(&keys::state(part), codec::encode(&state));
-        self.db()
-            .apply_batch(batch)
-            .map_err(|err| self.sled_error(err))?;
-        self.compaction.added(written);
+        batch.insert(keys::state(part), codec::encode(&state));
+        self.apply(batch)?;
         let stored_bytes = kept.iter().map(|r| r.payload_bytes() as u64).sum();
+        self.compaction.added(written, stored_bytes);
         Ok(AppendOutcome {
             stored: kept.len(),
             stored_bytes,
@@ -233,7 +230,7 @@ impl Buffer {
                 covered.pop();
             }
         }
-        let mut batch = sled::Batch::default();
+        let mut batch = Batch::default();
         let mut removed: u64 = 0;
         for (key, value) in &covered {
             removed += (key.len() + value.len()) as u64;
@@ -242,10 +239,8 @@ impl Buffer {
         let lane_state = state.lane_mut(lane);
         lane_state.committed_next = committed;
         lane_state.retained_from = retained_from;
-        batch.insert(&keys::state(part), codec::encode(&state));
-        self.db()
-            .apply_batch(batch)
-            .map_err(|err| self.sled_error(err))?;
+        batch.insert(keys::state(part), codec::encode(&state));
+        self.apply(batch)?;
         self.compaction.removed(removed);
         Ok(covered.len())
     }
@@ -263,9 +258,7 @@ impl Buffer {
             .contains_key(keys::state(part))
             .map_err(|err| self.sled_error(err))?;
         let (batch, removed) = self.removal_batch(part)?;
-        self.db()
-            .apply_batch(batch)
-            .map_err(|err| self.sled_error(err))?;
+        self.apply(batch)?;
         self.compaction.removed(removed);
         self.new_layout_id(part);
         Ok(existed)
@@ -313,15 +306,15 @@ impl Buffer {
         }
         // Under the lock a compaction takes: no write may land in a generation being left.
         let _alloc = super::lock(&self.topic_alloc);
-        self.db()
-            .insert(key, codec::encode(&topic_id.to_owned()))
-            .map_err(|err| self.sled_error(err))?;
+        let mut batch = Batch::default();
+        batch.insert(&key, codec::encode(&topic_id.to_owned()));
+        self.apply(batch)?;
         Ok(recorded)
     }
 
     /// A batch removing the state and every chunk of `part`, and the bytes of the chunks.
-    fn removal_batch(&self, part: PartitionKey) -> Result<(sled::Batch, u64), StoreError> {
-        let mut batch = sled::Batch::default();
+    fn removal_batch(&self, part: PartitionKey) -> Result<(Batch, u64), StoreError> {
+        let mut batch = Batch::default();
         let mut removed: u64 = 0;
         for lane in Lane::ALL {
             for entry in self.db().scan_prefix(keys::chunk_prefix(lane, part)) {
@@ -330,7 +323,7 @@ impl Buffer {
                 batch.remove(key);
             }
         }
-        batch.remove(&keys::state(part));
+        batch.remove(keys::state(part));
         Ok((batch, removed))
     }
 

@@ -585,6 +585,11 @@ pub fn catchup_consumer(
 /// Opens a buffer directory with sled itself (to damage it the way a disk or a crafted file
 /// would), with the segment size the buffer was created with: sled refuses any other.
 pub fn raw_sled(dir: &std::path::Path) -> sled::Result<sled::Db> {
+    // After a compaction the database lives in the generation `CURRENT` names.
+    let dir = &match std::fs::read_to_string(dir.join("CURRENT")) {
+        Ok(name) => dir.join(name.trim()),
+        Err(_) => dir.to_path_buf(),
+    };
     let conf = std::fs::read(dir.join("conf")).unwrap_or_default();
     let segment = String::from_utf8_lossy(&conf)
         .lines()

@@ -1,0 +1,155 @@
+//! A backlog buffered and processed: sled keeps its files at their peak size, so the
+//! consumer compacts the buffer into a fresh generation on its own, gives the disk back, and
+//! goes on buffering and delivering — across a restart too — with nothing lost (store audit
+//! D1; issue "disk comes back").
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use catchup::{CatchupConsumer, Event, Mode};
+use support::{Kafka, test_config, unique};
+
+const WAIT: Duration = Duration::from_secs(60);
+const PARTITIONS: i32 = 2;
+const PER_PARTITION: i64 = 15_000;
+const VALUE_BYTES: usize = 1024;
+
+fn value(partition: i32, offset: i64) -> String {
+    let head = format!("{partition}:{offset}:");
+    // Varied bytes, so that nothing on the way compresses the backlog away.
+    let tail: String = (0..VALUE_BYTES - head.len())
+        .map(|i| char::from(b'a' + ((offset as usize * 7 + i) % 26) as u8))
+        .collect();
+    format!("{head}{tail}")
+}
+
+fn disk_bytes(path: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(meta) = std::fs::symlink_metadata(path) else {
+        return 0;
+    };
+    if !meta.is_dir() {
+        return meta.blocks() * 512;
+    }
+    std::fs::read_dir(path)
+        .map(|entries| entries.flatten().map(|e| disk_bytes(&e.path())).sum())
+        .unwrap_or(0)
+}
+
+/// Receives and acks until `expected` (partition, offset) pairs were seen, each with its
+/// produced value.
+async fn receive(consumer: &CatchupConsumer, expected: &BTreeSet<(i32, i64)>) {
+    let mut seen = BTreeSet::new();
+    while &seen != expected {
+        let delivery = tokio::time::timeout(WAIT, consumer.recv())
+            .await
+            .unwrap_or_else(|_| panic!("{} of {} delivered in time", seen.len(), expected.len()))
+            .expect("recv");
+        assert_eq!(
+            delivery.payload.as_deref(),
+            Some(value(delivery.partition, delivery.offset).as_bytes()),
+            "{}/{} carries the produced value",
+            delivery.partition,
+            delivery.offset
+        );
+        assert!(
+            expected.contains(&(delivery.partition, delivery.offset)),
+            "{}/{} was not expected",
+            delivery.partition,
+            delivery.offset
+        );
+        consumer.ack(&delivery);
+        seen.insert((delivery.partition, delivery.offset));
+    }
+    consumer.commit().await.expect("commit");
+}
+
+/// Produces offsets `[from, to)` of every partition (the log ends at `from`), each with
+/// its value.
+async fn produce(kafka: &Kafka, topic: &str, from: i64, to: i64) {
+    for partition in 0..PARTITIONS {
+        let records: Vec<(String, String)> = (from..to)
+            .map(|offset| (format!("key-{offset}"), value(partition, offset)))
+            .collect();
+        kafka.produce_keyed(topic, partition, &records).await;
+    }
+}
+
+fn offsets(from: i64, to: i64) -> BTreeSet<(i32, i64)> {
+    (0..PARTITIONS)
+        .flat_map(|p| (from..to).map(move |o| (p, o)))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_buffer_gives_its_disk_back() {
+    let kafka = Kafka::connect();
+    let topic = unique("disk-back");
+    let group = unique("disk-back-group");
+    kafka.create_topic(&topic, PARTITIONS).await;
+    produce(&kafka, &topic, 0, PER_PARTITION).await;
+    kafka.commit_as_operator(&group, &topic, &[0; PARTITIONS as usize]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let buffer_dir = dir.path().join("buffer");
+    let config = catchup::CatchupConfig {
+        disk_allowance_bytes: 1 << 20,
+        ..test_config(&buffer_dir, Mode::Off, 100)
+    };
+
+    let consumer =
+        CatchupConsumer::new(&kafka.consumer_config(&group), config.clone()).expect("consumer");
+    let mut events = consumer.events();
+    consumer.subscribe(&[&topic]).expect("subscribe");
+    support::wait_until_buffered(&consumer, PARTITIONS as usize, PER_PARTITION).await;
+    let peak = disk_bytes(&buffer_dir);
+    let payload = PARTITIONS as u64 * PER_PARTITION as u64 * VALUE_BYTES as u64;
+    assert!(
+        peak > payload,
+        "{peak} bytes on disk for {payload} of payload"
+    );
+
+    receive(&consumer, &offsets(0, PER_PARTITION)).await;
+    let compacted = tokio::time::timeout(WAIT, async {
+        loop {
+            match events.recv().await {
+                Ok(Event::BufferCompacted {
+                    disk_before,
+                    disk_after,
+                    ..
+                }) => return (disk_before, disk_after),
+                Ok(_) => {}
+                Err(err) => panic!("events: {err}"),
+            }
+        }
+    })
+    .await
+    .expect("the drained buffer is compacted within a minute");
+    let (disk_before, disk_after) = compacted;
+    let now = disk_bytes(&buffer_dir);
+    assert!(
+        disk_after * 2 < disk_before && now * 2 < peak,
+        "disk: peak {peak}, compacted {disk_before} -> {disk_after}, now {now}"
+    );
+    assert!(
+        buffer_dir.join("CURRENT").is_file(),
+        "the buffer moved to a new generation"
+    );
+
+    // Buffering and delivery go on in the new generation...
+    produce(&kafka, &topic, PER_PARTITION, PER_PARTITION + 200).await;
+    receive(&consumer, &offsets(PER_PARTITION, PER_PARTITION + 200)).await;
+    consumer.close().await.expect("close");
+
+    // ...and after a restart, which opens it.
+    let consumer = CatchupConsumer::new(&kafka.consumer_config(&group), config).expect("consumer");
+    consumer.subscribe(&[&topic]).expect("subscribe");
+    produce(&kafka, &topic, PER_PARTITION + 200, PER_PARTITION + 400).await;
+    receive(
+        &consumer,
+        &offsets(PER_PARTITION + 200, PER_PARTITION + 400),
+    )
+    .await;
+    consumer.close().await.expect("close");
+}
