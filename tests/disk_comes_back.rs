@@ -128,6 +128,9 @@ async fn a_drained_buffer_gives_its_disk_back() {
     .expect("the drained buffer is compacted within a minute");
     let (disk_before, disk_after) = compacted;
     let now = disk_bytes(&buffer_dir);
+    eprintln!(
+        "disk: payload {payload}, peak {peak}, compacted {disk_before} -> {disk_after}, now {now}"
+    );
     assert!(
         disk_after * 2 < disk_before && now * 2 < peak,
         "disk: peak {peak}, compacted {disk_before} -> {disk_after}, now {now}"

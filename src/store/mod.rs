@@ -19,6 +19,10 @@
 //! per-entry cost over hundreds of records. A partly committed chunk stays until all of it
 //! is committed; the lane's `committed_next` is the cursor inside it.
 //!
+//! Disk: sled never shrinks its files while the buffer lives, so [`Buffer::compact`] copies
+//! what is stored into a fresh database (a *generation*, see `generation`) and switches to
+//! it; [`Buffer::compact_if_bloated`] decides when (the consumer asks every 10 s).
+//!
 //! Durability: the buffer is a cache of Kafka, and the consumer needs none for correctness.
 //! sled writes through its page cache and fsyncs its log every
 //! [`BufferOptions::flush_every_ms`]; after a process crash the buffer holds a prefix of the

@@ -47,6 +47,10 @@ pub struct RunArgs {
     /// Free space to leave, as a percentage of the buffer's filesystem (0 to 100).
     #[arg(long, default_value_t = 5.0, value_parser = parse_percent)]
     pub min_free_percent: f64,
+    /// Disk (MiB) the buffer may occupy beyond twice the payload it holds before it is
+    /// compacted, giving back what sled keeps after a backlog drained.
+    #[arg(long, default_value_t = 64)]
+    pub disk_allowance_mib: u64,
     /// Append one JSON line per processed record to this file (fsynced before the ack).
     #[arg(long)]
     pub sink: Option<PathBuf>,
@@ -320,6 +324,7 @@ pub async fn run(args: RunArgs) -> Result<(), Failure> {
             min_free_bytes: args.min_free_mib.saturating_mul(1 << 20),
             min_free_percent: args.min_free_percent,
         },
+        disk_allowance_bytes: args.disk_allowance_mib.saturating_mul(1 << 20),
         ..CatchupConfig::new(&args.buffer_dir)
     };
     let consumer = CatchupConsumer::new(&client, config).map_err(crate::failure)?;
