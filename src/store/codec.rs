@@ -18,14 +18,19 @@ pub const FORMAT_VERSION: u8 = 1;
 
 const HEADER_LEN: usize = 5;
 
-/// bincode 2 with a fixed configuration. The decode limit bounds what a damaged length
-/// prefix can make us allocate (a chunk is at most a few hundred KiB; a single Kafka record
-/// is far below 64 MiB unless `message.max.bytes` is raised that far).
+/// The most bytes one decode may claim: above any chunk `append` stores (it refuses a
+/// larger one) and above any record librdkafka can hand out (`receive.message.max.bytes` is
+/// at most 1,000,000,000). It bounds what a length prefix can make us allocate — one that
+/// passed the checksum, so written that way (store audit U1: the limit was 64 MiB, and a
+/// larger record, possible with a raised `message.max.bytes`, encoded but never decoded).
+pub const DECODE_LIMIT: usize = 1 << 30;
+
+/// bincode 2 with a fixed configuration.
 fn config() -> impl bincode::config::Config {
     bincode::config::standard()
         .with_little_endian()
         .with_variable_int_encoding()
-        .with_limit::<{ 64 << 20 }>()
+        .with_limit::<DECODE_LIMIT>()
 }
 
 /// Why a stored value could not be decoded.
@@ -190,6 +195,15 @@ mod tests {
                 found: FORMAT_VERSION + 1
             })
         );
+    }
+
+    #[test]
+    fn a_value_above_64_mib_decodes() {
+        let large = Sample {
+            offset: 1,
+            payload: Some(vec![7; 65 << 20]),
+        };
+        assert_eq!(decode::<Sample>(&encode(&large)), Ok(large));
     }
 
     #[test]

@@ -63,6 +63,17 @@ pub(crate) fn state_prefix() -> [u8; 1] {
     [STATE]
 }
 
+/// The prefixes every key of one topic id starts with, in the kinds that carry one:
+/// partition states and the chunks of both lanes.
+pub(crate) fn topic_id_prefixes(topic_id: u32) -> [[u8; 5]; 3] {
+    [STATE, CATCHUP, LIVE].map(|kind| {
+        let mut prefix = [0; 5];
+        prefix[0] = kind;
+        prefix[1..5].copy_from_slice(&topic_id.to_be_bytes());
+        prefix
+    })
+}
+
 fn lane_byte(lane: Lane) -> u8 {
     match lane {
         Lane::Catchup => CATCHUP,

@@ -58,7 +58,7 @@ use std::sync::{Mutex, MutexGuard, RwLock};
 
 use bincode::{Decode, Encode};
 
-pub use codec::{CodecError, FORMAT_VERSION};
+pub use codec::{CodecError, DECODE_LIMIT, FORMAT_VERSION};
 pub use compact::{COPY_OVERHEAD, COPY_RATIO, Compaction};
 pub use read::{BufferStats, LaneStats, PartitionStats, ReadBatch};
 pub use record::{Header, Record, Timestamp};
@@ -484,7 +484,11 @@ impl Buffer {
         // sled can also panic on the first reads of a damaged database it opened.
         buffer.contain_panics("reading the buffer metadata", || {
             buffer.load_meta(create)?;
-            buffer.load_topics()
+            buffer.load_topics()?;
+            if create {
+                buffer.forget_unused_topics()?;
+            }
+            Ok(())
         })?;
         // What an interrupted compaction or a switch left behind: not the buffer any more.
         let sled_dir = buffer.sled_dir();
@@ -750,6 +754,41 @@ impl Buffer {
             topics.insert(name, id);
         }
         *write_lock(&self.topics) = topics;
+        Ok(())
+    }
+
+    /// Removes the entries of topics nothing is buffered for any more (every partition
+    /// discarded or pruned): their name-to-id mapping and incarnation record (store audit
+    /// D3). Only at open, before any writer: a writer resolves a topic's id before taking
+    /// the partition's lock, so removing a mapping while writers run could orphan records.
+    fn forget_unused_topics(&self) -> Result<(), StoreError> {
+        let db = self.db();
+        let unused: Vec<(String, u32)> = read_lock(&self.topics)
+            .iter()
+            .map(|(name, id)| (name.clone(), *id))
+            .filter(|(_, id)| {
+                keys::topic_id_prefixes(*id)
+                    .iter()
+                    .all(|prefix| db.scan_prefix(prefix).next().is_none())
+            })
+            .collect();
+        if unused.is_empty() {
+            return Ok(());
+        }
+        let mut batch = compact::Batch::default();
+        for (name, _) in &unused {
+            batch.remove(keys::topic(name));
+            batch.remove(keys::incarnation(name));
+        }
+        self.apply(batch)?;
+        let mut topics = write_lock(&self.topics);
+        for (name, _) in &unused {
+            topics.remove(name);
+        }
+        tracing::debug!(
+            count = unused.len(),
+            "forgot topics nothing is buffered for"
+        );
         Ok(())
     }
 

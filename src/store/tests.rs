@@ -1037,3 +1037,37 @@ fn empty_touches_only_a_marked_buffer_nobody_holds() {
     assert!(matches!(err, StoreError::NotABuffer { .. }), "{err}");
     assert!(foreign.join("db").exists() && foreign.join("conf").exists());
 }
+
+#[test]
+fn topics_nothing_is_buffered_for_are_forgotten_at_open() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let buffer = open(&dir);
+        for topic in ["gone", "kept"] {
+            buffer
+                .reset_partition(topic, 0, PartitionLayout::plain(0))
+                .expect("layout");
+            append(&buffer, Lane::Live, topic, 0, &records(0..10), 10).expect("append");
+            buffer
+                .record_incarnation(topic, "id", |_| true)
+                .expect("incarnation");
+        }
+        assert!(buffer.discard_partition("gone", 0).expect("discard"));
+        buffer.close().expect("close");
+    }
+    let buffer = open(&dir);
+    assert_eq!(buffer.topic_id("gone"), None);
+    assert!(buffer.topic_id("kept").is_some());
+    let db = buffer.db();
+    assert_eq!(db.get(keys::topic("gone")).expect("get"), None);
+    assert_eq!(db.get(keys::incarnation("gone")).expect("get"), None);
+    assert!(db.get(keys::incarnation("kept")).expect("get").is_some());
+    // The topic comes back as any new one, and what was kept is intact.
+    buffer
+        .reset_partition("gone", 0, PartitionLayout::plain(5))
+        .expect("layout again");
+    assert_eq!(
+        offsets(&buffer.read(Lane::Live, "kept", 0, 0, 100).expect("read")),
+        (0..10).collect::<Vec<_>>()
+    );
+}

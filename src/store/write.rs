@@ -156,6 +156,7 @@ impl Buffer {
                     records: &kept[chunk_start..index],
                 };
                 codec::encode_into(&chunk, &mut value);
+                self.check_decodable(topic, partition, lane, chunk_first, value.len())?;
                 let key = keys::chunk(lane, part, chunk_first as u64);
                 written += (key.len() + value.len()) as u64;
                 batch.insert(key, value.as_slice());
@@ -170,6 +171,7 @@ impl Buffer {
             records: &kept[chunk_start..],
         };
         codec::encode_into(&chunk, &mut value);
+        self.check_decodable(topic, partition, lane, chunk_first, value.len())?;
         let key = keys::chunk(lane, part, chunk_first as u64);
         written += (key.len() + value.len()) as u64;
         batch.insert(key, value.as_slice());
@@ -325,6 +327,29 @@ impl Buffer {
         }
         batch.remove(keys::state(part));
         Ok((batch, removed))
+    }
+
+    /// Refuses a chunk no read could decode (see [`codec::DECODE_LIMIT`]): stored, it would
+    /// stop its partition for good.
+    fn check_decodable(
+        &self,
+        topic: &str,
+        partition: i32,
+        lane: Lane,
+        first: i64,
+        encoded: usize,
+    ) -> Result<(), StoreError> {
+        if encoded <= codec::DECODE_LIMIT {
+            return Ok(());
+        }
+        Err(self.rejected(
+            topic,
+            partition,
+            format!(
+                "{lane} lane: the record at offset {first} encodes to {encoded} bytes, above the buffer's limit of {} bytes",
+                codec::DECODE_LIMIT
+            ),
+        ))
     }
 
     /// Takes the partition's write lock and loads its state, which must exist.
