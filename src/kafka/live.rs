@@ -339,6 +339,11 @@ impl LiveState {
     /// failure changes nothing stored (the old generation stays): a WARN, and the next
     /// round tries again.
     fn compact_if_bloated(&self) {
+        // After a failed write the buffer is untrusted and its handle must not be dropped:
+        // the next process empties it anyway.
+        if self.shared.failure().is_some() {
+            return;
+        }
         let mut compacting = self.compacting();
         if compacting
             .as_ref()

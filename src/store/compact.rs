@@ -4,16 +4,17 @@
 //! a live page sits near their end, so a drained buffer keeps its peak size (store audit
 //! D1), and even a full one carries up to 2–3× its entries in garbage awaiting sled's
 //! cleaner. [`Buffer::compact`] copies every entry into a new sled database in a new
-//! generation directory and switches to it (see `generation`): the copy is as large as
-//! what is stored, and the old files go at once. [`Buffer::compact_if_bloated`] does it
-//! when the directory holds more than twice the stored bytes plus
-//! [`BufferOptions::disk_allowance_bytes`](super::BufferOptions::disk_allowance_bytes).
+//! generation directory and switches to it (see `generation`); the old files go once no
+//! read holds them. [`Buffer::compact_if_bloated`] decides when: the directory holds more
+//! than twice the payload plus
+//! [`BufferOptions::disk_allowance_bytes`](super::BufferOptions::disk_allowance_bytes), and
+//! the copy is expected to take at most two thirds of it.
 //!
 //! A compaction copies in two phases so that writers wait only for the second: first
 //! everything, while fetchers and commits go on writing the old generation and note the
 //! keys they touch ([`Batch`]); then, under every writer's lock, those keys again from the
-//! old generation, an fsync, and the switch. Triggered only when what is stored is at most
-//! half of what is on disk, each compaction at least halves the directory.
+//! old generation, an fsync, and the switch. A failed compaction leaves the buffer in the old
+//! generation, as it was.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -38,6 +39,19 @@ pub const COPY_OVERHEAD: u64 = 16 << 20;
 /// The disk a compaction of `stored` bytes is expected to leave.
 fn expected_after(stored: u64) -> u64 {
     ((stored as f64 * COPY_RATIO) as u64).saturating_add(COPY_OVERHEAD)
+}
+
+/// How long a compaction waits for reads still on the old generation before removing it
+/// (a read holds it for one call); past that, the next compaction or open removes it.
+const READERS_WAIT: Duration = Duration::from_secs(10);
+
+/// Ends the noting of keys when a compaction ends, however it ends.
+struct StopNoting<'a>(&'a Tracker);
+
+impl Drop for StopNoting<'_> {
+    fn drop(&mut self) {
+        *lock(&self.0.touched) = None;
+    }
 }
 
 /// What the buffer tracks for compaction.
@@ -103,6 +117,12 @@ impl Tracker {
             added,
             removed,
         });
+    }
+
+    /// Whether writers note their keys (a compaction is copying).
+    #[cfg(test)]
+    pub(crate) fn is_noting(&self) -> bool {
+        lock(&self.touched).is_some()
     }
 
     /// Notes keys a writer changed, under the lock that orders it with a compaction.
@@ -234,18 +254,34 @@ impl Buffer {
     /// old generation, and the partial copy is removed.
     pub fn compact(&self) -> Result<Compaction, StoreError> {
         let _alone = self.compaction.exclusive();
+        // However it ends (an error, a panic sled raised on damaged data), writers stop
+        // noting their keys.
+        let _stop_noting = StopNoting(&self.compaction);
+        self.contain_panics("compacting the buffer", || self.compact_alone())
+    }
+
+    fn compact_alone(&self) -> Result<Compaction, StoreError> {
         let started = Instant::now();
-        let disk_before = self.disk_bytes()?;
         let old_dir = self.sled_dir();
-        let name = generation::next_name(&self.dir, &old_dir);
+        let name = generation::next_name(&self.dir, &old_dir).ok_or_else(|| {
+            self.damaged(format!(
+                "{} names the last generation number",
+                old_dir.display()
+            ))
+        })?;
         let new_dir = self.dir.join(&name);
         let io = |action: &str, source| StoreError::Io {
             dir: self.dir.clone(),
             action: format!("compacting into {}: {action}", new_dir.display()),
             source,
         };
-        // Left over from a compaction interrupted before its switch: not the buffer.
-        generation::remove(&new_dir).map_err(|e| io("removing a partial copy", e))?;
+        // Left over: partial copies, and an earlier generation a compaction kept (readers
+        // held it, or its switch was not known durable: made so now).
+        std::fs::File::open(&self.dir)
+            .and_then(|dir| dir.sync_all())
+            .and_then(|()| generation::remove_stale(&self.dir, &old_dir))
+            .map_err(|e| io("removing what earlier compactions left", e))?;
+        let disk_before = self.disk_bytes()?;
         {
             // Every write is ordered with this: a writer either finished before (the copy
             // sees it) or notes its keys.
@@ -255,37 +291,55 @@ impl Buffer {
         let copied = self.copy_into(&new_dir);
         let writers = self.lock_writers();
         let touched = lock(&self.compaction.touched).take().unwrap_or_default();
-        let (new_db, entries, mut copied_bytes) = match copied {
+        let pause = Instant::now();
+        // On a failure below, the new database is never dropped: sled flushes on drop, and
+        // after a failed write that flush can block for good. Writers go first.
+        let (new_db, entries, copied_bytes) = match copied {
             Ok(copied) => copied,
             Err(err) => {
+                drop(writers);
                 let _ = generation::remove(&new_dir);
                 return Err(err);
             }
         };
-        let pause = Instant::now();
-        let replayed = self.replay(&new_db, &new_dir, &touched);
-        let replayed = match replayed {
-            Ok(delta) => delta,
+        let copied_bytes = match self.replay(&new_db, &new_dir, &touched) {
+            Ok(delta) => copied_bytes.saturating_add_signed(delta),
             Err(err) => {
-                drop(new_db);
+                drop(writers);
+                std::mem::forget(new_db);
                 let _ = generation::remove(&new_dir);
                 return Err(err);
             }
         };
-        copied_bytes = copied_bytes.saturating_add_signed(replayed);
+        let mut keep_old = false;
         if let Err(source) = generation::switch_to(&self.dir, &name) {
-            // A failed fsync of the directory after the rename has still switched.
-            if generation::current(&self.dir).ok().as_deref() != Some(&*new_dir) {
-                drop(new_db);
-                let _ = generation::remove(&new_dir);
-                return Err(io("switching to it", source));
+            match generation::current(&self.dir) {
+                // Renamed, but the directory's fsync failed: go on in the new generation
+                // and keep the old one whole, for an open after a power loss to choose.
+                Ok(current) if current == new_dir => {
+                    tracing::warn!(%source, "buffer compaction: switched, but the switch may not be durable");
+                    keep_old = true;
+                }
+                Ok(_) => {
+                    drop(writers);
+                    std::mem::forget(new_db);
+                    let _ = generation::remove(&new_dir);
+                    return Err(io("switching to it", source));
+                }
+                // Which one is current cannot be told: keep both, and keep holding the new
+                // one's lock (its handle is never dropped) so that no other process opens
+                // it while this one goes on in the old.
+                Err(_) => {
+                    drop(writers);
+                    std::mem::forget(new_db);
+                    return Err(io("switching to it", source));
+                }
             }
-            tracing::warn!(%source, "buffer compaction: switched, but the switch may not be durable");
         }
         let old = std::mem::replace(
             &mut *write_lock(&self.current),
             Generation {
-                db: new_db,
+                db: std::sync::Arc::new(new_db),
                 path: new_dir.clone(),
             },
         );
@@ -293,9 +347,20 @@ impl Buffer {
         self.compaction.set_baseline(copied_bytes, added, removed);
         let writers_waited = pause.elapsed();
         drop(writers);
+        // A read that took the old handle before the switch finishes on it (sled opens
+        // blob files by path): its files go only once it let go.
+        let deadline = Instant::now() + READERS_WAIT;
+        while std::sync::Arc::strong_count(&old.db) > 1 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let released = std::sync::Arc::strong_count(&old.db) == 1;
         drop(old);
-        generation::remove_stale(&self.dir, &new_dir)
-            .map_err(|e| io("removing the old generation", e))?;
+        if released && !keep_old {
+            if let Err(source) = generation::remove_stale(&self.dir, &new_dir) {
+                // Switched all the same; the next compaction or open removes it.
+                tracing::warn!(%source, "buffer compaction: the old generation could not be removed yet");
+            }
+        }
         let compaction = Compaction {
             disk_before,
             disk_after: self.disk_bytes()?,
@@ -337,6 +402,21 @@ impl Buffer {
         let new_db = sled_config(new_dir, &self.options)
             .open()
             .map_err(|err| self.sled_error(err))?;
+        match self.copy_all(&new_db, new_dir) {
+            Ok((entries, bytes)) => Ok((new_db, entries, bytes)),
+            Err(err) => {
+                // Never dropped after a failed write (see `compact_alone`).
+                std::mem::forget(new_db);
+                Err(err)
+            }
+        }
+    }
+
+    fn copy_all(
+        &self,
+        new_db: &sled::Db,
+        new_dir: &std::path::Path,
+    ) -> Result<(u64, u64), StoreError> {
         let (mut entries, mut bytes) = (0u64, 0u64);
         let mut batch = sled::Batch::default();
         let (mut batch_entries, mut batch_bytes) = (0, 0);
@@ -360,8 +440,12 @@ impl Buffer {
             .map_err(|err| self.sled_error(err))?;
         // Most of the copy reaches the disk here, before writers wait for the rest.
         new_db.flush().map_err(|err| self.sled_error(err))?;
-        fsync::sync_tree(new_dir).map_err(|e| io("fsync", e))?;
-        Ok((new_db, entries, bytes))
+        fsync::sync_tree(new_dir).map_err(|source| StoreError::Io {
+            dir: self.dir.clone(),
+            action: format!("compacting into {}: fsync", new_dir.display()),
+            source,
+        })?;
+        Ok((entries, bytes))
     }
 
     /// Under every writer's lock: copies the `touched` keys again from the open generation

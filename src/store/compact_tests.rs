@@ -264,3 +264,30 @@ fn a_current_naming_no_generation_is_damage() {
     assert_eq!(entries(&dir), ["CATCHUP_BUFFER"]);
     assert!(tmp.path().join("buf").exists());
 }
+
+#[test]
+fn a_failed_compaction_leaves_the_buffer_as_it_was() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().join("buf");
+    {
+        let buffer = Buffer::open(&dir, options()).expect("open");
+        buffer
+            .reset_partition("t", 0, PartitionLayout::plain(0))
+            .expect("layout");
+        fill(&buffer, "t", 0, 2000);
+        buffer.compact().expect("compact");
+        buffer.close().expect("close");
+    }
+    // The last generation number: there is no next one to copy into.
+    let last = format!("gen-{}", u64::MAX);
+    std::fs::rename(dir.join("gen-1"), dir.join(&last)).expect("rename");
+    std::fs::write(dir.join("CURRENT"), format!("{last}\n")).expect("write");
+    let buffer = Buffer::open(&dir, options()).expect("reopen");
+    let err = buffer.compact().expect_err("no next generation");
+    assert!(matches!(err, StoreError::Damaged { .. }), "{err}");
+    // Writers no longer note their keys, and the buffer goes on as it was.
+    assert!(!buffer.compaction.is_noting());
+    fill(&buffer, "t", 2000, 3000);
+    assert_eq!(read_all(&buffer, "t", 0), 3000);
+    assert_eq!(entries(&dir), ["CATCHUP_BUFFER", "CURRENT", last.as_str()]);
+}

@@ -58,17 +58,17 @@ pub(crate) fn current(dir: &Path) -> io::Result<PathBuf> {
     }
 }
 
-/// The name of the generation after `current` (`gen-1` after the top level).
-pub(crate) fn next_name(dir: &Path, current: &Path) -> String {
+/// The name of the generation after `current` (`gen-1` after the top level); `None` after
+/// the last number (only a crafted `CURRENT` gets there).
+pub(crate) fn next_name(dir: &Path, current: &Path) -> Option<String> {
     let number = if current == dir {
         0
     } else {
         current
             .file_name()
-            .and_then(|name| generation_number(&name.to_string_lossy()))
-            .unwrap_or(0)
+            .and_then(|name| generation_number(&name.to_string_lossy()))?
     };
-    format!("{PREFIX}{}", number + 1)
+    Some(format!("{PREFIX}{}", number.checked_add(1)?))
 }
 
 /// Makes `name` the current generation: `CURRENT` is written beside, fsynced and renamed
@@ -149,11 +149,13 @@ mod tests {
     fn the_top_level_until_current_names_a_generation() {
         let dir = tempfile::tempdir().expect("tempdir");
         assert_eq!(current(dir.path()).expect("current"), dir.path());
-        assert_eq!(next_name(dir.path(), dir.path()), "gen-1");
+        assert_eq!(next_name(dir.path(), dir.path()).as_deref(), Some("gen-1"));
         switch_to(dir.path(), "gen-1").expect("switch");
         let gen1 = dir.path().join("gen-1");
         assert_eq!(current(dir.path()).expect("current"), gen1);
-        assert_eq!(next_name(dir.path(), &gen1), "gen-2");
+        assert_eq!(next_name(dir.path(), &gen1).as_deref(), Some("gen-2"));
+        let last = dir.path().join(format!("gen-{}", u64::MAX));
+        assert_eq!(next_name(dir.path(), &last), None);
     }
 
     #[test]

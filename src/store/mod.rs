@@ -330,8 +330,9 @@ pub struct Buffer {
 }
 
 /// One sled database of a buffer and the directory holding its files (see `generation`).
+/// The handle is shared so that a compaction can tell when the last read let go of it.
 struct Generation {
-    db: sled::Db,
+    db: std::sync::Arc<sled::Db>,
     path: PathBuf,
 }
 
@@ -380,16 +381,23 @@ impl Buffer {
         // `CURRENT` and sled's lock: the lock of a generation no longer current proves
         // nothing, so look again (a handful of switches in a row cannot happen: each needs
         // the lock we just got).
-        let mut attempts = 0;
+        let mut switches = 0;
         loop {
             let sled_dir = generation::current(&dir).map_err(|err| current_error(&dir, err))?;
-            let (db, options) = Self::open_sled(&dir, &sled_dir, options.clone())?;
+            let opened = Self::open_sled(&dir, &sled_dir, options.clone());
             let still = generation::current(&dir).map_err(|err| current_error(&dir, err))?;
-            attempts += 1;
-            if still == sled_dir || attempts >= 5 {
-                return Self::with_db(dir, sled_dir, db, options, create);
+            if still != sled_dir {
+                // Whatever that open found (even a panic on files being deleted), it was
+                // not the buffer any more.
+                drop(opened);
+                switches += 1;
+                if switches >= 5 {
+                    return Err(StoreError::Locked { dir });
+                }
+                continue;
             }
-            drop(db);
+            let (db, options) = opened?;
+            return Self::with_db(dir, sled_dir, db, options, create);
         }
     }
 
@@ -472,7 +480,10 @@ impl Buffer {
     ) -> Result<Self, StoreError> {
         let buffer = Buffer {
             dir,
-            current: RwLock::new(Generation { db, path: sled_dir }),
+            current: RwLock::new(Generation {
+                db: std::sync::Arc::new(db),
+                path: sled_dir,
+            }),
             options,
             topics: RwLock::new(HashMap::new()),
             topic_alloc: Mutex::new(()),
@@ -523,7 +534,7 @@ impl Buffer {
 
     /// The open generation's database (a cheap handle). Take it afresh for every use, after
     /// any lock the use needs: a compaction swaps it under those locks.
-    fn db(&self) -> sled::Db {
+    fn db(&self) -> std::sync::Arc<sled::Db> {
         read_lock(&self.current).db.clone()
     }
 
@@ -661,7 +672,8 @@ impl Buffer {
             });
         }
         // A `CURRENT` naming no generation cannot be trusted either: everything goes.
-        let current = generation::current(dir).unwrap_or_else(|_| dir.to_path_buf());
+        let named = generation::current(dir).ok();
+        let current = named.clone().unwrap_or_else(|| dir.to_path_buf());
         let db = match std::fs::File::open(current.join("db")) {
             Ok(db) => Some(db),
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => None,
@@ -673,6 +685,12 @@ impl Buffer {
                     dir: dir.to_path_buf(),
                 });
             }
+        }
+        // A consumer compacting switched generations meanwhile: it holds the new one.
+        if generation::current(dir).ok() != named {
+            return Err(StoreError::Locked {
+                dir: dir.to_path_buf(),
+            });
         }
         // Every other generation first, the locked one last: its lock keeps others out
         // until everything else is gone. sled's files and generations only: what else the

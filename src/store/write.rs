@@ -156,7 +156,7 @@ impl Buffer {
                     records: &kept[chunk_start..index],
                 };
                 codec::encode_into(&chunk, &mut value);
-                self.check_decodable(topic, partition, lane, chunk_first, value.len())?;
+                self.check_decodable(topic, partition, lane, chunk.records, value.len())?;
                 let key = keys::chunk(lane, part, chunk_first as u64);
                 written += (key.len() + value.len()) as u64;
                 batch.insert(key, value.as_slice());
@@ -171,7 +171,7 @@ impl Buffer {
             records: &kept[chunk_start..],
         };
         codec::encode_into(&chunk, &mut value);
-        self.check_decodable(topic, partition, lane, chunk_first, value.len())?;
+        self.check_decodable(topic, partition, lane, chunk.records, value.len())?;
         let key = keys::chunk(lane, part, chunk_first as u64);
         written += (key.len() + value.len()) as u64;
         batch.insert(key, value.as_slice());
@@ -330,23 +330,29 @@ impl Buffer {
     }
 
     /// Refuses a chunk no read could decode (see [`codec::DECODE_LIMIT`]): stored, it would
-    /// stop its partition for good.
+    /// stop its partition for good. bincode counts against the limit the bytes it reads and,
+    /// up front, the memory of every list it decodes (records, headers).
     fn check_decodable(
         &self,
         topic: &str,
         partition: i32,
         lane: Lane,
-        first: i64,
+        records: &[Record],
         encoded: usize,
     ) -> Result<(), StoreError> {
-        if encoded <= codec::DECODE_LIMIT {
+        let headers: usize = records.iter().map(|r| r.headers.len()).sum();
+        let claimed = encoded
+            .saturating_add(records.len().saturating_mul(std::mem::size_of::<Record>()))
+            .saturating_add(headers.saturating_mul(std::mem::size_of::<super::Header>()));
+        if claimed <= codec::DECODE_LIMIT {
             return Ok(());
         }
+        let first = records.first().map_or(-1, |r| r.offset);
         Err(self.rejected(
             topic,
             partition,
             format!(
-                "{lane} lane: the record at offset {first} encodes to {encoded} bytes, above the buffer's limit of {} bytes",
+                "{lane} lane: the record at offset {first} needs {claimed} bytes to decode, above the buffer's limit of {} bytes",
                 codec::DECODE_LIMIT
             ),
         ))
