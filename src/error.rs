@@ -26,6 +26,20 @@ pub enum Error {
         /// The write that failed.
         reason: String,
     },
+    /// A topic the consumer subscribed to does not exist (the cluster confirmed it). Nothing
+    /// of it can be consumed until it is created; subscribe again then.
+    #[error("topic {topic} does not exist")]
+    TopicMissing {
+        /// The topic.
+        topic: String,
+    },
+    /// The cluster refused the consumer: authentication failed, or access to a topic, the
+    /// group or the cluster was denied. Fix the credentials or ACLs and start again.
+    #[error("the cluster refused access: {reason}")]
+    Refused {
+        /// What the client reported.
+        reason: String,
+    },
     /// A setting is missing or wrong.
     #[error("configuration: {0}")]
     Config(String),

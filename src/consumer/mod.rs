@@ -179,7 +179,7 @@ impl CatchupConsumer {
     fn next_ready(&self, reader: &mut Reader) -> Result<Option<Delivery>, Error> {
         // A failed buffer write stopped the fetchers: say so rather than wait for records
         // that will never come.
-        if let Some(failure) = self.shared.failure() {
+        if let Some(failure) = self.shared.failure().or_else(|| self.shared.stopped()) {
             return Err(failure);
         }
         let delivery = self.next_queued(reader)?;

@@ -150,6 +150,31 @@ pub(crate) struct Shared {
     /// Round-robin start for fairness across partitions.
     next_start: AtomicU64,
     writability: Writability,
+    /// What stopped the consumer for good on the Kafka side (a subscribed topic that does
+    /// not exist, access refused): `recv` reports it.
+    stopped: Mutex<Option<Stopped>>,
+}
+
+impl Stopped {
+    fn to_error(&self) -> crate::Error {
+        match self {
+            Stopped::TopicMissing(topic) => crate::Error::TopicMissing {
+                topic: topic.clone(),
+            },
+            Stopped::Refused(reason) => crate::Error::Refused {
+                reason: reason.clone(),
+            },
+        }
+    }
+}
+
+/// A condition on the Kafka side the consumer cannot get past by polling on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Stopped {
+    /// A subscribed topic the cluster does not know.
+    TopicMissing(String),
+    /// Authentication or authorization failed.
+    Refused(String),
 }
 
 impl Shared {
@@ -170,7 +195,39 @@ impl Shared {
             events,
             next_start: AtomicU64::new(0),
             writability: Writability::new(config_floor),
+            stopped: Mutex::new(None),
         }
+    }
+
+    /// Records what stopped the consumer (the first one wins), with an event, and wakes the
+    /// reader so that `recv` reports it.
+    pub fn stop_with(&self, stopped: Stopped) {
+        let mut slot = self
+            .stopped
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if slot.is_some() {
+            return;
+        }
+        let error = stopped.to_error();
+        // Returned by `recv`, where the application decides what to say: logged here only
+        // for whoever debugs.
+        tracing::debug!("{error}");
+        self.emit(Event::Error {
+            message: error.to_string(),
+        });
+        *slot = Some(stopped);
+        drop(slot);
+        self.notify.notify_waiters();
+    }
+
+    /// What stopped the consumer on the Kafka side, as the public error.
+    pub fn stopped(&self) -> Option<crate::Error> {
+        self.stopped
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .as_ref()
+            .map(Stopped::to_error)
     }
 
     /// Whether a fetcher may append now: no write has failed and the filesystem is above

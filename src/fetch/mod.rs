@@ -18,4 +18,4 @@ mod poll_error;
 pub use budget::{PauseChange, PausePolicy};
 pub use cursor::{AppendResult, FetchCursor, PendingAppend};
 pub use disk::{DiskChange, DiskFloor, DiskGuard, DiskSpace};
-pub use poll_error::{PollErrorKind, classify_poll_error};
+pub use poll_error::{FatalKind, PollErrorKind, classify_poll_error, fatal_kind};

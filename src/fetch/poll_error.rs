@@ -47,6 +47,35 @@ pub fn classify_poll_error(error: &KafkaError) -> PollErrorKind {
     }
 }
 
+/// A poll error the consumer cannot get past by itself: the application must hear of it
+/// (through `recv`), not only a log line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FatalKind {
+    /// A subscribed topic is unknown to the cluster (confirm with its metadata: it may be
+    /// created a moment later).
+    UnknownTopic,
+    /// Authentication failed, or access to a topic, the group or the cluster was refused.
+    Refused,
+}
+
+/// Whether `error` is one the consumer cannot recover from by polling on.
+pub fn fatal_kind(error: &KafkaError) -> Option<FatalKind> {
+    use RDKafkaErrorCode as Code;
+    let (KafkaError::MessageConsumption(code) | KafkaError::MessageConsumptionFatal(code)) = error
+    else {
+        return None;
+    };
+    match code {
+        Code::UnknownTopicOrPartition | Code::UnknownTopic => Some(FatalKind::UnknownTopic),
+        Code::TopicAuthorizationFailed
+        | Code::GroupAuthorizationFailed
+        | Code::ClusterAuthorizationFailed
+        | Code::SaslAuthenticationFailed
+        | Code::Authentication => Some(FatalKind::Refused),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -87,6 +116,44 @@ mod tests {
         ];
         for (error, kind) in cases {
             assert_eq!(classify_poll_error(&error), kind, "{error}");
+        }
+    }
+
+    #[test]
+    fn fatal_table() {
+        use RDKafkaErrorCode as Code;
+        let cases = [
+            (KafkaError::PartitionEOF(3), None),
+            (
+                KafkaError::MessageConsumption(Code::UnknownTopicOrPartition),
+                Some(FatalKind::UnknownTopic),
+            ),
+            (
+                KafkaError::MessageConsumption(Code::UnknownTopic),
+                Some(FatalKind::UnknownTopic),
+            ),
+            (
+                KafkaError::MessageConsumption(Code::TopicAuthorizationFailed),
+                Some(FatalKind::Refused),
+            ),
+            (
+                KafkaError::MessageConsumption(Code::GroupAuthorizationFailed),
+                Some(FatalKind::Refused),
+            ),
+            (
+                KafkaError::MessageConsumptionFatal(Code::SaslAuthenticationFailed),
+                Some(FatalKind::Refused),
+            ),
+            (
+                KafkaError::MessageConsumption(Code::Authentication),
+                Some(FatalKind::Refused),
+            ),
+            (KafkaError::MessageConsumption(Code::AllBrokersDown), None),
+            (KafkaError::MessageConsumption(Code::BadMessage), None),
+            (KafkaError::MessageConsumption(Code::OffsetOutOfRange), None),
+        ];
+        for (error, kind) in cases {
+            assert_eq!(fatal_kind(&error), kind, "{error}");
         }
     }
 }

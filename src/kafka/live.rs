@@ -17,8 +17,10 @@ use rdkafka::{ClientConfig, ClientContext, Message, Offset, TopicPartitionList};
 
 use super::{Budget, CatchupCommand, KafkaError, SideLog, to_record};
 use crate::engine::types::{Event, Mode};
-use crate::engine::{PartitionId, PartitionRuntime, PendingCommit, Shared};
-use crate::fetch::{AppendResult, PendingAppend, PollErrorKind, classify_poll_error};
+use crate::engine::{PartitionId, PartitionRuntime, PendingCommit, Shared, Stopped};
+use crate::fetch::{
+    AppendResult, FatalKind, PendingAppend, PollErrorKind, classify_poll_error, fatal_kind,
+};
 use crate::plan::{
     CommitPlan, Committed, Inputs, LocalAction, OffsetReset, PlanEvent, SideValue, SideWrite,
     SplitSecret, SplitToken, UnownedAction, reconcile, unowned_action,
@@ -74,7 +76,13 @@ pub(crate) struct LiveState {
     /// A buffer compaction running on its own thread (its copy takes seconds on a large
     /// buffer; the live lane keeps polling meanwhile).
     compacting: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The topics (or patterns) of the subscription, and when the last one reported unknown
+    /// was looked up.
+    subscribed: Mutex<(Vec<String>, Option<Instant>)>,
 }
+
+/// How often a subscribed topic reported unknown is looked up in the cluster's metadata.
+const TOPIC_CHECK_EVERY: Duration = Duration::from_secs(5);
 
 /// How long the topic-id lookup may take: it is a check on top, and runs inside the rebalance.
 const TOPIC_ID_TIMEOUT: Duration = Duration::from_secs(5);
@@ -84,7 +92,26 @@ pub(crate) struct LiveContext {
     state: Arc<LiveState>,
 }
 
-impl ClientContext for LiveContext {}
+impl ClientContext for LiveContext {
+    /// librdkafka's client-wide errors. An unknown subscribed topic is confirmed and then
+    /// reported through `recv` (see `on_fatal_error`), so it is no ERROR line of its own;
+    /// brokers that cannot be reached are a condition the client retries (WARN).
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        use rdkafka::types::RDKafkaErrorCode as Code;
+        match error.rdkafka_error_code() {
+            Some(Code::UnknownTopicOrPartition | Code::UnknownTopic) => {
+                tracing::debug!(%error, reason, "librdkafka")
+            }
+            Some(
+                Code::AllBrokersDown
+                | Code::BrokerTransportFailure
+                | Code::Resolve
+                | Code::NetworkException,
+            ) => tracing::warn!(%error, reason, "librdkafka: brokers unreachable; retrying"),
+            _ => tracing::error!(%error, reason, "librdkafka"),
+        }
+    }
+}
 
 impl ConsumerContext for LiveContext {
     fn rebalance(
@@ -205,6 +232,55 @@ impl LiveState {
         self.compacting
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn subscribed(&self) -> MutexGuard<'_, (Vec<String>, Option<Instant>)> {
+        self.subscribed
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// An error polling on does not get past: access refused stops the consumer at once;
+    /// an unknown topic only once the cluster's metadata confirms that a subscribed topic
+    /// does not exist (it may be created a moment later; looked up at most every 5 s).
+    fn on_fatal_error(
+        &self,
+        consumer: &BaseConsumer<LiveContext>,
+        kind: FatalKind,
+        message: String,
+    ) {
+        match kind {
+            FatalKind::Refused => self.shared.stop_with(Stopped::Refused(message)),
+            FatalKind::UnknownTopic => {
+                let topics = {
+                    let mut subscribed = self.subscribed();
+                    if subscribed
+                        .1
+                        .is_some_and(|at| at.elapsed() < TOPIC_CHECK_EVERY)
+                    {
+                        return;
+                    }
+                    subscribed.1 = Some(Instant::now());
+                    subscribed.0.clone()
+                };
+                // A pattern (`^...`) matches whatever exists: nothing to confirm.
+                for topic in topics.iter().filter(|t| !t.starts_with('^')) {
+                    let Ok(metadata) = consumer.fetch_metadata(Some(topic), TOPIC_ID_TIMEOUT)
+                    else {
+                        continue; // the cluster cannot say now: the next error asks again
+                    };
+                    let missing = metadata.topics().iter().any(|t| {
+                        t.name() == topic
+                            && t.error()
+                                == Some(RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART)
+                    });
+                    if missing {
+                        self.shared.stop_with(Stopped::TopicMissing(topic.clone()));
+                        return;
+                    }
+                }
+            }
+        }
     }
 
     fn unreconciled(&self) -> MutexGuard<'_, BTreeSet<PartitionId>> {
@@ -1013,6 +1089,7 @@ impl LiveFetcher {
             incarnations_checked: Mutex::new(BTreeSet::new()),
             kept: Mutex::new(BTreeSet::new()),
             compacting: Mutex::new(None),
+            subscribed: Mutex::new((Vec::new(), None)),
         });
         let consumer: BaseConsumer<LiveContext> = config
             .create_with_context(LiveContext {
@@ -1045,6 +1122,7 @@ fn run(
         while let Ok(command) = commands.try_recv() {
             match command {
                 LiveCommand::Subscribe(topics, reply) => {
+                    state.subscribed().0 = topics.clone();
                     let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
                     let _ = reply.send(
                         consumer
@@ -1108,7 +1186,9 @@ fn run(
             };
             last_retry = Instant::now();
         }
-        poll_into_buffer(&consumer, &shared);
+        if let Some((kind, message)) = poll_into_buffer(&consumer, &shared) {
+            state.on_fatal_error(&consumer, kind, message);
+        }
         budget.apply(&shared, &consumer, |_| true);
     }
 }
@@ -1116,8 +1196,13 @@ fn run(
 /// One poll round of the live lane: up to `POLL_BATCH` messages fed to the partitions'
 /// cursors, the appends they prove, and the repositioning of every partition whose chain of
 /// proof broke (DESIGN invariant 8).
-fn poll_into_buffer(consumer: &BaseConsumer<LiveContext>, shared: &Shared) {
+/// Returns an error of the round the consumer cannot get past by polling on.
+fn poll_into_buffer(
+    consumer: &BaseConsumer<LiveContext>,
+    shared: &Shared,
+) -> Option<(FatalKind, String)> {
     let round = poll_round(consumer, shared);
+    let fatal = round.fatal.clone();
     // Positions move past offsets without records (transaction markers, compaction); each
     // cursor decides whether its generation's position can be trusted.
     let positions = consumer.position().ok();
@@ -1167,6 +1252,7 @@ fn poll_into_buffer(consumer: &BaseConsumer<LiveContext>, shared: &Shared) {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         shared.notify.notify_waiters();
     }
+    fatal
 }
 
 /// What one round of `poll` brought.
@@ -1177,6 +1263,8 @@ struct LiveRound {
     chain_broken: bool,
     /// That error was an out-of-range position.
     out_of_range: bool,
+    /// That error is one polling on does not get past (an unknown topic, access refused).
+    fatal: Option<(FatalKind, String)>,
 }
 
 fn poll_round(consumer: &BaseConsumer<LiveContext>, shared: &Shared) -> LiveRound {
@@ -1204,6 +1292,7 @@ fn poll_round(consumer: &BaseConsumer<LiveContext>, shared: &Shared) -> LiveRoun
                     break;
                 }
                 PollErrorKind::BreaksChain => {
+                    round.fatal = fatal_kind(&err).map(|kind| (kind, err.to_string()));
                     // The client does not say which partition: every chain ends here.
                     shared.emit(Event::Error {
                         message: format!(

@@ -1,0 +1,65 @@
+//! A subscribed topic that does not exist is an error the application sees: `recv` returns
+//! `Error::TopicMissing` naming it (once the cluster's metadata confirms it), and
+//! `catchup run` exits 1 with one line naming it — before, it waited forever (or exited 0
+//! with "processed 0 record(s)") among librdkafka ERROR lines.
+
+mod support;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use catchup::{CatchupConsumer, Error, Mode};
+use support::cli::wait_with_deadline;
+use support::{Kafka, test_config, unique};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recv_reports_a_topic_that_does_not_exist() {
+    let kafka = Kafka::connect();
+    let topic = unique("never-created");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let consumer = CatchupConsumer::new(
+        &kafka.consumer_config(&unique("missing-topic-group")),
+        test_config(dir.path(), Mode::Ordered, 100),
+    )
+    .expect("consumer");
+    consumer.subscribe(&[&topic]).expect("subscribe");
+    let result = tokio::time::timeout(Duration::from_secs(30), consumer.recv())
+        .await
+        .expect("recv reports the missing topic within 30 s");
+    match result {
+        Err(Error::TopicMissing { topic: named }) => assert_eq!(named, topic),
+        other => panic!("expected TopicMissing, got {other:?}"),
+    }
+}
+
+#[test]
+fn catchup_run_exits_1_with_one_line_naming_the_topic() {
+    let kafka = Kafka::connect();
+    let topic = unique("never-created");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let child = Command::new(env!("CARGO_BIN_EXE_catchup"))
+        .args([
+            "run",
+            "--brokers",
+            &kafka.bootstrap,
+            "--group",
+            &unique("missing-topic-cli"),
+            "--topic",
+            &topic,
+            "--buffer-dir",
+            &dir.path().join("buffer").display().to_string(),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let output = wait_with_deadline(child, Duration::from_secs(60));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "stderr: {stderr}");
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(
+        lines,
+        [format!("catchup: topic {topic} does not exist")],
+        "one line, naming the topic"
+    );
+}
