@@ -40,6 +40,9 @@ pub enum Error {
         /// What the client reported.
         reason: String,
     },
+    /// The consumer was closed ([`CatchupConsumer::close`](crate::CatchupConsumer::close)).
+    #[error("the consumer was closed")]
+    Closed,
     /// A setting is missing or wrong.
     #[error("configuration: {0}")]
     Config(String),

@@ -50,10 +50,15 @@ pub mod plan;
 pub mod store;
 
 pub use consumer::{
-    CatchupConfig, CatchupConsumer, Delivery, DeliveryLane, DiskFloor, Event, Mode, PartitionBuffer,
+    CatchupConfig, CatchupConsumer, Delivery, DeliveryHeaders, DeliveryLane, DiskFloor, Event,
+    Mode, PartitionBuffer,
 };
 pub use error::Error;
 pub use kafka::KafkaError;
+/// The rdkafka this crate is built against: `catchup::rdkafka::ClientConfig` always matches
+/// the one [`CatchupConsumer::new`] takes.
+pub use rdkafka;
+pub use store::{Header, Timestamp};
 
 /// The README's Rust examples, compiled as doctests.
 #[cfg(doctest)]

@@ -6,13 +6,14 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crossbeam_channel::Sender;
-use futures::Stream;
+use futures::StreamExt;
 use rdkafka::ClientConfig;
 use tokio::sync::Mutex as AsyncMutex;
 use tokio::sync::broadcast;
 
 pub use crate::engine::types::{
-    CatchupConfig, Delivery, DeliveryLane, Event, LaneBuffer, Mode, PartitionBuffer,
+    CatchupConfig, Delivery, DeliveryHeaders, DeliveryLane, Event, LaneBuffer, Mode,
+    PartitionBuffer,
 };
 pub use crate::fetch::DiskFloor;
 
@@ -39,9 +40,9 @@ pub struct CatchupConsumer {
     shared: Arc<Shared>,
     live: Sender<LiveCommand>,
     catchup: Sender<CatchupCommand>,
-    threads: Vec<JoinHandle<()>>,
+    threads: std::sync::Mutex<Vec<JoinHandle<()>>>,
     reader: AsyncMutex<Reader>,
-    closed: bool,
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl CatchupConsumer {
@@ -95,9 +96,9 @@ impl CatchupConsumer {
             shared,
             live,
             catchup,
-            threads: vec![live_thread, catchup_thread],
+            threads: std::sync::Mutex::new(vec![live_thread, catchup_thread]),
             reader: AsyncMutex::new(Reader::default()),
-            closed: false,
+            closed: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -167,10 +168,13 @@ impl CatchupConsumer {
         }
     }
 
-    /// The next record if one is ready now, without waiting.
-    pub async fn try_recv(&self) -> Result<Option<Delivery>, Error> {
-        let mut reader = self.reader.lock().await;
-        self.next_ready(&mut reader)
+    /// The next record if one is ready now, without waiting: `None` also while another
+    /// task is inside [`recv`](Self::recv) (which gets the next record).
+    pub fn try_recv(&self) -> Result<Option<Delivery>, Error> {
+        match self.reader.try_lock() {
+            Ok(mut reader) => self.next_ready(&mut reader),
+            Err(_) => Ok(None),
+        }
     }
 
     /// The next delivery, handed out: with [`CatchupConfig::auto_ack`] it counts as processed
@@ -179,6 +183,9 @@ impl CatchupConsumer {
     fn next_ready(&self, reader: &mut Reader) -> Result<Option<Delivery>, Error> {
         // A failed buffer write stopped the fetchers: say so rather than wait for records
         // that will never come.
+        if self.closed.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(Error::Closed);
+        }
         if let Some(failure) = self.shared.failure().or_else(|| self.shared.stopped()) {
             return Err(failure);
         }
@@ -230,11 +237,13 @@ impl CatchupConsumer {
             .or_else(|| reader.queues[0].pop_front()))
     }
 
-    /// The deliveries as a stream (never ends; errors are items).
-    pub fn stream(&self) -> impl Stream<Item = Result<Delivery, Error>> + '_ {
+    /// The deliveries as a stream (never ends; errors are items). It is `Unpin`, so
+    /// `stream.next().await` works without pinning, as with rdkafka's `MessageStream`.
+    pub fn stream(&self) -> futures::stream::BoxStream<'_, Result<Delivery, Error>> {
         futures::stream::unfold(self, |consumer| async move {
             Some((consumer.recv().await, consumer))
         })
+        .boxed()
     }
 
     /// Marks `delivery` processed: only acknowledged records count towards commits
@@ -332,12 +341,17 @@ impl CatchupConsumer {
             .collect())
     }
 
-    /// Commits, leaves the group and stops the threads.
-    pub async fn close(mut self) -> Result<(), Error> {
-        self.closed = true;
+    /// Commits, leaves the group and stops the threads. Takes `&self`, so a consumer
+    /// shared between tasks (`Arc`) can be closed from any of them; afterwards `recv`
+    /// returns [`Error::Closed`], and closing again does nothing.
+    pub async fn close(&self) -> Result<(), Error> {
+        if self.closed.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            return Ok(());
+        }
+        self.shared.notify.notify_waiters();
         let result = self.request_async("closing", LiveCommand::Close).await;
         let _ = self.catchup.send(CatchupCommand::Shutdown);
-        let threads = std::mem::take(&mut self.threads);
+        let threads = std::mem::take(&mut *self.threads());
         let deadline = self.join_deadline(false);
         tokio::task::spawn_blocking(move || join_within(threads, deadline))
             .await
@@ -350,16 +364,23 @@ impl Drop for CatchupConsumer {
     /// Dropping without [`close`](Self::close) stops the threads without committing or
     /// cleaning up — what a crash leaves; the next start resumes from Kafka and the buffer.
     fn drop(&mut self) {
-        if self.closed {
+        if self.closed.load(std::sync::atomic::Ordering::Relaxed) {
             return;
         }
         let _ = self.live.send(LiveCommand::Abandon);
         let _ = self.catchup.send(CatchupCommand::Shutdown);
-        join_within(std::mem::take(&mut self.threads), self.join_deadline(true));
+        let threads = std::mem::take(&mut *self.threads());
+        join_within(threads, self.join_deadline(true));
     }
 }
 
 impl CatchupConsumer {
+    fn threads(&self) -> std::sync::MutexGuard<'_, Vec<JoinHandle<()>>> {
+        self.threads
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
     /// How long closing or dropping waits for the threads. They hold the buffer, and a
     /// consumer opened next on the same directory needs it, so: `close` until they end;
     /// a drop (a crash, or a panic unwinding) at most 30 s, since a thread may wait on a

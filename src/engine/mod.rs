@@ -494,7 +494,7 @@ impl Shared {
                 offset: record.offset,
                 key: record.key,
                 payload: record.payload,
-                headers: record.headers,
+                headers: types::DeliveryHeaders(record.headers),
                 timestamp: record.timestamp,
                 lane: delivery_lane,
                 generation: runtime.generation,

@@ -154,14 +154,83 @@ pub struct Delivery {
     pub key: Option<Vec<u8>>,
     /// Value.
     pub payload: Option<Vec<u8>>,
-    /// Headers.
-    pub headers: Vec<Header>,
+    /// Headers, in the order the producer wrote them.
+    pub headers: DeliveryHeaders,
     /// Timestamp.
     pub timestamp: Timestamp,
     /// The lane it came through.
     pub lane: DeliveryLane,
     /// The assignment it belongs to: an ack after a revocation is ignored.
     pub(crate) generation: u64,
+}
+
+/// The headers of a [`Delivery`]: a list of [`Header`]s (a slice through `Deref`), also
+/// readable through rdkafka's [`Headers`](rdkafka::message::Headers) trait.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DeliveryHeaders(pub Vec<Header>);
+
+impl std::ops::Deref for DeliveryHeaders {
+    type Target = [Header];
+
+    fn deref(&self) -> &[Header] {
+        &self.0
+    }
+}
+
+impl rdkafka::message::Headers for DeliveryHeaders {
+    fn count(&self) -> usize {
+        self.0.len()
+    }
+
+    fn try_get(&self, idx: usize) -> Option<rdkafka::message::Header<'_, &[u8]>> {
+        self.0.get(idx).map(|header| rdkafka::message::Header {
+            key: &header.key,
+            value: header.value.as_deref(),
+        })
+    }
+}
+
+/// A delivery reads like the message of an rdkafka consumer, so handlers written against
+/// `&impl rdkafka::Message` work unchanged.
+impl rdkafka::Message for Delivery {
+    type Headers = DeliveryHeaders;
+
+    fn key(&self) -> Option<&[u8]> {
+        self.key.as_deref()
+    }
+
+    fn payload(&self) -> Option<&[u8]> {
+        self.payload.as_deref()
+    }
+
+    unsafe fn payload_mut(&mut self) -> Option<&mut [u8]> {
+        self.payload.as_deref_mut()
+    }
+
+    fn topic(&self) -> &str {
+        &self.topic
+    }
+
+    fn partition(&self) -> i32 {
+        self.partition
+    }
+
+    fn offset(&self) -> i64 {
+        self.offset
+    }
+
+    fn timestamp(&self) -> rdkafka::Timestamp {
+        match self.timestamp {
+            Timestamp::NotAvailable => rdkafka::Timestamp::NotAvailable,
+            Timestamp::CreateTime(ms) => rdkafka::Timestamp::CreateTime(ms),
+            Timestamp::LogAppendTime(ms) => rdkafka::Timestamp::LogAppendTime(ms),
+        }
+    }
+
+    /// `None` when the record has no headers, as rdkafka does.
+    fn headers(&self) -> Option<&DeliveryHeaders> {
+        (!self.headers.0.is_empty()).then_some(&self.headers)
+    }
 }
 
 impl Delivery {

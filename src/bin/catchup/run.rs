@@ -286,7 +286,6 @@ pub async fn process(
         while batch.len() < BATCH {
             match consumer
                 .try_recv()
-                .await
                 .map_err(|e| Failure::Runtime(e.to_string()))?
             {
                 Some(delivery) => batch.push(delivery),
