@@ -25,7 +25,7 @@ const TIMEOUT: Duration = Duration::from_secs(30);
 #[derive(clap::Args)]
 pub struct DemoArgs {
     /// Use this broker instead of starting the repository's own (`scripts/kafka start`).
-    #[arg(long)]
+    #[arg(long, env = "CATCHUP_BROKERS")]
     pub brokers: Option<String>,
     /// Records in the backlog the crashed consumer left behind.
     #[arg(long, default_value_t = 200_000)]

@@ -3,9 +3,8 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use base64::Engine;
-use catchup::store::{Buffer, Lane, PartitionState, Record, StoreError, Timestamp};
-use serde_json::{Value, json};
+use catchup::store::{Buffer, Lane, PartitionState, Record, StoreError};
+use serde_json::Value;
 
 /// Arguments of `catchup dump`.
 #[derive(clap::Args)]
@@ -104,46 +103,15 @@ fn dump_lane(
     Ok(left)
 }
 
-/// A JSON field for `bytes`: `name` with the text when it is UTF-8, else `name_b64` with
-/// base64; `null` for no bytes. Shared by `dump` and the `run` sink.
-pub fn bytes_field(name: &str, bytes: &Option<Vec<u8>>) -> (String, Value) {
-    match bytes {
-        None => (name.to_owned(), Value::Null),
-        Some(bytes) => match std::str::from_utf8(bytes) {
-            Ok(text) => (name.to_owned(), Value::String(text.to_owned())),
-            Err(_) => (
-                format!("{name}_b64"),
-                Value::String(base64::engine::general_purpose::STANDARD.encode(bytes)),
-            ),
-        },
-    }
-}
-
 fn record_json(topic: &str, partition: i32, lane: Lane, record: &Record) -> Value {
-    let (timestamp, timestamp_type) = match record.timestamp {
-        Timestamp::NotAvailable => (None, "none"),
-        Timestamp::CreateTime(ms) => (Some(ms), "create_time"),
-        Timestamp::LogAppendTime(ms) => (Some(ms), "log_append_time"),
-    };
-    let mut object = serde_json::Map::new();
-    object.insert("topic".into(), json!(topic));
-    object.insert("partition".into(), json!(partition));
-    object.insert("lane".into(), json!(lane.as_str()));
-    object.insert("offset".into(), json!(record.offset));
-    object.insert("timestamp".into(), json!(timestamp));
-    object.insert("timestamp_type".into(), json!(timestamp_type));
-    let (key_name, key) = bytes_field("key", &record.key);
-    object.insert(key_name, key);
-    let (value_name, value) = bytes_field("value", &record.payload);
-    object.insert(value_name, value);
-    let headers: Vec<Value> = record
-        .headers
-        .iter()
-        .map(|h| {
-            let (name, value) = bytes_field("value", &h.value);
-            json!({ "key": h.key, name: value })
-        })
-        .collect();
-    object.insert("headers".into(), Value::Array(headers));
-    Value::Object(object)
+    Value::Object(crate::schema::record_json(crate::schema::RecordView {
+        topic,
+        partition,
+        lane: lane.as_str(),
+        offset: record.offset,
+        timestamp: record.timestamp,
+        key: record.key.as_deref(),
+        value: record.payload.as_deref(),
+        headers: &record.headers,
+    }))
 }

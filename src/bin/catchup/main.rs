@@ -7,6 +7,7 @@ mod demo;
 mod dump;
 mod inspect;
 mod run;
+mod schema;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -56,6 +57,11 @@ enum Command {
         /// directory); it needs the buffer's size free.
         #[arg(long)]
         tmp_dir: Option<PathBuf>,
+    },
+    /// Print a shell completion script, e.g. `catchup completions bash > /etc/bash_completion.d/catchup`.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
     },
 }
 
@@ -115,6 +121,16 @@ fn tokio_runtime() -> Result<tokio::runtime::Runtime, Failure> {
 
 fn run(cli: Cli) -> Result<ExitCode, Failure> {
     match cli.command {
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "catchup",
+                &mut std::io::stdout(),
+            );
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Run(args) => {
             tokio_runtime()?.block_on(run::run(*args))?;
             Ok(ExitCode::SUCCESS)
@@ -176,7 +192,11 @@ fn main() -> ExitCode {
     };
     tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        // Colour only on a terminal, and never when NO_COLOR is set (no-color.org).
+        .with_ansi(
+            std::io::IsTerminal::is_terminal(&std::io::stderr())
+                && std::env::var_os("NO_COLOR").is_none_or(|value| value.is_empty()),
+        )
         .with_writer(std::io::stderr)
         .init();
     // A bug must not print a backtrace at the user: report it as one plain line.

@@ -13,16 +13,15 @@ use rdkafka::ClientConfig;
 use serde_json::{Value, json};
 
 use crate::Failure;
-use crate::dump::bytes_field;
 
 /// Arguments of `catchup run`.
 #[derive(clap::Args)]
 pub struct RunArgs {
     /// Bootstrap servers, `host:port[,host:port...]`.
-    #[arg(long)]
+    #[arg(long, env = "CATCHUP_BROKERS")]
     pub brokers: String,
     /// Consumer group.
-    #[arg(long)]
+    #[arg(long, env = "CATCHUP_GROUP")]
     pub group: String,
     /// Topic to consume (repeat for several).
     #[arg(long = "topic", required = true)]
@@ -51,7 +50,15 @@ pub struct RunArgs {
     /// compacted, giving back what sled keeps after a backlog drained.
     #[arg(long, default_value_t = 64)]
     pub disk_allowance_mib: u64,
-    /// Append one JSON line per processed record to this file (fsynced before the ack).
+    /// Milliseconds between two commits of what was processed.
+    #[arg(long, default_value_t = 1000)]
+    pub commit_interval_ms: u64,
+    /// Bytes (MiB) of unprocessed records the buffer may hold, shared by the lanes being
+    /// fetched: a lane pauses above its share.
+    #[arg(long, default_value_t = 256)]
+    pub budget_mib: u64,
+    /// Append one JSON line per processed record to this file (fsynced before the ack), or
+    /// write them to stdout with `-` (flushed, not fsynced).
     #[arg(long)]
     pub sink: Option<PathBuf>,
     /// Simulated work per record, in microseconds.
@@ -62,9 +69,35 @@ pub struct RunArgs {
     /// committed offsets and the log ends.
     #[arg(long)]
     pub exit_when_idle: Option<u64>,
+    /// A file of rdkafka properties, one `KEY=VALUE` per line (`#` starts a comment), like
+    /// kcat's `-F`: keeps secrets off the command line. `--config` wins over it.
+    #[arg(long, env = "CATCHUP_CONFIG_FILE")]
+    pub config_file: Option<PathBuf>,
     /// An rdkafka property, `KEY=VALUE` (repeatable), e.g. `group.protocol=consumer`.
     #[arg(long = "config", value_parser = parse_key_value)]
     pub config: Vec<(String, String)>,
+}
+
+/// The properties of a `--config-file`: `KEY=VALUE` lines, blank lines and `#` comments.
+pub fn read_config_file(path: &std::path::Path) -> Result<Vec<(String, String)>, Failure> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        Failure::Usage(format!(
+            "cannot read the config file {}: {e}",
+            path.display()
+        ))
+    })?;
+    let mut properties = Vec::new();
+    for (number, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let (key, value) = parse_key_value(line).map_err(|reason| {
+            Failure::Usage(format!("{} line {}: {reason}", path.display(), number + 1))
+        })?;
+        properties.push((key.trim().to_owned(), value.trim().to_owned()));
+    }
+    Ok(properties)
 }
 
 /// `--mode` values.
@@ -114,44 +147,78 @@ pub fn client_config(brokers: &str, group: &str, extra: &[(String, String)]) -> 
 /// Appends processed records as JSON lines; durable before they are acknowledged.
 pub struct Sink {
     path: PathBuf,
-    writer: BufWriter<File>,
+    writer: BufWriter<SinkTarget>,
+}
+
+/// Where the sink writes: a file, fsynced at every sync point, or stdout (`-`), where an
+/// fsync means nothing (a pipe or a terminal refuses it): flushed only.
+enum SinkTarget {
+    File(File),
+    Stdout(std::io::Stdout),
+}
+
+impl Write for SinkTarget {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        match self {
+            SinkTarget::File(file) => file.write(bytes),
+            SinkTarget::Stdout(stdout) => stdout.write(bytes),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            SinkTarget::File(file) => file.flush(),
+            SinkTarget::Stdout(stdout) => stdout.flush(),
+        }
+    }
 }
 
 impl Sink {
     pub fn open(path: PathBuf) -> Result<Self, Failure> {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .map_err(|e| Failure::Usage(format!("cannot open the sink {}: {e}", path.display())))?;
+        let target = if path.as_os_str() == "-" {
+            SinkTarget::Stdout(std::io::stdout())
+        } else {
+            SinkTarget::File(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&path)
+                    .map_err(|e| {
+                        Failure::Usage(format!("cannot open the sink {}: {e}", path.display()))
+                    })?,
+            )
+        };
         Ok(Self {
             path,
-            writer: BufWriter::new(file),
+            writer: BufWriter::new(target),
         })
     }
 
+    /// One line: the record in the schema `dump` prints (see `schema`), with the assignment
+    /// it was delivered under and when it was processed.
     fn write(&mut self, delivery: &Delivery, processed_at_ms: u128) -> Result<(), Failure> {
-        let mut line = json!({
-            "topic": delivery.topic,
-            "partition": delivery.partition,
-            "offset": delivery.offset,
-            "lane": delivery.lane.as_str(),
-            "assignment": delivery.assignment(),
-            "processed_at_ms": processed_at_ms as u64,
+        let mut line = crate::schema::record_json(crate::schema::RecordView {
+            topic: &delivery.topic,
+            partition: delivery.partition,
+            lane: delivery.lane.as_str(),
+            offset: delivery.offset,
+            timestamp: delivery.timestamp,
+            key: delivery.key.as_deref(),
+            value: delivery.payload.as_deref(),
+            headers: &delivery.headers,
         });
-        if let Value::Object(fields) = &mut line {
-            let (name, value) = bytes_field("key", &delivery.key);
-            fields.insert(name, value);
-            let (name, value) = bytes_field("value", &delivery.payload);
-            fields.insert(name, value);
-        }
-        writeln!(self.writer, "{line}").map_err(|e| self.error(e))
+        line.insert("assignment".into(), json!(delivery.assignment()));
+        line.insert("processed_at_ms".into(), json!(processed_at_ms as u64));
+        writeln!(self.writer, "{}", Value::Object(line)).map_err(|e| self.error(e))
     }
 
-    /// Flushes and fsyncs: everything written so far survives a crash.
+    /// Flushes and fsyncs: everything written so far survives a crash (stdout: flushed).
     fn sync(&mut self) -> Result<(), Failure> {
         self.writer.flush().map_err(|e| self.error(e))?;
-        self.writer.get_ref().sync_data().map_err(|e| self.error(e))
+        match self.writer.get_ref() {
+            SinkTarget::File(file) => file.sync_data().map_err(|e| self.error(e)),
+            SinkTarget::Stdout(_) => Ok(()),
+        }
     }
 
     fn error(&self, err: std::io::Error) -> Failure {
@@ -314,11 +381,18 @@ pub async fn process(
 
 /// `catchup run`.
 pub async fn run(args: RunArgs) -> Result<(), Failure> {
-    let client = client_config(&args.brokers, &args.group, &args.config);
+    let mut properties = match &args.config_file {
+        Some(path) => read_config_file(path)?,
+        None => Vec::new(),
+    };
+    properties.extend(args.config.iter().cloned());
+    let client = client_config(&args.brokers, &args.group, &properties);
     let config = CatchupConfig {
         mode: args.mode.into(),
         min_lag: args.min_lag,
         side_topic: args.side_topic.clone(),
+        commit_interval: Duration::from_millis(args.commit_interval_ms.max(1)),
+        buffer_budget_bytes: args.budget_mib.saturating_mul(1 << 20),
         disk_floor: DiskFloor {
             min_free_bytes: args.min_free_mib.saturating_mul(1 << 20),
             min_free_percent: args.min_free_percent,
