@@ -69,6 +69,8 @@ struct Seen {
     /// Partitions whose split is merged (and not split again since).
     merged: BTreeSet<i32>,
     lost_revocations: u64,
+    /// `BrokersUnreachable` and `BrokersReachable` events, in order (true: unreachable).
+    health: Vec<bool>,
 }
 
 impl Seen {
@@ -81,6 +83,8 @@ impl Seen {
             }
             Event::Merged { partition, .. } => _ = self.merged.insert(*partition),
             Event::Revoked { lost: true, .. } => self.lost_revocations += 1,
+            Event::BrokersUnreachable { .. } => self.health.push(true),
+            Event::BrokersReachable => self.health.push(false),
             _ => {}
         }
         log.say(format_args!("event: {event:?}"));
@@ -232,6 +236,18 @@ async fn broker_fault_mid_catchup(test: &'static str, rounds: usize, downtime: O
     assert!(disorder.is_empty(), "Ordered, per assignment:\n{disorder}");
     assert!(seen.recv_errors.is_empty(), "{:?}", seen.recv_errors);
     assert!(settled, "settled after the final commit");
+    // Said when it happened and when it ended, not at every retry of every client.
+    let unreachable = seen.health.iter().filter(|u| **u).count();
+    assert!(
+        (1..=2 * rounds).contains(&unreachable),
+        "{unreachable} BrokersUnreachable events for {rounds} fault(s): {:?}",
+        seen.health
+    );
+    assert_eq!(
+        seen.health.last(),
+        Some(&false),
+        "reachable again at the end"
+    );
     let at_end: Vec<Option<i64>> = ends.iter().map(|end| Some(*end)).collect();
     let committed = kafka.committed(&group, &topic, PARTITIONS);
     assert_eq!(committed, at_end, "committed at the log end");

@@ -87,8 +87,9 @@ impl CatchupConsumer {
             other => other?,
         };
         let buffer = Arc::new(buffer);
-        let side_log = SideLog::open(client, &side_topic, &group)?;
-        let shared = Arc::new(Shared::new(buffer, config, group));
+        let health = Arc::new(crate::kafka::BrokerHealth::default());
+        let side_log = SideLog::open(client, &side_topic, &group, health.clone())?;
+        let shared = Arc::new(Shared::new(buffer, config, group, health));
         let (catchup, catchup_thread) = CatchupFetcher::spawn(client, shared.clone())?;
         let (live, live_thread) =
             LiveFetcher::spawn(client, shared.clone(), side_log, catchup.clone())?;
@@ -341,9 +342,10 @@ impl CatchupConsumer {
             .collect())
     }
 
-    /// Commits, leaves the group and stops the threads. Takes `&self`, so a consumer
-    /// shared between tasks (`Arc`) can be closed from any of them; afterwards `recv`
-    /// returns [`Error::Closed`], and closing again does nothing.
+    /// Commits, leaves the group, stops the threads and lets go of the buffer directory (a
+    /// new consumer can open it at once). Takes `&self`, so a consumer shared between tasks
+    /// (`Arc`) can be closed from any of them; afterwards `recv` returns [`Error::Closed`],
+    /// and closing again does nothing.
     pub async fn close(&self) -> Result<(), Error> {
         if self.closed.swap(true, std::sync::atomic::Ordering::Relaxed) {
             return Ok(());
@@ -356,7 +358,18 @@ impl CatchupConsumer {
         tokio::task::spawn_blocking(move || join_within(threads, deadline))
             .await
             .map_err(|e| Error::Config(format!("joining threads failed: {e}")))?;
-        result
+        // The buffer directory is free for the next consumer now, even while this handle
+        // lives on (an `Arc` elsewhere) — unless a write failed: that sled handle is never
+        // let go of (its flush can block for good).
+        if self.shared.failure().is_none() {
+            let buffer = self.shared.buffer.clone();
+            let released = tokio::task::spawn_blocking(move || buffer.release())
+                .await
+                .map_err(|e| Error::Config(format!("releasing the buffer failed: {e}")))?;
+            result.and(released.map_err(Error::from))
+        } else {
+            result
+        }
     }
 }
 

@@ -153,6 +153,8 @@ pub(crate) struct Shared {
     /// What stopped the consumer for good on the Kafka side (a subscribed topic that does
     /// not exist, access refused): `recv` reports it.
     stopped: Mutex<Option<Stopped>>,
+    /// Whether the brokers can be reached, as every client reports it.
+    pub health: Arc<crate::kafka::BrokerHealth>,
 }
 
 impl Stopped {
@@ -178,8 +180,14 @@ pub(crate) enum Stopped {
 }
 
 impl Shared {
-    pub fn new(buffer: Arc<Buffer>, config: CatchupConfig, group: String) -> Self {
+    pub fn new(
+        buffer: Arc<Buffer>,
+        config: CatchupConfig,
+        group: String,
+        health: Arc<crate::kafka::BrokerHealth>,
+    ) -> Self {
         let (events, _) = broadcast::channel(4096);
+        health.attach(events.clone());
         let config_floor = config.disk_floor;
         Self {
             buffer,
@@ -196,6 +204,7 @@ impl Shared {
             next_start: AtomicU64::new(0),
             writability: Writability::new(config_floor),
             stopped: Mutex::new(None),
+            health,
         }
     }
 

@@ -393,6 +393,14 @@ pub enum Event {
         /// again, and the switch.
         writers_waited: std::time::Duration,
     },
+    /// The brokers cannot be reached (said once, when it starts: the clients retry by
+    /// themselves); `reason` names the broker and the failure.
+    BrokersUnreachable {
+        /// What librdkafka reported first.
+        reason: String,
+    },
+    /// The brokers answer again after [`Event::BrokersUnreachable`].
+    BrokersReachable,
     /// A background error; the consumer keeps going where it safely can.
     Error {
         /// The error.

@@ -10,12 +10,12 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use rdkafka::consumer::base_consumer::PartitionQueue;
-use rdkafka::consumer::{BaseConsumer, Consumer, DefaultConsumerContext};
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError as RdError;
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
-use super::side_log::connection_only;
-use super::{Budget, to_record};
+use super::side_log::for_other_consumers;
+use super::{Budget, RoleContext, for_role, to_record};
 use crate::engine::types::Event;
 use crate::engine::{PartitionId, Shared};
 use crate::fetch::{AppendResult, FetchCursor, PendingAppend, PollErrorKind, classify_poll_error};
@@ -58,7 +58,7 @@ struct Tracked {
 
 /// A tracked partition's own queue: its end-of-partition event names it unambiguously
 /// (rdkafka's `PartitionEOF` carries only the partition number).
-type Queue = PartitionQueue<DefaultConsumerContext>;
+type Queue = PartitionQueue<RoleContext>;
 
 impl Tracked {
     /// Whether every range is fetched once the lane stands at `fetched_next`.
@@ -85,10 +85,7 @@ impl CatchupFetcher {
         client: &ClientConfig,
         shared: Arc<Shared>,
     ) -> Result<(Sender<CatchupCommand>, JoinHandle<()>), crate::Error> {
-        let mut config = connection_only(client);
-        if let Some(isolation) = client.get("isolation.level") {
-            config.set("isolation.level", isolation);
-        }
+        let mut config = for_role(&for_other_consumers(client), "catchup");
         config
             .set("group.id", format!("{}.catchup", shared.group))
             .set("enable.auto.commit", "false")
@@ -117,7 +114,7 @@ impl CatchupFetcher {
 struct Fetcher {
     config: ClientConfig,
     shared: Arc<Shared>,
-    consumer: Option<Arc<BaseConsumer>>,
+    consumer: Option<Arc<BaseConsumer<RoleContext>>>,
     tracked: HashMap<PartitionId, Tracked>,
     budget: Budget,
 }
@@ -181,7 +178,11 @@ impl Fetcher {
             return;
         }
         if self.consumer.is_none() {
-            match self.config.create::<BaseConsumer>() {
+            let context = RoleContext::new(self.shared.health.clone(), "catchup");
+            match self
+                .config
+                .create_with_context::<_, BaseConsumer<RoleContext>>(context)
+            {
                 Ok(consumer) => self.consumer = Some(Arc::new(consumer)),
                 Err(err) => return self.error(format!("creating the catch-up consumer: {err}")),
             }
@@ -297,7 +298,7 @@ impl Fetcher {
     /// Polls the main queue (callbacks, and messages fetched before a queue was split) and
     /// every partition queue, up to `POLL_BATCH` each. Errors end a queue's turn, never the
     /// round: what was polled before them is kept.
-    fn poll_round(&self, consumer: &BaseConsumer) -> Vec<(PartitionId, Polled)> {
+    fn poll_round(&self, consumer: &BaseConsumer<RoleContext>) -> Vec<(PartitionId, Polled)> {
         let mut polled = Vec::new();
         self.poll_main(consumer, Duration::ZERO, &mut polled);
         for (key, queue) in self
@@ -320,12 +321,15 @@ impl Fetcher {
                 }
             }
         }
+        if polled.iter().any(|(_, p)| matches!(p, Polled::Message(_))) {
+            self.shared.health.reached();
+        }
         polled
     }
 
     fn poll_main(
         &self,
-        consumer: &BaseConsumer,
+        consumer: &BaseConsumer<RoleContext>,
         timeout: Duration,
         polled: &mut Vec<(PartitionId, Polled)>,
     ) {
@@ -448,7 +452,7 @@ impl Fetcher {
     /// After an out-of-range error: retention removed offsets the lane still needed — report
     /// it and continue at the log start; or the log ends below the position (truncated by an
     /// unclean election) — wait for it to grow back before fetching there again.
-    fn skip_truncated(&mut self, consumer: &BaseConsumer, key: &PartitionId) {
+    fn skip_truncated(&mut self, consumer: &BaseConsumer<RoleContext>, key: &PartitionId) {
         let Some(tracked) = self.tracked.get_mut(key) else {
             return;
         };

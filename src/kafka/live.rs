@@ -81,6 +81,11 @@ pub(crate) struct LiveState {
     subscribed: Mutex<(Vec<String>, Option<Instant>)>,
 }
 
+/// How often, and how long, the live thread asks for metadata while the brokers are
+/// unreachable, to tell when they are back.
+const PROBE_EVERY: Duration = Duration::from_secs(2);
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// How often a subscribed topic reported unknown is looked up in the cluster's metadata.
 const TOPIC_CHECK_EVERY: Duration = Duration::from_secs(5);
 
@@ -93,23 +98,18 @@ pub(crate) struct LiveContext {
 }
 
 impl ClientContext for LiveContext {
-    /// librdkafka's client-wide errors. An unknown subscribed topic is confirmed and then
-    /// reported through `recv` (see `on_fatal_error`), so it is no ERROR line of its own;
-    /// brokers that cannot be reached are a condition the client retries (WARN).
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, facility: &str, message: &str) {
+        self.state
+            .shared
+            .health
+            .on_log("live", level, facility, message);
+    }
+
+    /// librdkafka's client-wide errors, through the consumer's broker health: brokers that
+    /// cannot be reached are one WARN per change (the clients retry), an unknown subscribed
+    /// topic is confirmed and reported through `recv` (see `on_fatal_error`).
     fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
-        use rdkafka::types::RDKafkaErrorCode as Code;
-        match error.rdkafka_error_code() {
-            Some(Code::UnknownTopicOrPartition | Code::UnknownTopic) => {
-                tracing::debug!(%error, reason, "librdkafka")
-            }
-            Some(
-                Code::AllBrokersDown
-                | Code::BrokerTransportFailure
-                | Code::Resolve
-                | Code::NetworkException,
-            ) => tracing::warn!(%error, reason, "librdkafka: brokers unreachable; retrying"),
-            _ => tracing::error!(%error, reason, "librdkafka"),
-        }
+        self.state.shared.health.on_error("live", error, reason);
     }
 }
 
@@ -1116,6 +1116,7 @@ fn run(
     let mut last_retry = Instant::now();
     let mut retry_every = RECONCILE_RETRY;
     let mut last_prune = Instant::now();
+    let mut last_probe = Instant::now();
     let mut pruned_at_assignment = 0;
     let mut budget = Budget::new("live", Lane::Live, shared.config.buffer_budget_bytes);
     loop {
@@ -1186,6 +1187,13 @@ fn run(
             };
             last_retry = Instant::now();
         }
+        // Unreachable brokers say nothing when they come back: ask, every 2 s meanwhile.
+        if shared.health.is_unreachable() && last_probe.elapsed() >= PROBE_EVERY {
+            if consumer.fetch_metadata(None, PROBE_TIMEOUT).is_ok() {
+                shared.health.reached();
+            }
+            last_probe = Instant::now();
+        }
         if let Some((kind, message)) = poll_into_buffer(&consumer, &shared) {
             state.on_fatal_error(&consumer, kind, message);
         }
@@ -1202,6 +1210,9 @@ fn poll_into_buffer(
     shared: &Shared,
 ) -> Option<(FatalKind, String)> {
     let round = poll_round(consumer, shared);
+    if !round.messages.is_empty() {
+        shared.health.reached();
+    }
     let fatal = round.fatal.clone();
     // Positions move past offsets without records (transaction markers, compaction); each
     // cursor decides whether its generation's position can be trusted.

@@ -3,12 +3,14 @@
 
 mod budget;
 mod catchup_fetcher;
+mod context;
 mod live;
 mod side_log;
 mod topic_id;
 
 pub(crate) use budget::Budget;
 pub(crate) use catchup_fetcher::{CatchupCommand, CatchupFetcher};
+pub(crate) use context::{BrokerHealth, RoleContext, for_role};
 pub(crate) use live::{LiveCommand, LiveFetcher};
 pub(crate) use side_log::SideLog;
 

@@ -1,16 +1,16 @@
 //! The side log: a compacted topic holding, per split partition, the live lane's progress.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
-use super::KafkaError;
+use super::{BrokerHealth, KafkaError, RoleContext, for_role};
 use crate::plan::{SideEntry, SplitSecret, parse_side_key, side_key};
 
 /// How long one side-log operation may take before it is an error.
@@ -25,27 +25,34 @@ pub struct SideLog {
     topic: String,
     group: String,
     client_config: ClientConfig,
-    producer: FutureProducer,
+    producer: FutureProducer<RoleContext>,
+    health: Arc<BrokerHealth>,
 }
 
 impl SideLog {
     /// Connects, and creates the side topic (compacted, one partition) if it is missing.
-    pub fn open(base: &ClientConfig, topic: &str, group: &str) -> Result<Self, KafkaError> {
-        let client_config = connection_only(base);
-        let mut producer_config = client_config.clone();
+    pub fn open(
+        base: &ClientConfig,
+        topic: &str,
+        group: &str,
+        health: Arc<BrokerHealth>,
+    ) -> Result<Self, KafkaError> {
+        let client_config = for_other_consumers(base);
+        let mut producer_config = for_role(&for_producers(base), "side-producer");
         producer_config
             .set("enable.idempotence", "true")
             .set("acks", "all")
             .set("linger.ms", "0")
             .set("message.timeout.ms", "30000");
-        let producer: FutureProducer = producer_config
-            .create()
+        let producer: FutureProducer<RoleContext> = producer_config
+            .create_with_context(RoleContext::new(health.clone(), "side-producer"))
             .map_err(|e| KafkaError::client("creating the side-log producer", e))?;
         let side_log = Self {
             topic: topic.to_owned(),
             group: group.to_owned(),
             client_config,
             producer,
+            health,
         };
         side_log.ensure_topic()?;
         Ok(side_log)
@@ -54,9 +61,8 @@ impl SideLog {
     /// Creates the side topic unless it exists: a consumer without the Create ACL works
     /// with a topic an operator created.
     fn ensure_topic(&self) -> Result<(), KafkaError> {
-        let probe: BaseConsumer = self
-            .client_config
-            .create()
+        let probe: BaseConsumer<RoleContext> = for_role(&self.client_config, "side-admin")
+            .create_with_context(self.context("side-admin"))
             .map_err(|e| KafkaError::client("creating a metadata client", e))?;
         let exists = probe
             .fetch_metadata(Some(&self.topic), SIDE_TIMEOUT)
@@ -68,10 +74,10 @@ impl SideLog {
         if exists {
             return Ok(());
         }
-        let admin: AdminClient<DefaultClientContext> = self
-            .client_config
-            .create()
-            .map_err(|e| KafkaError::client("creating an admin client", e))?;
+        let admin: AdminClient<RoleContext> =
+            for_role(&for_producers(&self.client_config), "side-admin")
+                .create_with_context(self.context("side-admin"))
+                .map_err(|e| KafkaError::client("creating an admin client", e))?;
         let topic = NewTopic::new(&self.topic, 1, TopicReplication::Fixed(-1))
             .set("cleanup.policy", "compact")
             // Every assignment reads the whole topic: roll segments often so that compaction
@@ -97,6 +103,10 @@ impl SideLog {
         Ok(())
     }
 
+    fn context(&self, role: &'static str) -> RoleContext {
+        RoleContext::new(self.health.clone(), role)
+    }
+
     /// The side topic's name.
     pub fn topic(&self) -> &str {
         &self.topic
@@ -105,13 +115,13 @@ impl SideLog {
     /// Reads the whole side topic and returns the latest entry of every partition of this
     /// group (compaction keeps the topic small).
     pub fn read_all(&self) -> Result<SideEntries, KafkaError> {
-        let mut config = self.client_config.clone();
+        let mut config = for_role(&self.client_config, "side-reader");
         config
             .set("group.id", format!("{}.catchup-side-reader", self.group))
             .set("enable.auto.commit", "false")
             .set("enable.partition.eof", "false");
-        let reader: BaseConsumer = config
-            .create()
+        let reader: BaseConsumer<RoleContext> = config
+            .create_with_context(self.context("side-reader"))
             .map_err(|e| KafkaError::client("creating the side-log reader", e))?;
         let metadata = reader
             .fetch_metadata(Some(&self.topic), SIDE_TIMEOUT)
@@ -214,20 +224,85 @@ impl SideLog {
     }
 }
 
-/// The connection settings of `base` (bootstrap, security), without consumer settings that
-/// would make a producer or admin client complain.
-pub(crate) fn connection_only(base: &ClientConfig) -> ClientConfig {
+/// The user's settings for catchup's other consumers (the catch-up consumer, the side-log
+/// reader): everything — connection, security, tuning, `client.id`, `debug` — but what
+/// belongs to the group member alone (its group, membership and commits), which each
+/// client sets for itself.
+pub(crate) fn for_other_consumers(base: &ClientConfig) -> ClientConfig {
     let mut config = ClientConfig::new();
     for (key, value) in base.config_map() {
-        let keep = key.starts_with("bootstrap.")
-            || key.starts_with("security.")
-            || key.starts_with("ssl.")
-            || key.starts_with("sasl.")
-            || key == "client.id"
-            || key == "broker.address.family";
-        if keep {
+        if !MEMBER_ONLY
+            .iter()
+            .any(|member| key == *member || key.starts_with(&format!("{member}.")))
+        {
             config.set(key, value);
         }
     }
     config
 }
+
+/// What only the group member uses (a key, or a prefix before a `.`).
+const MEMBER_ONLY: [&str; 14] = [
+    "group",
+    "partition.assignment.strategy",
+    "session.timeout.ms",
+    "heartbeat.interval.ms",
+    "max.poll.interval.ms",
+    "enable.auto.commit",
+    "auto.commit.interval.ms",
+    "enable.auto.offset.store",
+    "auto.offset.reset",
+    "enable.partition.eof",
+    "offset.store.method",
+    "consume.callback.max.messages",
+    "rebalance_cb",
+    "offset_commit_cb",
+];
+
+/// The user's settings for the side log's producer and admin client: those of every
+/// client type (connection, security, sockets, metadata, retries, `client.id`, `debug`,
+/// statistics); consumer properties would make librdkafka warn that it ignores them.
+pub(crate) fn for_producers(base: &ClientConfig) -> ClientConfig {
+    let mut config = ClientConfig::new();
+    for (key, value) in base.config_map() {
+        let global = ANY_CLIENT_PREFIXES
+            .iter()
+            .any(|prefix| key.starts_with(prefix))
+            || ANY_CLIENT_KEYS.contains(&key);
+        if global {
+            config.set(key, value);
+        }
+    }
+    config
+}
+
+const ANY_CLIENT_PREFIXES: [&str; 12] = [
+    "bootstrap.",
+    "security.",
+    "ssl.",
+    "sasl.",
+    "ssl_",
+    "https.",
+    "socket.",
+    "reconnect.",
+    "metadata.",
+    "topic.metadata.",
+    "api.version.",
+    "broker.",
+];
+
+const ANY_CLIENT_KEYS: [&str; 13] = [
+    "client.id",
+    "client.rack",
+    "client.dns.lookup",
+    "debug",
+    "log_level",
+    "log.connection.close",
+    "statistics.interval.ms",
+    "enable.ssl.certificate.verification",
+    "enable.sasl.oauthbearer.unsecure.jwt",
+    "enable.metrics.push",
+    "retry.backoff.ms",
+    "retry.backoff.max.ms",
+    "connections.max.idle.ms",
+];

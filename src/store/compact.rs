@@ -185,7 +185,7 @@ impl Buffer {
     /// it under the lock that orders the write with a compaction: the partition's write
     /// lock, or `topic_alloc` for entries of no partition.
     pub(crate) fn apply(&self, batch: Batch) -> Result<(), StoreError> {
-        self.db()
+        self.db()?
             .apply_batch(batch.sled)
             .map_err(|err| self.sled_error(err))?;
         self.compaction.touched(batch.keys);
@@ -202,7 +202,7 @@ impl Buffer {
         }
         let (added, removed) = self.compaction.counters();
         let mut bytes = 0;
-        for entry in self.db().iter() {
+        for entry in self.db()?.iter() {
             let (key, value) = entry.map_err(|err| self.sled_error(err))?;
             bytes += (key.len() + value.len()) as u64;
         }
@@ -339,7 +339,7 @@ impl Buffer {
         let old = std::mem::replace(
             &mut *write_lock(&self.current),
             Generation {
-                db: std::sync::Arc::new(new_db),
+                db: Some(std::sync::Arc::new(new_db)),
                 path: new_dir.clone(),
             },
         );
@@ -350,10 +350,14 @@ impl Buffer {
         // A read that took the old handle before the switch finishes on it (sled opens
         // blob files by path): its files go only once it let go.
         let deadline = Instant::now() + READERS_WAIT;
-        while std::sync::Arc::strong_count(&old.db) > 1 && Instant::now() < deadline {
+        let held = |db: &Option<std::sync::Arc<sled::Db>>| {
+            db.as_ref()
+                .is_some_and(|db| std::sync::Arc::strong_count(db) > 1)
+        };
+        while held(&old.db) && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(1));
         }
-        let released = std::sync::Arc::strong_count(&old.db) == 1;
+        let released = !held(&old.db);
         drop(old);
         if released && !keep_old {
             if let Err(source) = generation::remove_stale(&self.dir, &new_dir) {
@@ -420,7 +424,7 @@ impl Buffer {
         let (mut entries, mut bytes) = (0u64, 0u64);
         let mut batch = sled::Batch::default();
         let (mut batch_entries, mut batch_bytes) = (0, 0);
-        for entry in self.db().iter() {
+        for entry in self.db()?.iter() {
             let (key, value) = entry.map_err(|err| self.sled_error(err))?;
             let size = key.len() + value.len();
             batch.insert(key, value);
@@ -458,7 +462,7 @@ impl Buffer {
         new_dir: &std::path::Path,
         touched: &HashSet<Vec<u8>>,
     ) -> Result<i64, StoreError> {
-        let old_db = self.db();
+        let old_db = self.db()?;
         let mut delta: i64 = 0;
         let mut batch = sled::Batch::default();
         for key in touched {

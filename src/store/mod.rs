@@ -183,6 +183,12 @@ pub enum StoreError {
         /// The buffer directory.
         dir: PathBuf,
     },
+    /// The buffer was released ([`Buffer::release`]): this handle no longer has a database.
+    #[error("buffer {dir} was closed")]
+    Released {
+        /// The buffer directory.
+        dir: PathBuf,
+    },
     /// The directory does not exist (for operations that never create one).
     #[error("buffer {dir} does not exist")]
     Missing {
@@ -332,7 +338,8 @@ pub struct Buffer {
 /// One sled database of a buffer and the directory holding its files (see `generation`).
 /// The handle is shared so that a compaction can tell when the last read let go of it.
 struct Generation {
-    db: std::sync::Arc<sled::Db>,
+    /// `None` once [`Buffer::release`] let go of it.
+    db: Option<std::sync::Arc<sled::Db>>,
     path: PathBuf,
 }
 
@@ -481,7 +488,7 @@ impl Buffer {
         let buffer = Buffer {
             dir,
             current: RwLock::new(Generation {
-                db: std::sync::Arc::new(db),
+                db: Some(std::sync::Arc::new(db)),
                 path: sled_dir,
             }),
             options,
@@ -534,8 +541,13 @@ impl Buffer {
 
     /// The open generation's database (a cheap handle). Take it afresh for every use, after
     /// any lock the use needs: a compaction swaps it under those locks.
-    fn db(&self) -> std::sync::Arc<sled::Db> {
-        read_lock(&self.current).db.clone()
+    fn db(&self) -> Result<std::sync::Arc<sled::Db>, StoreError> {
+        read_lock(&self.current)
+            .db
+            .clone()
+            .ok_or_else(|| StoreError::Released {
+                dir: self.dir.clone(),
+            })
     }
 
     /// The directory holding the open generation's sled files.
@@ -574,7 +586,7 @@ impl Buffer {
     pub fn sync(&self) -> Result<(), StoreError> {
         // Not while a compaction switches generations under the walk.
         let _alone = self.compaction.exclusive();
-        self.db().flush().map_err(|err| self.sled_error(err))?;
+        self.db()?.flush().map_err(|err| self.sled_error(err))?;
         fsync::sync_tree(&self.sled_dir())
             .and_then(|()| std::fs::File::open(&self.dir)?.sync_all())
             .map_err(|source| StoreError::Io {
@@ -594,9 +606,29 @@ impl Buffer {
     /// offline tool, a restarted consumer — can open it at once. Dropping alone releases the
     /// lock a little later (sled's flusher holds the file until its next tick).
     pub fn close(self) -> Result<(), StoreError> {
-        let (dir, lock_wait) = (self.dir.clone(), self.options.lock_wait);
-        let sled_dir = self.sled_dir();
-        drop(self);
+        self.release()
+    }
+
+    /// [`Buffer::close`] through a shared handle: lets go of the database (a running
+    /// compaction ends first) and waits for its lock like `close`; every later call on this
+    /// buffer fails with [`StoreError::Released`]. Do not call it after a failed write (sled's
+    /// flush on drop can then block for good).
+    pub fn release(&self) -> Result<(), StoreError> {
+        let _alone = self.compaction.exclusive();
+        let (sled_dir, db) = {
+            let mut current = write_lock(&self.current);
+            (current.path.clone(), current.db.take())
+        };
+        let Some(db) = db else {
+            return Ok(());
+        };
+        // A read in flight finishes first.
+        let deadline = std::time::Instant::now() + self.options.lock_wait;
+        while std::sync::Arc::strong_count(&db) > 1 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        drop(db);
+        let dir = self.dir.clone();
         let io = |action: &str, source| StoreError::Io {
             dir: dir.clone(),
             action: action.into(),
@@ -604,7 +636,6 @@ impl Buffer {
         };
         let db_file = std::fs::File::open(sled_dir.join("db"))
             .map_err(|e| io("opening the database file", e))?;
-        let deadline = std::time::Instant::now() + lock_wait;
         loop {
             match snapshot::try_lock_exclusive(&db_file) {
                 Ok(true) => return Ok(()),
@@ -731,7 +762,7 @@ impl Buffer {
 
     fn load_meta(&self, create: bool) -> Result<(), StoreError> {
         match self
-            .db()
+            .db()?
             .get(keys::META)
             .map_err(|err| self.sled_error(err))?
         {
@@ -743,16 +774,16 @@ impl Buffer {
                 }),
                 Err(err) => Err(self.damaged(format!("buffer metadata: {err}"))),
             },
-            None if create && self.db().is_empty() => {
+            None if create && self.db()?.is_empty() => {
                 let meta = BufferMeta { next_topic_id: 0 };
-                self.db()
+                self.db()?
                     .insert(keys::META, codec::encode(&meta))
                     .map_err(|err| self.sled_error(err))?;
                 Ok(())
             }
             None => Err(StoreError::NotABuffer {
                 dir: self.dir.clone(),
-                reason: if self.db().is_empty() {
+                reason: if self.db()?.is_empty() {
                     "the database is empty".into()
                 } else {
                     "a sled database without catchup metadata".into()
@@ -763,7 +794,7 @@ impl Buffer {
 
     fn load_topics(&self) -> Result<(), StoreError> {
         let mut topics = HashMap::new();
-        for entry in self.db().scan_prefix(keys::topic_prefix()) {
+        for entry in self.db()?.scan_prefix(keys::topic_prefix()) {
             let (key, value) = entry.map_err(|err| self.sled_error(err))?;
             let name = String::from_utf8(key[1..].to_vec())
                 .map_err(|_| self.damaged("a topic name is not UTF-8".into()))?;
@@ -780,7 +811,7 @@ impl Buffer {
     /// D3). Only at open, before any writer: a writer resolves a topic's id before taking
     /// the partition's lock, so removing a mapping while writers run could orphan records.
     fn forget_unused_topics(&self) -> Result<(), StoreError> {
-        let db = self.db();
+        let db = self.db()?;
         let unused: Vec<(String, u32)> = read_lock(&self.topics)
             .iter()
             .map(|(name, id)| (name.clone(), *id))
@@ -832,7 +863,7 @@ impl Buffer {
             return Ok(id);
         }
         let meta: BufferMeta = match self
-            .db()
+            .db()?
             .get(keys::META)
             .map_err(|err| self.sled_error(err))?
         {
@@ -924,7 +955,7 @@ impl Buffer {
 
     fn load_state(&self, part: PartitionKey) -> Result<Option<PartitionState>, StoreError> {
         match self
-            .db()
+            .db()?
             .get(keys::state(part))
             .map_err(|err| self.sled_error(err))?
         {
@@ -971,6 +1002,7 @@ impl StoreError {
                 source,
             },
             StoreError::Locked { .. } => StoreError::Locked { dir },
+            StoreError::Released { .. } => StoreError::Released { dir },
             StoreError::Missing { .. } => StoreError::Missing { dir },
             StoreError::NotABuffer { reason, .. } => StoreError::NotABuffer { dir, reason },
             StoreError::NewerFormat { found, .. } => StoreError::NewerFormat { dir, found },

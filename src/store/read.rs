@@ -81,7 +81,7 @@ impl Buffer {
         &self,
     ) -> Result<Vec<(PartitionKey, String, i32, PartitionState)>, StoreError> {
         let mut out = Vec::new();
-        for entry in self.db().scan_prefix(keys::state_prefix()) {
+        for entry in self.db()?.scan_prefix(keys::state_prefix()) {
             let (key, value) = entry.map_err(|err| self.sled_error(err))?;
             let Some(keys::ParsedKey::State(part)) = keys::parse(&key) else {
                 return Err(self.damaged(format!("malformed state key {key:?}")));
@@ -186,7 +186,7 @@ impl Buffer {
         let lane_end = keys::chunk(lane, part, u64::MAX);
         // The chunk holding `from` starts at or below it.
         let start = match self
-            .db()
+            .db()?
             .range(lane_start..=keys::chunk(lane, part, from as u64))
             .next_back()
         {
@@ -198,7 +198,7 @@ impl Buffer {
         // reached is a hole — records the state counts as fetched are gone — and must never
         // be read over as if the offsets were empty.
         let mut reached = state.normalize(lane, from);
-        for entry in self.db().range(start..=lane_end.to_vec()) {
+        for entry in self.db()?.range(start..=lane_end.to_vec()) {
             let (key, value) = entry.map_err(|err| self.sled_error(err))?;
             let first = keys::chunk_first(&key)
                 .and_then(|first| i64::try_from(first).ok())
@@ -279,7 +279,7 @@ impl Buffer {
         };
         let mut first_nonempty = None;
         let mut last_nonempty = None;
-        for entry in self.db().scan_prefix(keys::chunk_prefix(lane, part)) {
+        for entry in self.db()?.scan_prefix(keys::chunk_prefix(lane, part)) {
             let (key, value) = entry.map_err(|err| self.sled_error(err))?;
             let head: ChunkHead = codec::decode_prefix(&value)
                 .map_err(|err| self.damaged(format!("chunk {:?}: {err}", keys::parse(&key))))?;

@@ -451,7 +451,11 @@ fn newer_format_is_refused_by_name() {
         meta[0] = FORMAT_VERSION + 1;
         let crc = crc32c::crc32c_append(crc32c::crc32c(&meta[..1]), &meta[5..]);
         meta[1..5].copy_from_slice(&crc.to_le_bytes());
-        buffer.db().insert(keys::META, meta).expect("insert");
+        buffer
+            .db()
+            .expect("open")
+            .insert(keys::META, meta)
+            .expect("insert");
         buffer.sync().expect("sync");
     }
     let err =
@@ -488,11 +492,22 @@ fn verify_reports_damage_holes_and_orphans() {
     // A flipped byte in the last chunk, a missing chunk before an intact one, a chunk of
     // nobody. The damaged chunk is left out of the chain, so only the removal makes the hole.
     let last = keys::chunk(Lane::Live, part, 30);
-    let mut value = buffer.db().get(last).expect("get").expect("chunk").to_vec();
+    let mut value = buffer
+        .db()
+        .expect("open")
+        .get(last)
+        .expect("get")
+        .expect("chunk")
+        .to_vec();
     value[20] ^= 0x40;
-    buffer.db().insert(last, value).expect("insert");
     buffer
         .db()
+        .expect("open")
+        .insert(last, value)
+        .expect("insert");
+    buffer
+        .db()
+        .expect("open")
         .remove(keys::chunk(Lane::Live, part, 10))
         .expect("remove");
     let orphan = keys::chunk(
@@ -526,6 +541,7 @@ fn verify_reports_damage_holes_and_orphans() {
 fn craft_chunk(buffer: &Buffer, key: [u8; 17], next: u64, records: Vec<Record>) {
     buffer
         .db()
+        .expect("open")
         .insert(key, codec::encode(&record::Chunk { next, records }))
         .expect("insert");
 }
@@ -540,6 +556,7 @@ fn craft_state(buffer: &Buffer, change: impl FnOnce(&mut PartitionState)) {
     let part = buffer.partition_key("t", 0).expect("key").expect("known");
     buffer
         .db()
+        .expect("open")
         .insert(keys::state(part), codec::encode(&state))
         .expect("insert");
 }
@@ -563,6 +580,7 @@ fn verify_reports_unprocessed_records_deleted() {
     // it starts at retained_from.
     buffer
         .db()
+        .expect("open")
         .remove(keys::chunk(
             Lane::Live,
             buffer.partition_key("t", 0).expect("key").expect("known"),
@@ -679,6 +697,7 @@ fn a_topic_id_the_metadata_would_hand_out_again_is_refused() {
     // The metadata rolled back: the next id to allocate is the one `t` holds.
     buffer
         .db()
+        .expect("open")
         .insert(keys::META, codec::encode(&BufferMeta { next_topic_id: 0 }))
         .expect("insert");
     let text = verify_text(&buffer);
@@ -851,6 +870,7 @@ fn a_lost_chunk_is_damage_never_a_gap() {
     let part = buffer.partition_key("t", 0).expect("key").expect("known");
     buffer
         .db()
+        .expect("open")
         .remove(keys::chunk(Lane::Live, part, 10))
         .expect("remove");
     for from in [0, 5, 10, 15] {
@@ -1058,7 +1078,7 @@ fn topics_nothing_is_buffered_for_are_forgotten_at_open() {
     let buffer = open(&dir);
     assert_eq!(buffer.topic_id("gone"), None);
     assert!(buffer.topic_id("kept").is_some());
-    let db = buffer.db();
+    let db = buffer.db().expect("open");
     assert_eq!(db.get(keys::topic("gone")).expect("get"), None);
     assert_eq!(db.get(keys::incarnation("gone")).expect("get"), None);
     assert!(db.get(keys::incarnation("kept")).expect("get").is_some());

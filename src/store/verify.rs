@@ -86,9 +86,10 @@ impl Buffer {
         // Chunks must be judged against their partition's state and topic, which sort after
         // them: a first pass reads only those small entries, by prefix; a second walks every
         // key once, judging each chunk as it goes and reporting keys this format never writes.
+        let db = self.db()?;
         let non_chunks = keys::NON_CHUNK_KINDS
             .iter()
-            .flat_map(|kind| self.db().scan_prefix([*kind]));
+            .flat_map(|kind| db.scan_prefix([*kind]));
         for entry in non_chunks {
             let (key, value) = entry.map_err(|err| self.sled_error(err))?;
             match keys::parse(&key) {
@@ -145,7 +146,7 @@ impl Buffer {
             }
         }
 
-        for entry in self.db().iter() {
+        for entry in self.db()?.iter() {
             let (key, value) = entry.map_err(|err| self.sled_error(err))?;
             let (lane, part, first) = match keys::parse(&key) {
                 Some(ParsedKey::Chunk(lane, part, first)) => (lane, part, first),

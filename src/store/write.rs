@@ -215,7 +215,7 @@ impl Buffer {
         let from = keys::chunk(lane, part, lane_state.retained_from as u64);
         let through = keys::chunk(lane, part, committed as u64);
         let mut covered = Vec::new();
-        for entry in self.db().range(from..=through) {
+        for entry in self.db()?.range(from..=through) {
             let (key, value) = entry.map_err(|err| self.sled_error(err))?;
             covered.push((key, value));
         }
@@ -256,7 +256,7 @@ impl Buffer {
         };
         let _guard = self.partition_lock(part);
         let existed = self
-            .db()
+            .db()?
             .contains_key(keys::state(part))
             .map_err(|err| self.sled_error(err))?;
         let (batch, removed) = self.removal_batch(part)?;
@@ -289,7 +289,7 @@ impl Buffer {
         keep: impl Fn(i32) -> bool,
     ) -> Result<Option<String>, StoreError> {
         let key = keys::incarnation(topic);
-        let recorded = match self.db().get(&key).map_err(|err| self.sled_error(err))? {
+        let recorded = match self.db()?.get(&key).map_err(|err| self.sled_error(err))? {
             Some(value) => Some(
                 codec::decode::<String>(&value)
                     .map_err(|err| self.damaged(format!("incarnation of topic {topic}: {err}")))?,
@@ -319,7 +319,7 @@ impl Buffer {
         let mut batch = Batch::default();
         let mut removed: u64 = 0;
         for lane in Lane::ALL {
-            for entry in self.db().scan_prefix(keys::chunk_prefix(lane, part)) {
+            for entry in self.db()?.scan_prefix(keys::chunk_prefix(lane, part)) {
                 let (key, value) = entry.map_err(|err| self.sled_error(err))?;
                 removed += (key.len() + value.len()) as u64;
                 batch.remove(key);

@@ -69,6 +69,11 @@ pub struct RunArgs {
     /// committed offsets and the log ends.
     #[arg(long)]
     pub exit_when_idle: Option<u64>,
+    /// Exit 1 when the brokers cannot be reached for this many seconds — at the start, or
+    /// later (default: keep retrying, with one WARN line when they become unreachable and one
+    /// INFO line when they are back).
+    #[arg(long)]
+    pub connect_timeout: Option<u64>,
     /// A file of rdkafka properties, one `KEY=VALUE` per line (`#` starts a comment), like
     /// kcat's `-F`: keeps secrets off the command line. `--config` wins over it.
     #[arg(long, env = "CATCHUP_CONFIG_FILE")]
@@ -379,6 +384,40 @@ pub async fn process(
     Ok(summary)
 }
 
+/// `--connect-timeout` ran out: exit 1 at once. Nothing is waited for: what was processed
+/// but not committed is processed again by the next run, as after a crash.
+fn unreachable(brokers: &str, limit: Duration) -> ! {
+    eprintln!(
+        "catchup: cannot reach the brokers ({brokers}) for {} s",
+        limit.as_secs()
+    );
+    std::process::exit(1)
+}
+
+/// Exits through [`unreachable`] once the brokers stay unreachable for `limit`.
+fn watch_brokers(
+    mut events: tokio::sync::broadcast::Receiver<catchup::Event>,
+    limit: Duration,
+    brokers: String,
+) {
+    tokio::spawn(async move {
+        let mut since: Option<Instant> = None;
+        loop {
+            match tokio::time::timeout(Duration::from_millis(250), events.recv()).await {
+                Ok(Ok(catchup::Event::BrokersUnreachable { .. })) => {
+                    since.get_or_insert_with(Instant::now);
+                }
+                Ok(Ok(catchup::Event::BrokersReachable)) => since = None,
+                Ok(Err(tokio::sync::broadcast::error::RecvError::Closed)) => return,
+                _ => {}
+            }
+            if since.is_some_and(|at| at.elapsed() >= limit) {
+                unreachable(&brokers, limit);
+            }
+        }
+    });
+}
+
 /// `catchup run`.
 pub async fn run(args: RunArgs) -> Result<(), Failure> {
     let mut properties = match &args.config_file {
@@ -400,7 +439,21 @@ pub async fn run(args: RunArgs) -> Result<(), Failure> {
         disk_allowance_bytes: args.disk_allowance_mib.saturating_mul(1 << 20),
         ..CatchupConfig::new(&args.buffer_dir)
     };
-    let consumer = CatchupConsumer::new(&client, config).map_err(crate::failure)?;
+    let connect_timeout = args.connect_timeout.map(Duration::from_secs);
+    // Opening checks the side topic on the brokers (up to 30 s when they do not answer).
+    let opening = tokio::task::spawn_blocking(move || CatchupConsumer::new(&client, config));
+    let consumer = match connect_timeout {
+        Some(limit) => match tokio::time::timeout(limit, opening).await {
+            Ok(opened) => opened,
+            Err(_) => unreachable(&args.brokers, limit),
+        },
+        None => opening.await,
+    }
+    .map_err(|e| Failure::Runtime(format!("opening the consumer: {e}")))?
+    .map_err(crate::failure)?;
+    if let Some(limit) = connect_timeout {
+        watch_brokers(consumer.events(), limit, args.brokers.clone());
+    }
     let topics: Vec<&str> = args.topics.iter().map(String::as_str).collect();
     consumer.subscribe(&topics).map_err(crate::failure)?;
     let mut processing = Processing {

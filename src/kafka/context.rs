@@ -1,0 +1,248 @@
+//! What catchup's clients tell about the brokers: one WARN when none can be reached (naming
+//! the last connection that failed) and one INFO when they are back — not an ERROR at every retry of each of the five clients —
+//! with events and a counter; librdkafka's log lines at levels that match what they mean.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use rdkafka::ClientConfig;
+use rdkafka::client::ClientContext;
+use rdkafka::config::RDKafkaLogLevel;
+use rdkafka::consumer::ConsumerContext;
+use rdkafka::error::KafkaError;
+use rdkafka::types::RDKafkaErrorCode;
+use tokio::sync::broadcast;
+
+use crate::engine::types::Event;
+
+/// Whether the brokers can be reached, as every client of one consumer reports it.
+#[derive(Debug, Default)]
+pub(crate) struct BrokerHealth {
+    unreachable: AtomicBool,
+    /// The last connection failure: it names the broker, which "all brokers are down" does
+    /// not.
+    last_failure: std::sync::Mutex<Option<String>>,
+    events: OnceLock<broadcast::Sender<Event>>,
+}
+
+/// How a client-wide error is reported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ErrorClass {
+    /// No broker can be reached (the client retries by itself).
+    AllDown,
+    /// A connection to one broker failed (others may answer; the client retries).
+    ConnectionFailed,
+    /// An unknown topic: confirmed and reported through `recv` by the live thread.
+    UnknownTopic,
+    /// Anything else.
+    Other,
+}
+
+/// Classifies a client-wide error librdkafka reported.
+pub(crate) fn classify_client_error(error: &KafkaError) -> ErrorClass {
+    use RDKafkaErrorCode as Code;
+    match error.rdkafka_error_code() {
+        Some(Code::AllBrokersDown) => ErrorClass::AllDown,
+        Some(
+            Code::BrokerTransportFailure
+            | Code::Resolve
+            | Code::NetworkException
+            | Code::BrokerNotAvailable,
+        ) => ErrorClass::ConnectionFailed,
+        Some(Code::UnknownTopicOrPartition | Code::UnknownTopic) => ErrorClass::UnknownTopic,
+        _ => ErrorClass::Other,
+    }
+}
+
+impl BrokerHealth {
+    /// Where transitions are announced.
+    pub fn attach(&self, events: broadcast::Sender<Event>) {
+        let _ = self.events.set(events);
+    }
+
+    /// Whether the last word was that the brokers cannot be reached.
+    pub fn is_unreachable(&self) -> bool {
+        self.unreachable.load(Ordering::Relaxed)
+    }
+
+    /// A request succeeded: the brokers are reachable (INFO and an event when they were not).
+    pub fn reached(&self) {
+        if self.unreachable.swap(false, Ordering::Relaxed) {
+            tracing::info!("the brokers are reachable again");
+            self.emit(Event::BrokersReachable);
+        }
+    }
+
+    /// A client-wide error of the client playing `role`.
+    pub fn on_error(&self, role: &str, error: KafkaError, reason: &str) {
+        match classify_client_error(&error) {
+            ErrorClass::ConnectionFailed => {
+                metrics::counter!("catchup_broker_errors_total").increment(1);
+                tracing::debug!(client = role, %error, reason, "librdkafka");
+                *self.last_failure() = Some(reason.to_owned());
+            }
+            ErrorClass::AllDown => {
+                metrics::counter!("catchup_broker_errors_total").increment(1);
+                if !self.unreachable.swap(true, Ordering::Relaxed) {
+                    let reason = self
+                        .last_failure()
+                        .clone()
+                        .unwrap_or_else(|| reason.to_owned());
+                    tracing::warn!(
+                        client = role,
+                        "the brokers cannot be reached ({reason}); retrying"
+                    );
+                    self.emit(Event::BrokersUnreachable { reason });
+                } else {
+                    tracing::debug!(client = role, %error, reason, "still unreachable");
+                }
+            }
+            ErrorClass::UnknownTopic => {
+                tracing::debug!(client = role, %error, reason, "librdkafka")
+            }
+            ErrorClass::Other => tracing::error!(client = role, %error, reason, "librdkafka"),
+        }
+    }
+
+    /// A librdkafka log line of the client playing `role`. Connection failures (`FAIL`) are
+    /// what `on_error` reports once per state change: DEBUG here.
+    pub fn on_log(&self, role: &str, level: RDKafkaLogLevel, facility: &str, message: &str) {
+        use RDKafkaLogLevel as Level;
+        match level {
+            _ if facility == "FAIL" => tracing::debug!(client = role, facility, "{message}"),
+            Level::Emerg | Level::Alert | Level::Critical | Level::Error => {
+                tracing::error!(client = role, facility, "{message}")
+            }
+            Level::Warning => tracing::warn!(client = role, facility, "{message}"),
+            Level::Notice | Level::Info => tracing::info!(client = role, facility, "{message}"),
+            Level::Debug => tracing::debug!(client = role, facility, "{message}"),
+        }
+    }
+
+    fn last_failure(&self) -> std::sync::MutexGuard<'_, Option<String>> {
+        self.last_failure
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn emit(&self, event: Event) {
+        if let Some(events) = self.events.get() {
+            let _ = events.send(event);
+        }
+    }
+}
+
+/// The context of catchup's own clients (the catch-up consumer, the side log's producer,
+/// reader and admin client): their errors and logs go through the consumer's
+/// [`BrokerHealth`].
+#[derive(Clone)]
+pub(crate) struct RoleContext {
+    health: Arc<BrokerHealth>,
+    role: &'static str,
+}
+
+impl RoleContext {
+    pub fn new(health: Arc<BrokerHealth>, role: &'static str) -> Self {
+        Self { health, role }
+    }
+}
+
+impl ClientContext for RoleContext {
+    fn log(&self, level: RDKafkaLogLevel, facility: &str, message: &str) {
+        self.health.on_log(self.role, level, facility, message);
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        self.health.on_error(self.role, error, reason);
+    }
+}
+
+impl ConsumerContext for RoleContext {}
+
+/// `config` for the client playing `role`: its `client.id` (the user's, `rdkafka` by
+/// default) ends in the role, so that broker logs and quotas tell the clients apart.
+pub(crate) fn for_role(config: &ClientConfig, role: &str) -> ClientConfig {
+    let mut config = config.clone();
+    let base = config.get("client.id").unwrap_or("rdkafka").to_owned();
+    config.set("client.id", format!("{base}-{role}"));
+    config
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_errors_table() {
+        use RDKafkaErrorCode as Code;
+        for (code, class) in [
+            (Code::AllBrokersDown, ErrorClass::AllDown),
+            (Code::BrokerTransportFailure, ErrorClass::ConnectionFailed),
+            (Code::Resolve, ErrorClass::ConnectionFailed),
+            (Code::UnknownTopicOrPartition, ErrorClass::UnknownTopic),
+            (Code::UnknownTopic, ErrorClass::UnknownTopic),
+            (Code::SaslAuthenticationFailed, ErrorClass::Other),
+            (Code::Fatal, ErrorClass::Other),
+        ] {
+            let error = KafkaError::Global(code);
+            assert_eq!(classify_client_error(&error), class, "{code:?}");
+        }
+    }
+
+    #[test]
+    fn unreachable_is_announced_once_per_change() {
+        let health = BrokerHealth::default();
+        let (events, mut received) = broadcast::channel(16);
+        health.attach(events);
+        let failed = || {
+            health.on_error(
+                "live",
+                KafkaError::Global(RDKafkaErrorCode::BrokerTransportFailure),
+                "127.0.0.1:1/bootstrap: Connect failed",
+            )
+        };
+        failed();
+        assert!(
+            !health.is_unreachable(),
+            "one broker failing is not all of them"
+        );
+        for _ in 0..5 {
+            failed();
+            health.on_error(
+                "live",
+                KafkaError::Global(RDKafkaErrorCode::AllBrokersDown),
+                "1/1 brokers are down",
+            );
+        }
+        assert!(health.is_unreachable());
+        health.reached();
+        health.reached();
+        assert!(!health.is_unreachable());
+        let mut seen = Vec::new();
+        while let Ok(event) = received.try_recv() {
+            seen.push(event);
+        }
+        assert!(
+            matches!(
+                seen.as_slice(),
+                [Event::BrokersUnreachable { reason }, Event::BrokersReachable]
+                    if reason.contains("127.0.0.1:1")
+            ),
+            "{seen:?}"
+        );
+    }
+
+    #[test]
+    fn each_role_gets_its_own_client_id() {
+        let mut user = ClientConfig::new();
+        assert_eq!(
+            for_role(&user, "catchup").get("client.id"),
+            Some("rdkafka-catchup")
+        );
+        user.set("client.id", "orders");
+        assert_eq!(
+            for_role(&user, "side-producer").get("client.id"),
+            Some("orders-side-producer")
+        );
+    }
+}
