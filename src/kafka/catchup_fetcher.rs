@@ -321,9 +321,6 @@ impl Fetcher {
                 }
             }
         }
-        if polled.iter().any(|(_, p)| matches!(p, Polled::Message(_))) {
-            self.shared.health.reached();
-        }
         polled
     }
 

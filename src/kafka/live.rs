@@ -1187,7 +1187,8 @@ fn run(
             };
             last_retry = Instant::now();
         }
-        // Unreachable brokers say nothing when they come back: ask, every 2 s meanwhile.
+        // Unreachable brokers say nothing when they come back: ask, every 2 s meanwhile (a
+        // round trip: messages polled may have been fetched before the brokers went away).
         if shared.health.is_unreachable() && last_probe.elapsed() >= PROBE_EVERY {
             if consumer.fetch_metadata(None, PROBE_TIMEOUT).is_ok() {
                 shared.health.reached();
@@ -1210,9 +1211,6 @@ fn poll_into_buffer(
     shared: &Shared,
 ) -> Option<(FatalKind, String)> {
     let round = poll_round(consumer, shared);
-    if !round.messages.is_empty() {
-        shared.health.reached();
-    }
     let fatal = round.fatal.clone();
     // Positions move past offsets without records (transaction markers, compaction); each
     // cursor decides whether its generation's position can be trusted.
