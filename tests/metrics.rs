@@ -1,11 +1,14 @@
 //! Counters, gauges and histograms through the `metrics` facade: records per lane, lag and
-//! buffered bytes per lane, time to the first fresh record after an assignment.
+//! buffered bytes per lane, time to the first fresh record after an assignment — each
+//! labelled with its group and described with its unit — and the same served to Prometheus
+//! by `catchup run --metrics-addr`.
 
 mod support;
 
 use std::time::Duration;
 
 use catchup::{Event, Mode};
+use metrics::Unit;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use support::{Kafka, catchup_consumer, unique, wait_for_event};
 
@@ -76,4 +79,101 @@ async fn a_split_reports_its_metrics() {
         value("catchup_merges_total", None),
         Some(DebugValue::Counter(1))
     ));
+    // Every series names its group (two consumers in one process never share one), and
+    // every metric has its unit and description.
+    for (key, unit, description, _) in &snapshot {
+        let name = key.key().name();
+        if !name.starts_with("catchup_") {
+            continue;
+        }
+        assert!(
+            key.key()
+                .labels()
+                .any(|l| l.key() == "group" && l.value() == group),
+            "{name} names its group"
+        );
+        assert!(
+            unit.is_some() && description.is_some(),
+            "{name} is described"
+        );
+    }
+    let unit = |name: &str| {
+        snapshot
+            .iter()
+            .find(|(key, ..)| key.key().name() == name)
+            .and_then(|(_, unit, ..)| *unit)
+    };
+    assert_eq!(unit("catchup_buffered_bytes"), Some(Unit::Bytes));
+    assert_eq!(
+        unit("catchup_time_to_first_fresh_seconds"),
+        Some(Unit::Seconds)
+    );
+}
+
+/// `catchup run --metrics-addr` serves the same metrics to Prometheus.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn catchup_run_serves_prometheus_metrics() {
+    let kafka = Kafka::connect();
+    let topic = unique("metrics-cli");
+    kafka.create_topic(&topic, 1).await;
+    kafka.produce(&topic, 1, 200).await;
+    let group = unique("metrics-cli-group");
+    kafka.commit_as_operator(&group, &topic, &[0]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_catchup"))
+        .args([
+            "run",
+            "--brokers",
+            &kafka.bootstrap,
+            "--group",
+            &group,
+            "--topic",
+            &topic,
+            "--buffer-dir",
+            &dir.path().join("buffer").display().to_string(),
+            "--metrics-addr",
+            &format!("127.0.0.1:{port}"),
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let fetched = format!("catchup_records_fetched_total{{group=\"{group}\",lane=\"live\"}} 200");
+    let deadline = std::time::Instant::now() + WAIT;
+    let page = loop {
+        let page = scrape(port).unwrap_or_default();
+        // The gauges are set at the first commit, a moment after the records arrive.
+        if page.contains(&fetched) && page.contains("# TYPE catchup_buffered_bytes gauge") {
+            break page;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no {fetched} within {WAIT:?}; last page:\n{page}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        page.contains("# HELP catchup_records_fetched_total"),
+        "{page}"
+    );
+}
+
+/// The body of `GET /metrics` on 127.0.0.1:`port` (plain HTTP/1.0).
+fn scrape(port: u16) -> std::io::Result<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    stream.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    Ok(response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .unwrap_or_default())
 }

@@ -1,5 +1,10 @@
 //! The public consumer: subscribe, receive deliveries from the buffer, acknowledge, commit.
 
+mod lag;
+
+pub use crate::plan::{SideStatus, TrueLag};
+pub use lag::{PartitionLag, group_lag};
+
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -59,9 +64,14 @@ impl CatchupConsumer {
             ));
         }
         let side_topic = config.side_topic_for(&group).map_err(Error::Config)?;
-        // A wrong setting is an error now, before anything touches the network.
+        // A wrong setting is an error now, before anything touches the network (this client
+        // may still start connecting before it is dropped: its errors go where all others do).
+        crate::engine::telemetry::describe();
+        let health = Arc::new(crate::kafka::BrokerHealth::new(&group));
         client
-            .create::<rdkafka::consumer::BaseConsumer>()
+            .create_with_context::<_, rdkafka::consumer::BaseConsumer<crate::kafka::RoleContext>>(
+                crate::kafka::RoleContext::new(health.clone(), "check"),
+            )
             .map_err(|e| KafkaError::client("checking the rdkafka settings", e))?;
         if Buffer::empty_if_untrusted(&config.buffer_dir)? {
             tracing::warn!(
@@ -87,7 +97,6 @@ impl CatchupConsumer {
             other => other?,
         };
         let buffer = Arc::new(buffer);
-        let health = Arc::new(crate::kafka::BrokerHealth::default());
         let side_log = SideLog::open(client, &side_topic, &group, health.clone())?;
         let shared = Arc::new(Shared::new(buffer, config, group, health));
         let (catchup, catchup_thread) = CatchupFetcher::spawn(client, shared.clone())?;

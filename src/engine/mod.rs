@@ -4,6 +4,7 @@
 //! `types` holds the vocabulary both speak (configuration, deliveries, events), re-exported
 //! by [`crate::consumer`].
 
+pub(crate) mod telemetry;
 pub(crate) mod types;
 mod writable;
 
@@ -487,12 +488,10 @@ impl Shared {
         let delivery_lane = runtime.delivery_lane(lane);
         if lane == Lane::Live && !records.is_empty() {
             if let Some(since) = runtime.awaiting_fresh_since.take() {
-                metrics::histogram!("catchup_time_to_first_fresh_seconds")
-                    .record(since.elapsed().as_secs_f64());
+                telemetry::time_to_first_fresh(&self.group, since.elapsed().as_secs_f64());
             }
         }
-        metrics::counter!("catchup_records_delivered_total", "lane" => lane.as_str())
-            .increment(records.len() as u64);
+        telemetry::records_delivered(&self.group, lane.as_str(), records.len() as u64);
         let acks = &mut runtime.acks[lane_index(lane)];
         let mut out = Vec::with_capacity(records.len());
         for record in records {
@@ -588,10 +587,8 @@ impl Shared {
         }
         for lane in Lane::ALL {
             // Offsets fetched into the buffer and not yet processed.
-            metrics::gauge!("catchup_lag_offsets", "lane" => lane.as_str())
-                .set(lag[lane_index(lane)] as f64);
             let bytes: u64 = partitions.values().map(|r| r.buffered(lane)).sum();
-            metrics::gauge!("catchup_buffered_bytes", "lane" => lane.as_str()).set(bytes as f64);
+            telemetry::lag(&self.group, lane.as_str(), lag[lane_index(lane)], bytes);
         }
         partitions
             .iter()
@@ -692,7 +689,7 @@ impl Shared {
                     offset,
                     "split merged into the group's offsets"
                 );
-                metrics::counter!("catchup_merges_total").increment(1);
+                telemetry::merged(&self.group);
                 self.emit(Event::Merged {
                     topic: topic.clone(),
                     partition: *partition,

@@ -16,6 +16,7 @@ use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
 use super::side_log::for_other_consumers;
 use super::{Budget, RoleContext, for_role, to_record};
+use crate::engine::telemetry;
 use crate::engine::types::Event;
 use crate::engine::{PartitionId, Shared};
 use crate::fetch::{AppendResult, FetchCursor, PendingAppend, PollErrorKind, classify_poll_error};
@@ -377,8 +378,7 @@ impl Fetcher {
             .append(Lane::Catchup, &key.0, key.1, append.as_fetched());
         match &result {
             Ok(outcome) if outcome.stored > 0 => {
-                metrics::counter!("catchup_records_fetched_total", "lane" => "catchup")
-                    .increment(outcome.stored as u64);
+                telemetry::records_fetched(&self.shared.group, "catchup", outcome.stored as u64);
                 self.shared
                     .add_buffered(key, Lane::Catchup, outcome.stored_bytes);
                 self.shared.notify.notify_waiters();

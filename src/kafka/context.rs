@@ -16,9 +16,11 @@ use tokio::sync::broadcast;
 use crate::engine::types::Event;
 
 /// Whether the brokers can be reached, as every client of one consumer reports it.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct BrokerHealth {
     unreachable: AtomicBool,
+    /// The consumer's group, the label of its metrics.
+    group: String,
     /// The last connection failure: it names the broker, which "all brokers are down" does
     /// not.
     last_failure: std::sync::Mutex<Option<String>>,
@@ -55,6 +57,16 @@ pub(crate) fn classify_client_error(error: &KafkaError) -> ErrorClass {
 }
 
 impl BrokerHealth {
+    /// The health of the clients of the consumer in `group`.
+    pub fn new(group: &str) -> Self {
+        Self {
+            unreachable: AtomicBool::new(false),
+            group: group.to_owned(),
+            last_failure: std::sync::Mutex::new(None),
+            events: OnceLock::new(),
+        }
+    }
+
     /// Where transitions are announced.
     pub fn attach(&self, events: broadcast::Sender<Event>) {
         let _ = self.events.set(events);
@@ -77,12 +89,12 @@ impl BrokerHealth {
     pub fn on_error(&self, role: &str, error: KafkaError, reason: &str) {
         match classify_client_error(&error) {
             ErrorClass::ConnectionFailed => {
-                metrics::counter!("catchup_broker_errors_total").increment(1);
+                crate::engine::telemetry::broker_error(&self.group);
                 tracing::debug!(client = role, %error, reason, "librdkafka");
                 *self.last_failure() = Some(reason.to_owned());
             }
             ErrorClass::AllDown => {
-                metrics::counter!("catchup_broker_errors_total").increment(1);
+                crate::engine::telemetry::broker_error(&self.group);
                 if !self.unreachable.swap(true, Ordering::Relaxed) {
                     let reason = self
                         .last_failure()
@@ -191,7 +203,7 @@ mod tests {
 
     #[test]
     fn unreachable_is_announced_once_per_change() {
-        let health = BrokerHealth::default();
+        let health = BrokerHealth::new("g");
         let (events, mut received) = broadcast::channel(16);
         health.attach(events);
         let failed = || {

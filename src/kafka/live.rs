@@ -16,6 +16,7 @@ use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientConfig, ClientContext, Message, Offset, TopicPartitionList};
 
 use super::{Budget, CatchupCommand, KafkaError, SideLog, to_record};
+use crate::engine::telemetry;
 use crate::engine::types::{Event, Mode};
 use crate::engine::{PartitionId, PartitionRuntime, PendingCommit, Shared, Stopped};
 use crate::fetch::{
@@ -433,7 +434,7 @@ impl LiveState {
             .spawn(move || match shared.buffer.compact_if_bloated() {
                 Ok(None) => {}
                 Ok(Some(done)) => {
-                    metrics::counter!("catchup_buffer_compactions_total").increment(1);
+                    telemetry::compacted(&shared.group);
                     shared.emit(Event::BufferCompacted {
                         path: shared.buffer.dir().to_path_buf(),
                         disk_before: done.disk_before,
@@ -1330,8 +1331,7 @@ fn append_live(shared: &Shared, key: &PartitionId, append: &PendingAppend) -> Ap
         .append(Lane::Live, &key.0, key.1, append.as_fetched());
     match &result {
         Ok(outcome) => {
-            metrics::counter!("catchup_records_fetched_total", "lane" => "live")
-                .increment(outcome.stored as u64);
+            telemetry::records_fetched(&shared.group, "live", outcome.stored as u64);
             shared.add_buffered(key, Lane::Live, outcome.stored_bytes);
         }
         Err(StoreError::StaleLayout { .. }) => {}

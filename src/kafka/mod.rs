@@ -12,7 +12,7 @@ pub(crate) use budget::Budget;
 pub(crate) use catchup_fetcher::{CatchupCommand, CatchupFetcher};
 pub(crate) use context::{BrokerHealth, RoleContext, for_role};
 pub(crate) use live::{LiveCommand, LiveFetcher};
-pub(crate) use side_log::SideLog;
+pub(crate) use side_log::{SideLog, for_other_consumers, read_side_entries};
 
 use rdkafka::Message;
 use rdkafka::message::{BorrowedMessage, Headers};

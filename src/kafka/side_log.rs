@@ -115,87 +115,7 @@ impl SideLog {
     /// Reads the whole side topic and returns the latest entry of every partition of this
     /// group (compaction keeps the topic small).
     pub fn read_all(&self) -> Result<SideEntries, KafkaError> {
-        let mut config = for_role(&self.client_config, "side-reader");
-        config
-            .set("group.id", format!("{}.catchup-side-reader", self.group))
-            .set("enable.auto.commit", "false")
-            .set("enable.partition.eof", "false");
-        let reader: BaseConsumer<RoleContext> = config
-            .create_with_context(self.context("side-reader"))
-            .map_err(|e| KafkaError::client("creating the side-log reader", e))?;
-        let metadata = reader
-            .fetch_metadata(Some(&self.topic), SIDE_TIMEOUT)
-            .map_err(|e| KafkaError::side(&self.topic, format!("cannot read its metadata: {e}")))?;
-        let partitions: Vec<i32> = metadata
-            .topics()
-            .iter()
-            .flat_map(|t| t.partitions().iter().map(|p| p.id()))
-            .collect();
-        if partitions.is_empty() {
-            return Err(KafkaError::side(
-                &self.topic,
-                "the topic does not exist".into(),
-            ));
-        }
-        let mut ends = HashMap::new();
-        let mut assignment = TopicPartitionList::new();
-        for &partition in &partitions {
-            let (low, high) = reader
-                .fetch_watermarks(&self.topic, partition, SIDE_TIMEOUT)
-                .map_err(|e| {
-                    KafkaError::side(&self.topic, format!("cannot read its watermarks: {e}"))
-                })?;
-            if high > low {
-                ends.insert(partition, high);
-                assignment
-                    .add_partition_offset(&self.topic, partition, Offset::Beginning)
-                    .map_err(|e| KafkaError::client("building the side-log assignment", e))?;
-            }
-        }
-        let mut entries = SideEntries::new();
-        if ends.is_empty() {
-            return Ok(entries);
-        }
-        reader
-            .assign(&assignment)
-            .map_err(|e| KafkaError::client("assigning the side log", e))?;
-        let prefix = format!("{}/", self.group);
-        let deadline = Instant::now() + SIDE_TIMEOUT;
-        while !ends.is_empty() {
-            if Instant::now() > deadline {
-                return Err(KafkaError::side(&self.topic, "reading it timed out".into()));
-            }
-            let Some(message) = reader.poll(Duration::from_millis(200)) else {
-                continue;
-            };
-            let message = message
-                .map_err(|e| KafkaError::side(&self.topic, format!("cannot read it: {e}")))?;
-            if message.offset() + 1 >= ends.get(&message.partition()).copied().unwrap_or(0) {
-                ends.remove(&message.partition());
-            }
-            let Some(key) = message.key().and_then(|k| std::str::from_utf8(k).ok()) else {
-                continue;
-            };
-            if !key.starts_with(&prefix) {
-                continue;
-            }
-            let Some((group, topic, partition)) = parse_side_key(key) else {
-                continue;
-            };
-            if group != self.group {
-                continue;
-            }
-            let slot = (topic.to_owned(), partition);
-            match message.payload() {
-                None => {
-                    entries.remove(&slot);
-                }
-                Some(value) => {
-                    entries.insert(slot, value.to_vec());
-                }
-            }
-        }
-        Ok(entries)
+        read_side_entries(&self.client_config, &self.topic, &self.group, &self.health)
     }
 
     /// The key of `topic`/`partition` of this group.
@@ -306,3 +226,94 @@ const ANY_CLIENT_KEYS: [&str; 13] = [
     "retry.backoff.max.ms",
     "connections.max.idle.ms",
 ];
+
+/// Reads the whole side topic `side_topic` and returns the latest entry of every partition
+/// of `group` (compaction keeps the topic small). Creates nothing: a tool may call it.
+pub(crate) fn read_side_entries(
+    client_config: &ClientConfig,
+    side_topic: &str,
+    group: &str,
+    health: &Arc<BrokerHealth>,
+) -> Result<SideEntries, KafkaError> {
+    let mut config = for_role(client_config, "side-reader");
+    config
+        .set("group.id", format!("{}.catchup-side-reader", group))
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "false");
+    let reader: BaseConsumer<RoleContext> = config
+        .create_with_context(RoleContext::new(health.clone(), "side-reader"))
+        .map_err(|e| KafkaError::client("creating the side-log reader", e))?;
+    let metadata = reader
+        .fetch_metadata(Some(side_topic), SIDE_TIMEOUT)
+        .map_err(|e| KafkaError::side(side_topic, format!("cannot read its metadata: {e}")))?;
+    let partitions: Vec<i32> = metadata
+        .topics()
+        .iter()
+        .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+        .collect();
+    if partitions.is_empty() {
+        return Err(KafkaError::side(
+            side_topic,
+            "the topic does not exist".into(),
+        ));
+    }
+    let mut ends = HashMap::new();
+    let mut assignment = TopicPartitionList::new();
+    for &partition in &partitions {
+        let (low, high) = reader
+            .fetch_watermarks(side_topic, partition, SIDE_TIMEOUT)
+            .map_err(|e| {
+                KafkaError::side(side_topic, format!("cannot read its watermarks: {e}"))
+            })?;
+        if high > low {
+            ends.insert(partition, high);
+            assignment
+                .add_partition_offset(side_topic, partition, Offset::Beginning)
+                .map_err(|e| KafkaError::client("building the side-log assignment", e))?;
+        }
+    }
+    let mut entries = SideEntries::new();
+    if ends.is_empty() {
+        return Ok(entries);
+    }
+    reader
+        .assign(&assignment)
+        .map_err(|e| KafkaError::client("assigning the side log", e))?;
+    let prefix = format!("{}/", group);
+    let deadline = Instant::now() + SIDE_TIMEOUT;
+    while !ends.is_empty() {
+        if Instant::now() > deadline {
+            return Err(KafkaError::side(side_topic, "reading it timed out".into()));
+        }
+        let Some(message) = reader.poll(Duration::from_millis(200)) else {
+            continue;
+        };
+        let message =
+            message.map_err(|e| KafkaError::side(side_topic, format!("cannot read it: {e}")))?;
+        if message.offset() + 1 >= ends.get(&message.partition()).copied().unwrap_or(0) {
+            ends.remove(&message.partition());
+        }
+        let Some(key) = message.key().and_then(|k| std::str::from_utf8(k).ok()) else {
+            continue;
+        };
+        if !key.starts_with(&prefix) {
+            continue;
+        }
+        let Some((entry_group, topic, partition)) = parse_side_key(key) else {
+            continue;
+        };
+        if entry_group != group {
+            continue;
+        }
+        let slot = (topic.to_owned(), partition);
+        match message.payload() {
+            None => {
+                entries.remove(&slot);
+            }
+            Some(value) => {
+                entries.insert(slot, value.to_vec());
+            }
+        }
+    }
+    Ok(entries)
+}

@@ -5,6 +5,7 @@
 
 mod acks;
 mod commit;
+mod lag;
 mod reconcile;
 mod secret;
 mod side_entry;
@@ -13,6 +14,7 @@ mod unowned;
 
 pub use acks::AckTracker;
 pub use commit::{CommitPlan, Progress, plan_commit};
+pub use lag::{SideStatus, TrueLag, true_lag};
 pub use reconcile::{
     Committed, Decision, Inputs, LocalAction, MainLogCommit, OffsetReset, PlanEvent, SideValue,
     SideWrite, clip_ranges, local_action, reconcile, trusted_side_entry,

@@ -6,6 +6,7 @@
 mod demo;
 mod dump;
 mod inspect;
+mod lag;
 mod run;
 mod schema;
 
@@ -58,6 +59,9 @@ enum Command {
         #[arg(long)]
         tmp_dir: Option<PathBuf>,
     },
+    /// A group's true progress per partition: during a split, standard lag tools report the
+    /// whole backlog; this reads the split tokens and side entries too.
+    Lag(lag::LagArgs),
     /// Print a shell completion script, e.g. `catchup completions bash > /etc/bash_completion.d/catchup`.
     Completions {
         /// The shell.
@@ -121,6 +125,10 @@ fn tokio_runtime() -> Result<tokio::runtime::Runtime, Failure> {
 
 fn run(cli: Cli) -> Result<ExitCode, Failure> {
     match cli.command {
+        Command::Lag(args) => {
+            lag::lag(args)?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Completions { shell } => {
             use clap::CommandFactory;
             clap_complete::generate(

@@ -69,6 +69,9 @@ pub struct RunArgs {
     /// committed offsets and the log ends.
     #[arg(long)]
     pub exit_when_idle: Option<u64>,
+    /// Serve the consumer's metrics in Prometheus' text format at `http://HOST:PORT/metrics`.
+    #[arg(long)]
+    pub metrics_addr: Option<std::net::SocketAddr>,
     /// Exit 1 when the brokers cannot be reached for this many seconds — at the start, or
     /// later (default: keep retrying, with one WARN line when they become unreachable and one
     /// INFO line when they are back).
@@ -126,7 +129,7 @@ impl From<ModeArg> for Mode {
     }
 }
 
-fn parse_key_value(text: &str) -> Result<(String, String), String> {
+pub fn parse_key_value(text: &str) -> Result<(String, String), String> {
     let (key, value) = text
         .split_once('=')
         .ok_or_else(|| format!("expected KEY=VALUE, got '{text}'"))?;
@@ -439,6 +442,12 @@ pub async fn run(args: RunArgs) -> Result<(), Failure> {
         disk_allowance_bytes: args.disk_allowance_mib.saturating_mul(1 << 20),
         ..CatchupConfig::new(&args.buffer_dir)
     };
+    if let Some(addr) = args.metrics_addr {
+        metrics_exporter_prometheus::PrometheusBuilder::new()
+            .with_http_listener(addr)
+            .install()
+            .map_err(|e| Failure::Usage(format!("serving metrics on {addr}: {e}")))?;
+    }
     let connect_timeout = args.connect_timeout.map(Duration::from_secs);
     // Opening checks the side topic on the brokers (up to 30 s when they do not answer).
     let opening = tokio::task::spawn_blocking(move || CatchupConsumer::new(&client, config));
