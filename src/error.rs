@@ -26,8 +26,8 @@ pub enum Error {
         /// The write that failed.
         reason: String,
     },
-    /// A topic the consumer subscribed to does not exist (the cluster confirmed it). Nothing
-    /// of it can be consumed until it is created; subscribe again then.
+    /// A topic the consumer subscribed to does not exist (the cluster confirmed it): the
+    /// consumer stops delivering. Create the topic (or fix the name) and subscribe again.
     #[error("topic {topic} does not exist")]
     TopicMissing {
         /// The topic.

@@ -1,5 +1,6 @@
 //! A subscribed topic that does not exist is an error the application sees: `recv` returns
-//! `Error::TopicMissing` naming it (once the cluster's metadata confirms it), and
+//! `Error::TopicMissing` naming it (once the cluster's metadata confirms it; subscribing again
+//! once it exists goes on), and
 //! `catchup run` exits 1 with one line naming it — before, it waited forever (or exited 0
 //! with "processed 0 record(s)") among librdkafka ERROR lines.
 
@@ -30,6 +31,19 @@ async fn recv_reports_a_topic_that_does_not_exist() {
         Err(Error::TopicMissing { topic: named }) => assert_eq!(named, topic),
         other => panic!("expected TopicMissing, got {other:?}"),
     }
+
+    // Created and subscribed again: the consumer goes on.
+    kafka.create_topic(&topic, 1).await;
+    kafka.produce(&topic, 1, 5).await;
+    consumer.subscribe(&[&topic]).expect("subscribe again");
+    let delivery = tokio::time::timeout(Duration::from_secs(60), consumer.recv())
+        .await
+        .expect("a record once the topic exists")
+        .expect("recv after subscribing again");
+    assert_eq!(
+        (delivery.topic.as_str(), delivery.offset),
+        (topic.as_str(), 0)
+    );
 }
 
 #[test]

@@ -177,6 +177,10 @@ async fn a_delivery_reads_like_an_rdkafka_message() {
     assert!(matches!(ended, Err(Error::Closed)), "{ended:?}");
     assert!(matches!(consumer.recv().await, Err(Error::Closed)));
     consumer.close().await.expect("closing twice");
+    // The stream yields the error once and ends (it would only repeat).
+    let mut stream = consumer.stream();
+    assert!(matches!(stream.next().await, Some(Err(Error::Closed))));
+    assert!(stream.next().await.is_none(), "the stream ended");
     assert_eq!(
         kafka.committed(&group, &topic, 1),
         [Some(RECORDS)],

@@ -29,7 +29,8 @@ pub struct PartitionLag {
 /// the catch-up lane stands (the group's committed offset, which is all standard lag tools
 /// see), how much backlog is left, and where the live lane stands (the side entry,
 /// verified under the split's secret). `client` gives the connection settings;
-/// `side_topic` is [`CatchupConfig::side_topic`] (`{group}` is replaced).
+/// `side_topic` is [`CatchupConfig::side_topic`] (`{group}` is replaced). It blocks on
+/// network requests (up to 30 s each): from async code, call it in `spawn_blocking`.
 pub fn group_lag(
     client: &ClientConfig,
     group: &str,
@@ -57,12 +58,23 @@ pub fn group_lag(
         let metadata = consumer
             .fetch_metadata(Some(topic), LAG_TIMEOUT)
             .map_err(|e| KafkaError::client(&format!("reading the metadata of {topic}"), e))?;
-        let partitions: Vec<i32> = metadata
-            .topics()
-            .iter()
-            .filter(|t| t.name() == *topic && t.error().is_none())
-            .flat_map(|t| t.partitions().iter().map(|p| p.id()))
-            .collect();
+        let found = metadata.topics().iter().find(|t| t.name() == *topic);
+        match found.and_then(|t| t.error()) {
+            None => {}
+            Some(rdkafka::types::RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART) => {
+                return Err(Error::TopicMissing {
+                    topic: (*topic).to_owned(),
+                });
+            }
+            Some(code) => {
+                return Err(Error::Refused {
+                    reason: format!("reading the metadata of {topic}: {code:?}"),
+                });
+            }
+        }
+        let partitions: Vec<i32> = found
+            .map(|t| t.partitions().iter().map(|p| p.id()).collect())
+            .unwrap_or_default();
         if partitions.is_empty() {
             return Err(Error::TopicMissing {
                 topic: (*topic).to_owned(),

@@ -47,7 +47,11 @@ pub struct CatchupConsumer {
     catchup: Sender<CatchupCommand>,
     threads: std::sync::Mutex<Vec<JoinHandle<()>>>,
     reader: AsyncMutex<Reader>,
+    /// Set when a close begins: `recv` returns [`Error::Closed`] from then on.
     closed: std::sync::atomic::AtomicBool,
+    /// Held by a close while it runs; `true` once one finished (later closes wait for a
+    /// running one, then return; a drop abandons the threads unless one finished).
+    close_done: AsyncMutex<bool>,
 }
 
 impl CatchupConsumer {
@@ -109,6 +113,7 @@ impl CatchupConsumer {
             threads: std::sync::Mutex::new(vec![live_thread, catchup_thread]),
             reader: AsyncMutex::new(Reader::default()),
             closed: std::sync::atomic::AtomicBool::new(false),
+            close_done: AsyncMutex::new(false),
         })
     }
 
@@ -247,11 +252,19 @@ impl CatchupConsumer {
             .or_else(|| reader.queues[0].pop_front()))
     }
 
-    /// The deliveries as a stream (never ends; errors are items). It is `Unpin`, so
+    /// The deliveries as a stream; an error is its last item (`recv` would only repeat it:
+    /// the consumer was closed, or stopped for good). It is `Unpin`, so
     /// `stream.next().await` works without pinning, as with rdkafka's `MessageStream`.
     pub fn stream(&self) -> futures::stream::BoxStream<'_, Result<Delivery, Error>> {
-        futures::stream::unfold(self, |consumer| async move {
-            Some((consumer.recv().await, consumer))
+        futures::stream::unfold((self, false), |(consumer, ended)| async move {
+            if ended {
+                return None;
+            }
+            let next = consumer.recv().await;
+            // After an error `recv` would only repeat (closed, stopped, a failed buffer):
+            // the stream yields it once and ends.
+            let ended = next.is_err();
+            Some((next, (consumer, ended)))
         })
         .boxed()
     }
@@ -356,9 +369,12 @@ impl CatchupConsumer {
     /// (`Arc`) can be closed from any of them; afterwards `recv` returns [`Error::Closed`],
     /// and closing again does nothing.
     pub async fn close(&self) -> Result<(), Error> {
-        if self.closed.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        let mut done = self.close_done.lock().await;
+        if *done {
             return Ok(());
         }
+        self.closed
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         self.shared.notify.notify_waiters();
         let result = self.request_async("closing", LiveCommand::Close).await;
         let _ = self.catchup.send(CatchupCommand::Shutdown);
@@ -370,7 +386,7 @@ impl CatchupConsumer {
         // The buffer directory is free for the next consumer now, even while this handle
         // lives on (an `Arc` elsewhere) — unless a write failed: that sled handle is never
         // let go of (its flush can block for good).
-        if self.shared.failure().is_none() {
+        let result = if self.shared.failure().is_none() {
             let buffer = self.shared.buffer.clone();
             let released = tokio::task::spawn_blocking(move || buffer.release())
                 .await
@@ -378,7 +394,16 @@ impl CatchupConsumer {
             result.and(released.map_err(Error::from))
         } else {
             result
-        }
+        };
+        *done = true;
+        result
+    }
+
+    /// Whether the brokers answer, as the consumer's clients last reported it (`false` from
+    /// the first "all brokers are down" until a request gets through again): for health
+    /// checks, next to [`Event::BrokersUnreachable`] and [`Event::BrokersReachable`].
+    pub fn brokers_reachable(&self) -> bool {
+        !self.shared.health.is_unreachable()
     }
 }
 
@@ -386,7 +411,8 @@ impl Drop for CatchupConsumer {
     /// Dropping without [`close`](Self::close) stops the threads without committing or
     /// cleaning up — what a crash leaves; the next start resumes from Kafka and the buffer.
     fn drop(&mut self) {
-        if self.closed.load(std::sync::atomic::Ordering::Relaxed) {
+        // A close that finished stopped everything; one that was cancelled half-way did not.
+        if self.close_done.try_lock().is_ok_and(|done| *done) {
             return;
         }
         let _ = self.live.send(LiveCommand::Abandon);

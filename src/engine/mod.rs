@@ -231,6 +231,18 @@ impl Shared {
         self.notify.notify_waiters();
     }
 
+    /// A new subscription: a missing topic of the last one no longer stops the consumer (it
+    /// is looked up again if still missing). Access refused stays.
+    pub fn resubscribed(&self) {
+        let mut slot = self
+            .stopped
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if matches!(*slot, Some(Stopped::TopicMissing(_))) {
+            *slot = None;
+        }
+    }
+
     /// What stopped the consumer on the Kafka side, as the public error.
     pub fn stopped(&self) -> Option<crate::Error> {
         self.stopped

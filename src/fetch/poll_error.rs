@@ -61,17 +61,19 @@ pub enum FatalKind {
 /// Whether `error` is one the consumer cannot recover from by polling on.
 pub fn fatal_kind(error: &KafkaError) -> Option<FatalKind> {
     use RDKafkaErrorCode as Code;
-    let (KafkaError::MessageConsumption(code) | KafkaError::MessageConsumptionFatal(code)) = error
-    else {
-        return None;
+    let (code, fatal) = match error {
+        KafkaError::MessageConsumption(code) => (code, false),
+        KafkaError::MessageConsumptionFatal(code) => (code, true),
+        _ => return None,
     };
     match code {
         Code::UnknownTopicOrPartition | Code::UnknownTopic => Some(FatalKind::UnknownTopic),
         Code::TopicAuthorizationFailed
         | Code::GroupAuthorizationFailed
-        | Code::ClusterAuthorizationFailed
-        | Code::SaslAuthenticationFailed
-        | Code::Authentication => Some(FatalKind::Refused),
+        | Code::ClusterAuthorizationFailed => Some(FatalKind::Refused),
+        // librdkafka retries a failed authentication by itself (one broker mid-rotation, a
+        // token refresh racing): final only when it says so.
+        Code::SaslAuthenticationFailed | Code::Authentication if fatal => Some(FatalKind::Refused),
         _ => None,
     }
 }
@@ -144,9 +146,10 @@ mod tests {
                 KafkaError::MessageConsumptionFatal(Code::SaslAuthenticationFailed),
                 Some(FatalKind::Refused),
             ),
+            (KafkaError::MessageConsumption(Code::Authentication), None),
             (
-                KafkaError::MessageConsumption(Code::Authentication),
-                Some(FatalKind::Refused),
+                KafkaError::MessageConsumption(Code::SaslAuthenticationFailed),
+                None,
             ),
             (KafkaError::MessageConsumption(Code::AllBrokersDown), None),
             (KafkaError::MessageConsumption(Code::BadMessage), None),

@@ -167,6 +167,9 @@ impl ClientContext for RoleContext {
     fn error(&self, error: KafkaError, reason: &str) {
         self.health.on_error(self.role, error, reason);
     }
+
+    /// Statistics are not logged (rdkafka's default prints the whole report at INFO).
+    fn stats_raw(&self, _statistics: &[u8]) {}
 }
 
 impl ConsumerContext for RoleContext {}

@@ -1124,7 +1124,8 @@ fn run(
         while let Ok(command) = commands.try_recv() {
             match command {
                 LiveCommand::Subscribe(topics, reply) => {
-                    state.subscribed().0 = topics.clone();
+                    *state.subscribed() = (topics.clone(), None);
+                    shared.resubscribed();
                     let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
                     let _ = reply.send(
                         consumer

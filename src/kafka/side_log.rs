@@ -162,8 +162,10 @@ pub(crate) fn for_other_consumers(base: &ClientConfig) -> ClientConfig {
 }
 
 /// What only the group member uses (a key, or a prefix before a `.`).
-const MEMBER_ONLY: [&str; 14] = [
+const MEMBER_ONLY: [&str; 15] = [
     "group",
+    // Metadata requests would create missing topics: the side topic (uncompacted) among them.
+    "allow.auto.create.topics",
     "partition.assignment.strategy",
     "session.timeout.ms",
     "heartbeat.interval.ms",
@@ -246,11 +248,18 @@ pub(crate) fn read_side_entries(
     let metadata = reader
         .fetch_metadata(Some(side_topic), SIDE_TIMEOUT)
         .map_err(|e| KafkaError::side(side_topic, format!("cannot read its metadata: {e}")))?;
-    let partitions: Vec<i32> = metadata
-        .topics()
-        .iter()
-        .flat_map(|t| t.partitions().iter().map(|p| p.id()))
-        .collect();
+    let found = metadata.topics().iter().find(|t| t.name() == side_topic);
+    if let Some(code) = found.and_then(|t| t.error()) {
+        if code != rdkafka::types::RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART {
+            return Err(KafkaError::side(
+                side_topic,
+                format!("cannot read its metadata: {code:?}"),
+            ));
+        }
+    }
+    let partitions: Vec<i32> = found
+        .map(|t| t.partitions().iter().map(|p| p.id()).collect())
+        .unwrap_or_default();
     if partitions.is_empty() {
         return Err(KafkaError::side(
             side_topic,

@@ -397,24 +397,20 @@ fn unreachable(brokers: &str, limit: Duration) -> ! {
     std::process::exit(1)
 }
 
-/// Exits through [`unreachable`] once the brokers stay unreachable for `limit`.
-fn watch_brokers(
-    mut events: tokio::sync::broadcast::Receiver<catchup::Event>,
-    limit: Duration,
-    brokers: String,
-) {
+/// Exits through [`unreachable`] once the brokers stay unreachable for `limit` (asked every
+/// 250 ms: an outage that began while the consumer was being opened counts too).
+fn watch_brokers(consumer: &Arc<CatchupConsumer>, limit: Duration, brokers: String) {
+    let consumer = Arc::downgrade(consumer);
     tokio::spawn(async move {
         let mut since: Option<Instant> = None;
         loop {
-            match tokio::time::timeout(Duration::from_millis(250), events.recv()).await {
-                Ok(Ok(catchup::Event::BrokersUnreachable { .. })) => {
-                    since.get_or_insert_with(Instant::now);
-                }
-                Ok(Ok(catchup::Event::BrokersReachable)) => since = None,
-                Ok(Err(tokio::sync::broadcast::error::RecvError::Closed)) => return,
-                _ => {}
-            }
-            if since.is_some_and(|at| at.elapsed() >= limit) {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            let Some(consumer) = consumer.upgrade() else {
+                return;
+            };
+            if consumer.brokers_reachable() {
+                since = None;
+            } else if since.get_or_insert_with(Instant::now).elapsed() >= limit {
                 unreachable(&brokers, limit);
             }
         }
@@ -460,8 +456,9 @@ pub async fn run(args: RunArgs) -> Result<(), Failure> {
     }
     .map_err(|e| Failure::Runtime(format!("opening the consumer: {e}")))?
     .map_err(crate::failure)?;
+    let consumer = Arc::new(consumer);
     if let Some(limit) = connect_timeout {
-        watch_brokers(consumer.events(), limit, args.brokers.clone());
+        watch_brokers(&consumer, limit, args.brokers.clone());
     }
     let topics: Vec<&str> = args.topics.iter().map(String::as_str).collect();
     consumer.subscribe(&topics).map_err(crate::failure)?;
