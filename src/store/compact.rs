@@ -439,23 +439,14 @@ impl Buffer {
                 (batch_entries, batch_bytes) = (0, 0);
             }
         }
-        new_db
-            .apply_batch(batch)
-            .map_err(|err| self.sled_error(err))?;
         // Most of the copy reaches the disk here, before writers wait for the rest.
-        new_db.flush().map_err(|err| self.sled_error(err))?;
-        fsync::sync_tree(new_dir).map_err(|source| StoreError::Io {
-            dir: self.dir.clone(),
-            action: format!("compacting into {}: fsync", new_dir.display()),
-            source,
-        })?;
+        self.apply_durably(new_db, new_dir, batch)?;
         Ok((entries, bytes))
     }
 
     /// Under every writer's lock: copies the `touched` keys again from the open generation
-    /// (the value it holds now, or none) and makes the copy durable (sled's own flush is
-    /// `sync_file_range`; the switch must follow a real fsync). Returns the change in
-    /// stored bytes.
+    /// (the value it holds now, or none) and makes the copy durable (the switch must follow
+    /// a real fsync). Returns the change in stored bytes.
     fn replay(
         &self,
         new_db: &sled::Db,
@@ -476,6 +467,18 @@ impl Buffer {
                 None => batch.remove(key.as_slice()),
             }
         }
+        self.apply_durably(new_db, new_dir, batch)?;
+        Ok(delta)
+    }
+
+    /// Applies `batch` to the new generation and makes all of it durable: sled's flush, then
+    /// a real fsync of its files (sled's own is `sync_file_range`).
+    fn apply_durably(
+        &self,
+        new_db: &sled::Db,
+        new_dir: &std::path::Path,
+        batch: sled::Batch,
+    ) -> Result<(), StoreError> {
         new_db
             .apply_batch(batch)
             .map_err(|err| self.sled_error(err))?;
@@ -484,7 +487,6 @@ impl Buffer {
             dir: self.dir.clone(),
             action: format!("compacting into {}: fsync", new_dir.display()),
             source,
-        })?;
-        Ok(delta)
+        })
     }
 }

@@ -2,35 +2,23 @@
 //! committed offset carries only catch-up progress, so standard lag tools report the whole
 //! backlog as lag; this reads the split tokens and side entries too.
 
-use std::path::PathBuf;
-
 use catchup::{PartitionLag, SideStatus};
 use serde_json::json;
 
 use crate::Failure;
-use crate::run::{client_config, read_config_file};
+use crate::run::ConnectionArgs;
 
 /// Arguments of `catchup lag`.
 #[derive(clap::Args)]
 pub struct LagArgs {
-    /// Bootstrap servers, `host:port[,host:port...]`.
-    #[arg(long, env = "CATCHUP_BROKERS")]
-    pub brokers: String,
-    /// Consumer group.
-    #[arg(long, env = "CATCHUP_GROUP")]
-    pub group: String,
+    #[command(flatten)]
+    pub connection: ConnectionArgs,
     /// Topic the group consumes (repeat for several).
     #[arg(long = "topic", required = true)]
     pub topics: Vec<String>,
     /// The group's side topic (`{group}` is replaced by the group id).
     #[arg(long, default_value = "__catchup_side")]
     pub side_topic: String,
-    /// A file of rdkafka properties, one `KEY=VALUE` per line.
-    #[arg(long, env = "CATCHUP_CONFIG_FILE")]
-    pub config_file: Option<PathBuf>,
-    /// An rdkafka property, `KEY=VALUE` (repeatable).
-    #[arg(long = "config", value_parser = crate::run::parse_key_value)]
-    pub config: Vec<(String, String)>,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -38,21 +26,14 @@ pub struct LagArgs {
 
 /// `catchup lag`.
 pub fn lag(args: LagArgs) -> Result<(), Failure> {
-    let mut properties = match &args.config_file {
-        Some(path) => read_config_file(path)?,
-        None => Vec::new(),
-    };
-    properties.extend(args.config.iter().cloned());
-    let client = client_config(&args.brokers, &args.group, &properties);
+    let client = args.connection.client()?;
+    let group = &args.connection.group;
     let topics: Vec<&str> = args.topics.iter().map(String::as_str).collect();
-    let lags = catchup::group_lag(&client, &args.group, &topics, &args.side_topic)
-        .map_err(crate::failure)?;
+    let lags =
+        catchup::group_lag(&client, group, &topics, &args.side_topic).map_err(crate::failure)?;
     if args.json {
         let partitions: Vec<_> = lags.iter().map(partition_json).collect();
-        println!(
-            "{}",
-            json!({ "group": args.group, "partitions": partitions })
-        );
+        println!("{}", json!({ "group": group, "partitions": partitions }));
         return Ok(());
     }
     println!(

@@ -17,12 +17,8 @@ use crate::Failure;
 /// Arguments of `catchup run`.
 #[derive(clap::Args)]
 pub struct RunArgs {
-    /// Bootstrap servers, `host:port[,host:port...]`.
-    #[arg(long, env = "CATCHUP_BROKERS")]
-    pub brokers: String,
-    /// Consumer group.
-    #[arg(long, env = "CATCHUP_GROUP")]
-    pub group: String,
+    #[command(flatten)]
+    pub connection: ConnectionArgs,
     /// Topic to consume (repeat for several).
     #[arg(long = "topic", required = true)]
     pub topics: Vec<String>,
@@ -77,6 +73,18 @@ pub struct RunArgs {
     /// INFO line when they are back).
     #[arg(long)]
     pub connect_timeout: Option<u64>,
+}
+
+/// How to reach the cluster, as `run` and `lag` take it: flags, environment, a properties
+/// file.
+#[derive(clap::Args)]
+pub struct ConnectionArgs {
+    /// Bootstrap servers, `host:port[,host:port...]`.
+    #[arg(long, env = "CATCHUP_BROKERS")]
+    pub brokers: String,
+    /// Consumer group.
+    #[arg(long, env = "CATCHUP_GROUP")]
+    pub group: String,
     /// A file of rdkafka properties, one `KEY=VALUE` per line (`#` starts a comment), like
     /// kcat's `-F`: keeps secrets off the command line. `--config` wins over it.
     #[arg(long, env = "CATCHUP_CONFIG_FILE")]
@@ -84,6 +92,18 @@ pub struct RunArgs {
     /// An rdkafka property, `KEY=VALUE` (repeatable), e.g. `group.protocol=consumer`.
     #[arg(long = "config", value_parser = parse_key_value)]
     pub config: Vec<(String, String)>,
+}
+
+impl ConnectionArgs {
+    /// The rdkafka settings: brokers and group, the file's properties, then `--config`.
+    pub fn client(&self) -> Result<ClientConfig, Failure> {
+        let mut properties = match &self.config_file {
+            Some(path) => read_config_file(path)?,
+            None => Vec::new(),
+        };
+        properties.extend(self.config.iter().cloned());
+        Ok(client_config(&self.brokers, &self.group, &properties))
+    }
 }
 
 /// The properties of a `--config-file`: `KEY=VALUE` lines, blank lines and `#` comments.
@@ -419,12 +439,7 @@ fn watch_brokers(consumer: &Arc<CatchupConsumer>, limit: Duration, brokers: Stri
 
 /// `catchup run`.
 pub async fn run(args: RunArgs) -> Result<(), Failure> {
-    let mut properties = match &args.config_file {
-        Some(path) => read_config_file(path)?,
-        None => Vec::new(),
-    };
-    properties.extend(args.config.iter().cloned());
-    let client = client_config(&args.brokers, &args.group, &properties);
+    let client = args.connection.client()?;
     let config = CatchupConfig {
         mode: args.mode.into(),
         min_lag: args.min_lag,
@@ -450,7 +465,7 @@ pub async fn run(args: RunArgs) -> Result<(), Failure> {
     let consumer = match connect_timeout {
         Some(limit) => match tokio::time::timeout(limit, opening).await {
             Ok(opened) => opened,
-            Err(_) => unreachable(&args.brokers, limit),
+            Err(_) => unreachable(&args.connection.brokers, limit),
         },
         None => opening.await,
     }
@@ -458,7 +473,7 @@ pub async fn run(args: RunArgs) -> Result<(), Failure> {
     .map_err(crate::failure)?;
     let consumer = Arc::new(consumer);
     if let Some(limit) = connect_timeout {
-        watch_brokers(&consumer, limit, args.brokers.clone());
+        watch_brokers(&consumer, limit, args.connection.brokers.clone());
     }
     let topics: Vec<&str> = args.topics.iter().map(String::as_str).collect();
     consumer.subscribe(&topics).map_err(crate::failure)?;
