@@ -149,12 +149,18 @@ impl SideLog {
 /// belongs to the group member alone (its group, membership and commits), which each
 /// client sets for itself.
 pub(crate) fn for_other_consumers(base: &ClientConfig) -> ClientConfig {
-    let mut config = ClientConfig::new();
-    for (key, value) in base.config_map() {
-        if !MEMBER_ONLY
+    settings_where(base, |key| {
+        !MEMBER_ONLY
             .iter()
             .any(|member| key == *member || key.starts_with(&format!("{member}.")))
-        {
+    })
+}
+
+/// The settings of `base` whose key `keep` accepts.
+fn settings_where(base: &ClientConfig, keep: impl Fn(&str) -> bool) -> ClientConfig {
+    let mut config = ClientConfig::new();
+    for (key, value) in base.config_map() {
+        if keep(key) {
             config.set(key, value);
         }
     }
@@ -185,17 +191,12 @@ const MEMBER_ONLY: [&str; 15] = [
 /// client type (connection, security, sockets, metadata, retries, `client.id`, `debug`,
 /// statistics); consumer properties would make librdkafka warn that it ignores them.
 pub(crate) fn for_producers(base: &ClientConfig) -> ClientConfig {
-    let mut config = ClientConfig::new();
-    for (key, value) in base.config_map() {
-        let global = ANY_CLIENT_PREFIXES
+    settings_where(base, |key| {
+        ANY_CLIENT_PREFIXES
             .iter()
             .any(|prefix| key.starts_with(prefix))
-            || ANY_CLIENT_KEYS.contains(&key);
-        if global {
-            config.set(key, value);
-        }
-    }
-    config
+            || ANY_CLIENT_KEYS.contains(&key)
+    })
 }
 
 const ANY_CLIENT_PREFIXES: [&str; 12] = [

@@ -76,6 +76,20 @@ fn read_all_sized(buffer: &Buffer, topic: &str, from: i64, size: usize) -> i64 {
     }
 }
 
+/// Creates a buffer in `dir` holding offsets 0..2000 of `t`/0 (compacted once if
+/// `compact`), and closes it.
+fn buffer_of_2000(dir: &Path, compact: bool) {
+    let buffer = Buffer::open(dir, options()).expect("open");
+    buffer
+        .reset_partition("t", 0, PartitionLayout::plain(0))
+        .expect("layout");
+    fill(&buffer, "t", 0, 2000);
+    if compact {
+        buffer.compact().expect("compact");
+    }
+    buffer.close().expect("close");
+}
+
 fn entries(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
         .expect("list")
@@ -212,14 +226,7 @@ fn writes_racing_a_compaction_all_land_in_the_new_generation() {
 fn leftovers_of_an_interrupted_compaction_are_removed_at_open() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path().join("buf");
-    {
-        let buffer = Buffer::open(&dir, options()).expect("open");
-        buffer
-            .reset_partition("t", 0, PartitionLayout::plain(0))
-            .expect("layout");
-        fill(&buffer, "t", 0, 2000);
-        buffer.close().expect("close");
-    }
+    buffer_of_2000(&dir, false);
     // Killed while copying: a partial next generation, never switched to.
     std::fs::create_dir(dir.join("gen-1")).expect("mkdir");
     std::fs::write(dir.join("gen-1").join("db"), b"partial").expect("write");
@@ -269,15 +276,7 @@ fn a_current_naming_no_generation_is_damage() {
 fn a_failed_compaction_leaves_the_buffer_as_it_was() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path().join("buf");
-    {
-        let buffer = Buffer::open(&dir, options()).expect("open");
-        buffer
-            .reset_partition("t", 0, PartitionLayout::plain(0))
-            .expect("layout");
-        fill(&buffer, "t", 0, 2000);
-        buffer.compact().expect("compact");
-        buffer.close().expect("close");
-    }
+    buffer_of_2000(&dir, true);
     // The last generation number: there is no next one to copy into.
     let last = format!("gen-{}", u64::MAX);
     std::fs::rename(dir.join("gen-1"), dir.join(&last)).expect("rename");
