@@ -180,10 +180,18 @@ impl Fetcher {
         }
         if self.consumer.is_none() {
             let context = RoleContext::new(self.shared.health.clone(), "catchup");
-            match self
-                .config
-                .create_with_context::<_, BaseConsumer<RoleContext>>(context)
-            {
+            // Each partition gets a queue of its own: the prefetch share is divided among
+            // those the group member holds now (any of them may be split).
+            let mut config = self.config.clone();
+            let partitions = self.shared.partitions().len();
+            let budget = self.shared.config.buffer_budget_bytes;
+            super::prefetch::apply(&mut config, &super::prefetch::catchup(budget, partitions));
+            tracing::debug!(
+                partitions,
+                queue_kib = config.get("queued.max.messages.kbytes"),
+                "creating the catch-up consumer"
+            );
+            match config.create_with_context::<_, BaseConsumer<RoleContext>>(context) {
                 Ok(consumer) => self.consumer = Some(Arc::new(consumer)),
                 Err(err) => return self.error(format!("creating the catch-up consumer: {err}")),
             }

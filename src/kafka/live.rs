@@ -1080,6 +1080,10 @@ impl LiveFetcher {
             _ => OffsetReset::Latest,
         };
         config.set("auto.offset.reset", "error");
+        super::prefetch::apply(
+            &mut config,
+            &super::prefetch::member(shared.config.buffer_budget_bytes),
+        );
         let state = Arc::new(LiveState {
             shared: shared.clone(),
             side_log,

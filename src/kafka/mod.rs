@@ -5,6 +5,7 @@ mod budget;
 mod catchup_fetcher;
 mod context;
 mod live;
+mod prefetch;
 mod side_log;
 mod topic_id;
 

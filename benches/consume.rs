@@ -1,0 +1,1140 @@
+//! End-to-end consumption against the real broker, side by side in one run: a bare rdkafka
+//! loop (the ceiling), kcat, the library in `off`, `ordered` and `concurrent`, and
+//! `catchup run` with its fsynced file sink.
+//!
+//! ```text
+//! scripts/kafka start
+//! CATCHUP_BROKERS=$(scripts/kafka bootstrap) cargo bench --bench consume
+//! ```
+//!
+//! Every reader runs in a process of its own (this binary again, or kcat, or `catchup run`),
+//! so its peak RSS is its own (`wait4`). Sections (`CATCHUP_BENCH_SECTIONS`, comma-separated,
+//! all by default):
+//!
+//! * `throughput` — records/s and MB/s from subscribing to the last record (kcat and
+//!   `catchup run`: from process start), for a topic of
+//!   8 partitions whose group committed offset 0 (`CATCHUP_BENCH_RECORDS`, 2,000,000), with
+//!   100 B and 1 KiB values, each reader auto-acking and doing nothing else;
+//! * `fresh` — a consumer restarts behind a backlog of 10k, 100k and 1M records, each
+//!   costing `CATCHUP_BENCH_COST_US` (20 µs) to process; a record is produced once it joined:
+//!   the time until that record is processed (time to fresh), and until the backlog is
+//!   processed and committed (drain time), per mode; also drawn as an SVG chart;
+//! * `recovery` — process start to the first delivery with 1M records already in the buffer.
+//!
+//! Prints a table per section (with the core count) and writes everything to
+//! `target/bench-consume.json` (and `target/bench-time-to-fresh.svg`).
+//! `cargo test --bench consume` runs a smoke version: 20,000 records, every reader, and checks
+//! that each saw every record.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use catchup::{CatchupConfig, CatchupConsumer, Mode};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+
+const PARTITIONS: i32 = 8;
+const CHILD_ENV: &str = "CATCHUP_BENCH_CHILD";
+const WAIT: Duration = Duration::from_secs(600);
+
+type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+fn main() -> Result<()> {
+    if let Ok(spec) = std::env::var(CHILD_ENV) {
+        return child::run(&spec);
+    }
+    let smoke = !std::env::args().any(|a| a == "--bench");
+    let Ok(brokers) = std::env::var("CATCHUP_BROKERS") else {
+        eprintln!(
+            "consume bench: set CATCHUP_BROKERS (scripts/kafka start; scripts/kafka bootstrap)"
+        );
+        if smoke {
+            return Ok(());
+        }
+        std::process::exit(2);
+    };
+    let bench = Bench::new(brokers, smoke)?;
+    let sections = std::env::var("CATCHUP_BENCH_SECTIONS")
+        .unwrap_or_else(|_| "throughput,fresh,recovery".into());
+    let mut report = serde_json::Map::new();
+    report.insert("cores".into(), bench.cores.into());
+    for section in sections.split(',') {
+        let value = match section.trim() {
+            "throughput" => bench.throughput()?,
+            "fresh" if !smoke => bench.fresh()?,
+            "recovery" if !smoke => bench.recovery()?,
+            "fresh" | "recovery" => continue,
+            other => return Err(format!("unknown section {other:?}").into()),
+        };
+        report.insert(section.trim().into(), value);
+    }
+    if !smoke {
+        let path = target_dir().join("bench-consume.json");
+        std::fs::write(&path, serde_json::to_string_pretty(&report)?)?;
+        println!("\nwritten: {}", path.display());
+    }
+    Ok(())
+}
+
+/// The readers compared.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Reader {
+    /// A plain rdkafka `BaseConsumer` in a group: the ceiling.
+    Bare,
+    /// kcat reading the partitions from the beginning, no group.
+    Kcat,
+    /// The library in a mode, auto-acking.
+    Library(Mode),
+    /// `catchup run --mode ordered` with its fsynced file sink on tmpfs.
+    CliSink,
+}
+
+impl Reader {
+    fn name(self) -> &'static str {
+        match self {
+            Reader::Bare => "rdkafka BaseConsumer",
+            Reader::Kcat => "kcat",
+            Reader::Library(Mode::Off) => "catchup off",
+            Reader::Library(Mode::Ordered) => "catchup ordered",
+            Reader::Library(Mode::Concurrent) => "catchup concurrent",
+            Reader::CliSink => "catchup run + sink",
+        }
+    }
+}
+
+/// One reader's run: records from first to last, and the process's peak RSS.
+struct Measured {
+    records: u64,
+    seconds: f64,
+    peak_rss_bytes: u64,
+}
+
+struct Bench {
+    brokers: String,
+    smoke: bool,
+    cores: usize,
+    admin: AdminClient<DefaultClientContext>,
+    runtime: tokio::runtime::Runtime,
+    scratch: tempfile::TempDir,
+}
+
+impl Bench {
+    fn new(brokers: String, smoke: bool) -> Result<Self> {
+        let admin = ClientConfig::new()
+            .set("bootstrap.servers", &brokers)
+            .create()?;
+        Ok(Self {
+            brokers,
+            smoke,
+            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            admin,
+            runtime: tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?,
+            scratch: tempfile::Builder::new()
+                .prefix("catchup-bench")
+                .tempdir_in(target_dir())?,
+        })
+    }
+
+    fn throughput(&self) -> Result<serde_json::Value> {
+        let records: u64 = if self.smoke {
+            20_000
+        } else {
+            env_number("CATCHUP_BENCH_RECORDS", 2_000_000)
+        };
+        let sizes: Vec<usize> = if self.smoke {
+            vec![100]
+        } else {
+            env_list("CATCHUP_BENCH_SIZES").unwrap_or_else(|| vec![100, 1024])
+        };
+        let readers: Vec<Reader> = [
+            Reader::Bare,
+            Reader::Kcat,
+            Reader::Library(Mode::Off),
+            Reader::Library(Mode::Ordered),
+            Reader::Library(Mode::Concurrent),
+            Reader::CliSink,
+        ]
+        .into_iter()
+        .filter(|r| {
+            std::env::var("CATCHUP_BENCH_READERS").map_or(true, |only| {
+                only.split(',').any(|name| r.name().contains(name.trim()))
+            })
+        })
+        .collect();
+        let mut rows = Vec::new();
+        println!(
+            "\n## throughput: {records} records over {PARTITIONS} partitions, group committed at 0, {} cores",
+            self.cores
+        );
+        println!(
+            "\n| value | reader | records/s | MB/s | share of bare loop | share of kcat | peak RSS |"
+        );
+        println!("|---|---|---|---|---|---|---|");
+        for &size in &sizes {
+            let topic = unique(&format!("bench-{size}"));
+            self.create_topic(&topic)?;
+            self.produce(&topic, records, size, 0)?;
+            let mut results: Vec<(Reader, Measured)> = Vec::new();
+            for &reader in &readers {
+                let measured = self.read_all(reader, &topic, records)?;
+                results.push((reader, measured));
+            }
+            let rate = |wanted: Reader| {
+                results
+                    .iter()
+                    .find(|(r, _)| *r == wanted)
+                    .map_or(f64::NAN, |(_, m)| m.records as f64 / m.seconds)
+            };
+            let (bare, kcat) = (rate(Reader::Bare), rate(Reader::Kcat));
+            for (reader, measured) in &results {
+                let per_second = measured.records as f64 / measured.seconds;
+                let megabytes = per_second * size as f64 / 1e6;
+                println!(
+                    "| {} | {} | {:.0} | {:.1} | {:.0} % | {:.0} % | {} MiB |",
+                    human_size(size),
+                    reader.name(),
+                    per_second,
+                    megabytes,
+                    100.0 * per_second / bare,
+                    100.0 * per_second / kcat,
+                    measured.peak_rss_bytes >> 20
+                );
+                rows.push(serde_json::json!({
+                    "value_bytes": size,
+                    "reader": reader.name(),
+                    "records": measured.records,
+                    "seconds": measured.seconds,
+                    "records_per_second": per_second,
+                    "megabytes_per_second": megabytes,
+                    "share_of_bare": per_second / bare,
+                    "share_of_kcat": per_second / kcat,
+                    "peak_rss_bytes": measured.peak_rss_bytes,
+                }));
+            }
+            self.delete_topic(&topic);
+        }
+        Ok(serde_json::Value::Array(rows))
+    }
+
+    /// Runs `reader` over the whole of `topic` (a fresh group committed at 0).
+    fn read_all(&self, reader: Reader, topic: &str, records: u64) -> Result<Measured> {
+        let group = unique("bench-group");
+        self.commit_zero(&group, topic)?;
+        let dir = self.scratch.path().join(unique("buffer"));
+        match reader {
+            Reader::Kcat => {
+                let started = Instant::now();
+                let child = Command::new("kcat")
+                    .args(["-C", "-b", &self.brokers, "-t", topic, "-o", "beginning"])
+                    .args(["-e", "-q", "-f", "%o\n"])
+                    .stdout(Stdio::piped())
+                    .spawn()?;
+                let counted = count_lines_of(child)?;
+                let seconds = started.elapsed().as_secs_f64();
+                check_count(reader, counted.0, records)?;
+                Ok(Measured {
+                    records: counted.0,
+                    seconds,
+                    peak_rss_bytes: counted.1,
+                })
+            }
+            Reader::CliSink => self.cli_sink(topic, &group, &dir, records),
+            Reader::Bare | Reader::Library(_) => {
+                let spec = serde_json::json!({
+                    "task": "throughput",
+                    "reader": match reader {
+                        Reader::Library(mode) => mode_name(mode),
+                        _ => "bare",
+                    },
+                    "brokers": self.brokers,
+                    "topic": topic,
+                    "group": group,
+                    "records": records,
+                    "dir": dir,
+                });
+                let child = Command::new(std::env::current_exe()?)
+                    .env(CHILD_ENV, spec.to_string())
+                    .stdout(Stdio::piped())
+                    .spawn()?;
+                let (output, peak_rss_bytes) = output_of(child)?;
+                let answer: serde_json::Value = serde_json::from_str(output.trim())
+                    .map_err(|e| format!("{}: no result ({e}): {output}", reader.name()))?;
+                let counted = answer["records"].as_u64().unwrap_or(0);
+                check_count(reader, counted, records)?;
+                Ok(Measured {
+                    records: counted,
+                    seconds: answer["seconds"].as_f64().unwrap_or(f64::NAN),
+                    peak_rss_bytes,
+                })
+            }
+        }
+    }
+
+    /// `catchup run` with a sink on tmpfs: timed from its start to the sink's last line.
+    fn cli_sink(&self, topic: &str, group: &str, dir: &Path, records: u64) -> Result<Measured> {
+        let sink_dir = tempfile::Builder::new()
+            .prefix("catchup-bench-sink")
+            .tempdir_in(shm_or_target())?;
+        let sink = sink_dir.path().join("sink.jsonl");
+        let child = Command::new(env!("CARGO_BIN_EXE_catchup"))
+            .args([
+                "run",
+                "--brokers",
+                &self.brokers,
+                "--group",
+                group,
+                "--topic",
+                topic,
+            ])
+            .arg("--buffer-dir")
+            .arg(dir)
+            .arg("--sink")
+            .arg(&sink)
+            .args(["--mode", "ordered", "--exit-when-idle", "1"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        let started = Instant::now();
+        let deadline = started + WAIT;
+        let (mut seen_bytes, mut lines) = (0u64, 0u64);
+        let mut file = None;
+        while lines < records && Instant::now() < deadline {
+            if file.is_none() {
+                file = std::fs::File::open(&sink).ok();
+            }
+            if let Some(file) = &mut file {
+                use std::io::{Read, Seek, SeekFrom};
+                let mut chunk = Vec::new();
+                file.seek(SeekFrom::Start(seen_bytes))?;
+                file.read_to_end(&mut chunk)?;
+                seen_bytes += chunk.len() as u64;
+                lines += chunk.iter().filter(|&&b| b == b'\n').count() as u64;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let seconds = started.elapsed().as_secs_f64();
+        let (_, peak_rss_bytes) = output_of(child)?;
+        check_count(Reader::CliSink, lines, records)?;
+        Ok(Measured {
+            records: lines,
+            seconds,
+            peak_rss_bytes,
+        })
+    }
+
+    /// Time to fresh and drain time per backlog and mode (100 B records).
+    fn fresh(&self) -> Result<serde_json::Value> {
+        let cost_us = env_number("CATCHUP_BENCH_COST_US", 20);
+        let backlogs =
+            env_list("CATCHUP_BENCH_BACKLOGS").unwrap_or_else(|| vec![10_000, 100_000, 1_000_000]);
+        let modes = [Mode::Off, Mode::Ordered, Mode::Concurrent];
+        println!(
+            "\n## time to fresh: a consumer restarts behind a backlog (100 B records, {cost_us} µs of work each, {PARTITIONS} partitions), {} cores",
+            self.cores
+        );
+        println!(
+            "\n| backlog | mode | time to fresh | drain time | fresh vs off | drain vs off | peak RSS |"
+        );
+        println!("|---|---|---|---|---|---|---|");
+        let mut rows = Vec::new();
+        for &backlog in &backlogs {
+            let topic = unique("bench-fresh");
+            self.create_topic(&topic)?;
+            self.produce(&topic, backlog as u64, 100, 0)?;
+            let mut results = Vec::new();
+            for mode in modes {
+                let group = unique("bench-group");
+                self.commit_zero(&group, &topic)?;
+                let spec = serde_json::json!({
+                    "task": "fresh",
+                    "reader": mode_name(mode),
+                    "brokers": self.brokers,
+                    "topic": topic,
+                    "group": group,
+                    "records": backlog,
+                    "cost_us": cost_us,
+                    "dir": self.scratch.path().join(unique("buffer")),
+                });
+                let mut child = Command::new(std::env::current_exe()?)
+                    .env(CHILD_ENV, spec.to_string())
+                    .stdout(Stdio::piped())
+                    .spawn()?;
+                let peak = PeakRss::watch(child.id());
+                let stdout = child.stdout.take().ok_or("no stdout")?;
+                let mut answer = None;
+                use std::io::BufRead;
+                for line in std::io::BufReader::new(stdout).lines() {
+                    let line = line?;
+                    if line == "assigned" {
+                        // The restart is done: these are the first records after it.
+                        self.produce_fresh(&topic)?;
+                    } else if line.starts_with('{') {
+                        answer = Some(serde_json::from_str::<serde_json::Value>(&line)?);
+                    }
+                }
+                let (status, peak_rss_bytes) = wait_with_rusage(&mut child, peak)?;
+                let answer = answer.ok_or(format!("{}: no result ({status})", mode_name(mode)))?;
+                let fresh = answer["fresh_seconds"].as_f64().unwrap_or(f64::NAN);
+                let drain = answer["drain_seconds"].as_f64().unwrap_or(f64::NAN);
+                results.push((mode, fresh, drain, peak_rss_bytes));
+            }
+            let (off_fresh, off_drain) = results
+                .iter()
+                .find(|r| r.0 == Mode::Off)
+                .map_or((f64::NAN, f64::NAN), |r| (r.1, r.2));
+            for (mode, fresh, drain, peak_rss_bytes) in results {
+                println!(
+                    "| {backlog} | {} | {:.3} s | {:.2} s | {:.1}× sooner | {:+.1} % | {} MiB |",
+                    mode_name(mode),
+                    fresh,
+                    drain,
+                    off_fresh / fresh,
+                    100.0 * (drain / off_drain - 1.0),
+                    peak_rss_bytes >> 20
+                );
+                rows.push(serde_json::json!({
+                    "backlog": backlog,
+                    "mode": mode_name(mode),
+                    "cost_us": cost_us,
+                    "time_to_fresh_seconds": fresh,
+                    "drain_seconds": drain,
+                    "peak_rss_bytes": peak_rss_bytes,
+                }));
+            }
+            self.delete_topic(&topic);
+        }
+        let chart = target_dir().join("bench-time-to-fresh.svg");
+        std::fs::write(&chart, chart::time_to_fresh(&rows, cost_us, self.cores))?;
+        println!("\nchart: {}", chart.display());
+        Ok(serde_json::Value::Array(rows))
+    }
+
+    /// One record per partition, keyed `fresh-<partition>`.
+    fn produce_fresh(&self, topic: &str) -> Result<()> {
+        let producer: BaseProducer = ClientConfig::new()
+            .set("bootstrap.servers", &self.brokers)
+            .set("linger.ms", "0")
+            .create()?;
+        for partition in 0..PARTITIONS {
+            let key = format!("fresh-{partition}");
+            producer
+                .send(
+                    BaseRecord::to(topic)
+                        .key(&key)
+                        .payload("fresh")
+                        .partition(partition),
+                )
+                .map_err(|(err, _)| err)?;
+        }
+        producer.flush(Duration::from_secs(30))?;
+        Ok(())
+    }
+
+    /// Process start to first delivery with 1M records (100 B) already in the buffer.
+    fn recovery(&self) -> Result<serde_json::Value> {
+        let records = env_number("CATCHUP_BENCH_RECOVERY_RECORDS", 1_000_000);
+        let topic = unique("bench-recovery");
+        self.create_topic(&topic)?;
+        self.produce(&topic, records, 100, 0)?;
+        let group = unique("bench-group");
+        self.commit_zero(&group, &topic)?;
+        let dir = self.scratch.path().join(unique("buffer"));
+        let spec = |task: &str| {
+            serde_json::json!({
+                "task": task,
+                "reader": "ordered",
+                "brokers": self.brokers,
+                "topic": topic,
+                "group": group,
+                "records": records,
+                "dir": dir,
+            })
+            .to_string()
+        };
+        // Fill the buffer, process nothing, close.
+        let fill = Command::new(std::env::current_exe()?)
+            .env(CHILD_ENV, spec("fill"))
+            .stdout(Stdio::piped())
+            .spawn()?;
+        let (filled, _) = output_of(fill)?;
+        let filled: serde_json::Value = serde_json::from_str(filled.trim())?;
+        let buffer_bytes = directory_bytes(&dir);
+        let started = Instant::now();
+        let recover = Command::new(std::env::current_exe()?)
+            .env(CHILD_ENV, spec("recover"))
+            .stdout(Stdio::piped())
+            .spawn()?;
+        let (answer, peak_rss_bytes) = output_of(recover)?;
+        let wall = started.elapsed().as_secs_f64();
+        let answer: serde_json::Value = serde_json::from_str(answer.trim())?;
+        self.delete_topic(&topic);
+        let seconds = |key: &str| answer[key].as_f64().unwrap_or(f64::NAN);
+        println!(
+            "\n## recovery: {} records buffered ({} MiB on disk), {} cores",
+            filled["buffered"],
+            buffer_bytes >> 20,
+            self.cores
+        );
+        println!(
+            "\n| open the buffer | start to assigned | start to first delivery | of which after the assignment | peak RSS |"
+        );
+        println!("|---|---|---|---|---|");
+        println!(
+            "| {:.3} s | {:.3} s | {:.3} s | {:.3} s | {} MiB |",
+            seconds("open_seconds"),
+            seconds("assigned_seconds"),
+            seconds("first_seconds"),
+            seconds("first_seconds") - seconds("assigned_seconds"),
+            peak_rss_bytes >> 20
+        );
+        Ok(serde_json::json!({
+            "buffered_records": filled["buffered"],
+            "buffer_disk_bytes": buffer_bytes,
+            "open_seconds": seconds("open_seconds"),
+            "assigned_seconds": seconds("assigned_seconds"),
+            "first_delivery_seconds": seconds("first_seconds"),
+            "process_wall_seconds": wall,
+            "peak_rss_bytes": peak_rss_bytes,
+        }))
+    }
+
+    fn create_topic(&self, topic: &str) -> Result<()> {
+        let new_topic = NewTopic::new(topic, PARTITIONS, TopicReplication::Fixed(1));
+        let results = self
+            .runtime
+            .block_on(self.admin.create_topics([&new_topic], &AdminOptions::new()))?;
+        for result in results {
+            result.map_err(|(topic, code)| format!("creating {topic}: {code}"))?;
+        }
+        Ok(())
+    }
+
+    fn delete_topic(&self, topic: &str) {
+        let _ = self
+            .runtime
+            .block_on(self.admin.delete_topics(&[topic], &AdminOptions::new()));
+    }
+
+    /// Produces `count` records of `size` value bytes, round-robin over the partitions, with
+    /// keys numbered from `first`.
+    fn produce(&self, topic: &str, count: u64, size: usize, first: u64) -> Result<()> {
+        let producer: BaseProducer = ClientConfig::new()
+            .set("bootstrap.servers", &self.brokers)
+            .set("linger.ms", "20")
+            .set("batch.size", "1000000")
+            .set("queue.buffering.max.messages", "1000000")
+            .set("queue.buffering.max.kbytes", "65536")
+            .create()?;
+        let value = vec![b'x'; size];
+        for index in first..first + count {
+            let key = format!("k{index:012}");
+            let mut record = BaseRecord::to(topic)
+                .key(&key)
+                .payload(&value)
+                .partition((index % PARTITIONS as u64) as i32);
+            loop {
+                match producer.send(record) {
+                    Ok(()) => break,
+                    Err((_, returned)) => {
+                        record = returned;
+                        producer.poll(Duration::from_millis(10));
+                    }
+                }
+            }
+        }
+        producer.flush(Duration::from_secs(120))?;
+        Ok(())
+    }
+
+    /// Commits offset 0 on every partition for `group`, as a group that processed nothing.
+    fn commit_zero(&self, group: &str, topic: &str) -> Result<()> {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &self.brokers)
+            .set("group.id", group)
+            .create()?;
+        let mut list = TopicPartitionList::new();
+        for partition in 0..PARTITIONS {
+            list.add_partition_offset(topic, partition, Offset::Offset(0))?;
+        }
+        consumer.commit(&list, CommitMode::Sync)?;
+        Ok(())
+    }
+}
+
+/// The reader processes: each prints one JSON line with what it counted and measured.
+mod child {
+    use super::*;
+
+    /// What a child was asked to do, from the JSON in `CATCHUP_BENCH_CHILD`.
+    struct Spec {
+        task: String,
+        reader: String,
+        topic: String,
+        records: u64,
+        cost_us: u64,
+        dir: String,
+        client: ClientConfig,
+    }
+
+    pub fn run(spec: &str) -> Result<()> {
+        let started = Instant::now();
+        if std::env::var_os("RUST_LOG").is_some() {
+            tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+                .with_writer(std::io::stderr)
+                .init();
+        }
+        let json: serde_json::Value = serde_json::from_str(spec)?;
+        let text = |key: &str| json[key].as_str().unwrap_or_default().to_owned();
+        let mut client = ClientConfig::new();
+        client
+            .set("bootstrap.servers", text("brokers"))
+            .set("group.id", text("group"))
+            .set("auto.offset.reset", "earliest");
+        // Extra librdkafka settings for experiments: `CATCHUP_BENCH_RDKAFKA=key=value,...`.
+        if let Ok(extra) = std::env::var("CATCHUP_BENCH_RDKAFKA") {
+            for pair in extra.split(',').filter(|p| !p.is_empty()) {
+                let (key, value) = pair.split_once('=').ok_or("key=value expected")?;
+                client.set(key, value);
+            }
+        }
+        let spec = Spec {
+            task: text("task"),
+            reader: text("reader"),
+            topic: text("topic"),
+            records: json["records"].as_u64().unwrap_or(0),
+            cost_us: json["cost_us"].as_u64().unwrap_or(0),
+            dir: text("dir"),
+            client,
+        };
+        let answer = if spec.reader == "bare" {
+            bare(&spec)?
+        } else {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()?;
+            runtime.block_on(async {
+                match spec.task.as_str() {
+                    "fresh" => fresh(&spec, started).await,
+                    "fill" => fill(&spec).await,
+                    "recover" => recover(&spec, started).await,
+                    _ => throughput(&spec).await,
+                }
+            })?
+        };
+        println!("{answer}");
+        Ok(())
+    }
+
+    fn mode(reader: &str) -> Mode {
+        match reader {
+            "off" => Mode::Off,
+            "ordered" => Mode::Ordered,
+            _ => Mode::Concurrent,
+        }
+    }
+
+    fn consumer(spec: &Spec, auto_ack: bool, budget: Option<u64>) -> Result<CatchupConsumer> {
+        let defaults = CatchupConfig::new(&spec.dir);
+        let config = CatchupConfig {
+            mode: mode(&spec.reader),
+            auto_ack,
+            buffer_budget_bytes: budget.unwrap_or(defaults.buffer_budget_bytes),
+            ..defaults
+        };
+        Ok(CatchupConsumer::new(&spec.client, config)?)
+    }
+
+    async fn next(consumer: &CatchupConsumer) -> Result<catchup::Delivery> {
+        Ok(tokio::time::timeout(WAIT, consumer.recv())
+            .await
+            .map_err(|_| format!("nothing delivered for {} s", WAIT.as_secs()))??)
+    }
+
+    /// A plain rdkafka consumer: subscribe, poll, count.
+    fn bare(spec: &Spec) -> Result<serde_json::Value> {
+        let mut client = spec.client.clone();
+        // The prefetch the library gives its group member (a default budget), so that the
+        // ceiling is not held back by librdkafka's one-second queue backoff.
+        client
+            .set("fetch.queue.backoff.ms", "10")
+            .set("queued.max.messages.kbytes", "16384")
+            .set("queued.min.messages", "16384");
+        let consumer: BaseConsumer = client.create()?;
+        let mut seen = Seen::default();
+        let subscribed = Instant::now();
+        consumer.subscribe(&[&spec.topic])?;
+        let deadline = subscribed + WAIT;
+        while seen.count < spec.records && Instant::now() < deadline {
+            match consumer.poll(Duration::from_millis(100)) {
+                Some(Ok(message)) => seen.record(message.partition(), message.offset()),
+                Some(Err(err)) => eprintln!("bare loop: {err}"),
+                None => {}
+            }
+        }
+        Ok(serde_json::json!({
+            "records": seen.count,
+            "seconds": subscribed.elapsed().as_secs_f64(),
+        }))
+    }
+
+    /// Every record, auto-acked, as fast as it comes.
+    async fn throughput(spec: &Spec) -> Result<serde_json::Value> {
+        let consumer = consumer(spec, true, None)?;
+        let mut events = consumer.events();
+        let pauses = tokio::spawn(async move {
+            let mut pauses = 0u64;
+            while let Ok(event) = events.recv().await {
+                if let catchup::Event::Backpressure { paused: true, .. } = event {
+                    pauses += 1;
+                }
+            }
+            pauses
+        });
+        let mut seen = Seen::default();
+        let subscribed = Instant::now();
+        consumer.subscribe(&[&spec.topic])?;
+        while seen.count < spec.records {
+            let delivery = next(&consumer).await?;
+            seen.record(delivery.partition, delivery.offset);
+        }
+        let seconds = subscribed.elapsed().as_secs_f64();
+        consumer.close().await?;
+        drop(consumer);
+        Ok(serde_json::json!({
+            "records": seen.count,
+            "seconds": seconds,
+            "pauses": pauses.await.unwrap_or(0),
+        }))
+    }
+
+    /// The backlog and the fresh records produced once the group assigned us, each costing
+    /// `cost_us` of work.
+    async fn fresh(spec: &Spec, started: Instant) -> Result<serde_json::Value> {
+        let consumer = consumer(spec, true, None)?;
+        let mut events = consumer.events();
+        tokio::spawn(async move {
+            while let Ok(event) = events.recv().await {
+                if let catchup::Event::Assigned { .. } = event {
+                    println!("assigned");
+                    break;
+                }
+            }
+        });
+        consumer.subscribe(&[&spec.topic])?;
+        let mut seen = Seen::default();
+        let (mut fresh_seen, mut fresh_at, mut drained_at) = (0, None, None);
+        let mut owed = Duration::ZERO;
+        while seen.count < spec.records || fresh_seen < PARTITIONS {
+            let delivery = next(&consumer).await?;
+            // The work, slept in millisecond slices: as long on average, without a spin.
+            owed += Duration::from_micros(spec.cost_us);
+            if owed >= Duration::from_millis(1) {
+                tokio::time::sleep(owed).await;
+                owed = Duration::ZERO;
+            }
+            if delivery
+                .key
+                .as_deref()
+                .is_some_and(|k| k.starts_with(b"fresh"))
+            {
+                fresh_seen += 1;
+                fresh_at.get_or_insert_with(|| started.elapsed().as_secs_f64());
+            } else {
+                seen.record(delivery.partition, delivery.offset);
+                if seen.count == spec.records && drained_at.is_none() {
+                    consumer.commit().await?;
+                    drained_at = Some(started.elapsed().as_secs_f64());
+                }
+            }
+        }
+        consumer.close().await?;
+        Ok(serde_json::json!({
+            "records": seen.count,
+            "fresh_seconds": fresh_at,
+            "drain_seconds": drained_at,
+        }))
+    }
+
+    /// Buffers the whole topic without processing any of it, then closes.
+    async fn fill(spec: &Spec) -> Result<serde_json::Value> {
+        let consumer = consumer(spec, false, Some(4 << 30))?;
+        consumer.subscribe(&[&spec.topic])?;
+        let deadline = Instant::now() + WAIT;
+        let mut buffered = 0;
+        while buffered < spec.records && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            buffered = consumer
+                .buffers()?
+                .iter()
+                .map(|b| b.catchup.records + b.live.records)
+                .sum();
+        }
+        consumer.close().await?;
+        Ok(serde_json::json!({ "buffered": buffered }))
+    }
+
+    /// Opens the filled buffer again: how long until the first delivery.
+    async fn recover(spec: &Spec, started: Instant) -> Result<serde_json::Value> {
+        let consumer = consumer(spec, false, Some(4 << 30))?;
+        let open_seconds = started.elapsed().as_secs_f64();
+        let mut events = consumer.events();
+        let assigned = tokio::spawn(async move {
+            while let Ok(event) = events.recv().await {
+                if let catchup::Event::Assigned { .. } = event {
+                    return Some(started.elapsed().as_secs_f64());
+                }
+            }
+            None
+        });
+        consumer.subscribe(&[&spec.topic])?;
+        next(&consumer).await?;
+        let first_seconds = started.elapsed().as_secs_f64();
+        consumer.close().await?;
+        drop(consumer);
+        Ok(serde_json::json!({
+            "open_seconds": open_seconds,
+            "assigned_seconds": assigned.await.ok().flatten(),
+            "first_seconds": first_seconds,
+        }))
+    }
+
+    /// Which offsets of which partition were seen.
+    #[derive(Default)]
+    struct Seen {
+        count: u64,
+        offsets: BTreeMap<i32, Vec<bool>>,
+    }
+
+    impl Seen {
+        fn record(&mut self, partition: i32, offset: i64) {
+            let offsets = self.offsets.entry(partition).or_default();
+            let index = offset.max(0) as usize;
+            if offsets.len() <= index {
+                offsets.resize(index + 1, false);
+            }
+            if !offsets[index] {
+                offsets[index] = true;
+                self.count += 1;
+            }
+        }
+    }
+}
+
+fn check_count(reader: Reader, counted: u64, expected: u64) -> Result<()> {
+    if counted != expected {
+        return Err(format!(
+            "{}: saw {counted} distinct records of {expected}",
+            reader.name()
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// Waits for `child`, returning what it printed and its peak RSS.
+fn output_of(mut child: Child) -> Result<(String, u64)> {
+    let peak = PeakRss::watch(child.id());
+    let mut output = String::new();
+    if let Some(mut stdout) = child.stdout.take() {
+        use std::io::Read;
+        stdout.read_to_string(&mut output)?;
+    }
+    let (status, peak_rss_bytes) = wait_with_rusage(&mut child, peak)?;
+    if !status.success() && output.is_empty() {
+        return Err(format!("reader exited with {status:?}").into());
+    }
+    Ok((output, peak_rss_bytes))
+}
+
+/// Counts the lines `child` prints, and its peak RSS.
+fn count_lines_of(mut child: Child) -> Result<(u64, u64)> {
+    let peak = PeakRss::watch(child.id());
+    let mut lines = 0u64;
+    if let Some(mut stdout) = child.stdout.take() {
+        use std::io::Read;
+        let mut chunk = vec![0u8; 1 << 16];
+        loop {
+            let read = stdout.read(&mut chunk)?;
+            if read == 0 {
+                break;
+            }
+            lines += chunk[..read].iter().filter(|&&b| b == b'\n').count() as u64;
+        }
+    }
+    let (_, peak_rss_bytes) = wait_with_rusage(&mut child, peak)?;
+    Ok((lines, peak_rss_bytes))
+}
+
+/// The exit status of `child` and its peak resident set, as its last `VmHWM` read before it
+/// exited says. (`wait4`'s `ru_maxrss` would not do: it keeps the high-water mark of the
+/// process image before `exec`, this bench's own.)
+fn wait_with_rusage(child: &mut Child, peak: PeakRss) -> Result<(std::process::ExitStatus, u64)> {
+    let status = child.wait()?;
+    Ok((status, peak.finish()))
+}
+
+/// Samples a process's `VmHWM` every few milliseconds until it exits.
+struct PeakRss {
+    thread: std::thread::JoinHandle<u64>,
+}
+
+impl PeakRss {
+    fn watch(pid: u32) -> Self {
+        let thread = std::thread::spawn(move || {
+            let mut peak = 0;
+            let path = format!("/proc/{pid}/status");
+            loop {
+                let Ok(status) = std::fs::read_to_string(&path) else {
+                    return peak;
+                };
+                let Some(kib) = status
+                    .lines()
+                    .find_map(|line| line.strip_prefix("VmHWM:"))
+                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+                else {
+                    return peak; // a zombie: it exited
+                };
+                peak = peak.max(kib * 1024);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        });
+        Self { thread }
+    }
+
+    fn finish(self) -> u64 {
+        self.thread.join().unwrap_or(0)
+    }
+}
+
+fn unique(prefix: &str) -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("{prefix}-{}-{nanos}", std::process::id())
+}
+
+fn mode_name(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Off => "off",
+        Mode::Ordered => "ordered",
+        Mode::Concurrent => "concurrent",
+    }
+}
+
+/// Bytes of the files under `dir`.
+fn directory_bytes(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|entry| match entry.metadata() {
+            Ok(meta) if meta.is_dir() => directory_bytes(&entry.path()),
+            Ok(meta) => meta.len(),
+            Err(_) => 0,
+        })
+        .sum()
+}
+
+fn env_number(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.replace('_', "").parse().ok())
+        .unwrap_or(default)
+}
+
+fn env_list(name: &str) -> Option<Vec<usize>> {
+    let value = std::env::var(name).ok()?;
+    value.split(',').map(|v| v.trim().parse().ok()).collect()
+}
+
+fn human_size(bytes: usize) -> String {
+    if bytes >= 1024 {
+        format!("{} KiB", bytes / 1024)
+    } else {
+        format!("{bytes} B")
+    }
+}
+
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target"))
+}
+
+/// A tmpfs for the sink where there is one.
+fn shm_or_target() -> PathBuf {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        shm.to_path_buf()
+    } else {
+        target_dir()
+    }
+}
+
+/// The time-to-fresh chart: backlog on a log x axis, seconds on a log y axis, a line per mode.
+mod chart {
+    use std::fmt::Write;
+
+    const WIDTH: f64 = 780.0;
+    const HEIGHT: f64 = 440.0;
+    const LEFT: f64 = 80.0;
+    const RIGHT: f64 = 600.0;
+    const TOP: f64 = 60.0;
+    const BOTTOM: f64 = 370.0;
+    const MODES: [(&str, &str, &str); 3] = [
+        ("off", "#d62728", "off (plain)"),
+        ("ordered", "#1f77b4", "ordered"),
+        ("concurrent", "#2ca02c", "concurrent"),
+    ];
+
+    pub fn time_to_fresh(rows: &[serde_json::Value], cost_us: u64, cores: usize) -> String {
+        let points: Vec<(&str, f64, f64)> = rows
+            .iter()
+            .filter_map(|row| {
+                Some((
+                    row["mode"].as_str()?,
+                    row["backlog"].as_f64()?,
+                    row["time_to_fresh_seconds"].as_f64()?,
+                ))
+            })
+            .filter(|(_, backlog, seconds)| *backlog > 0.0 && *seconds > 0.0)
+            .collect();
+        let decade = |v: f64, up: bool| {
+            let exponent = v.log10();
+            10f64.powf(if up {
+                exponent.ceil()
+            } else {
+                exponent.floor()
+            })
+        };
+        let fold = |pick: fn(&(&str, f64, f64)) -> f64, min: bool| {
+            points
+                .iter()
+                .map(pick)
+                .fold(if min { f64::INFINITY } else { 0.0 }, |a, b| {
+                    if min { a.min(b) } else { a.max(b) }
+                })
+        };
+        let (x_min, x_max) = (
+            decade(fold(|p| p.1, true), false),
+            decade(fold(|p| p.1, false), true),
+        );
+        let (y_min, y_max) = (
+            decade(fold(|p| p.2, true), false),
+            decade(fold(|p| p.2, false), true),
+        );
+        let x =
+            |v: f64| LEFT + (v.log10() - x_min.log10()) / (x_max / x_min).log10() * (RIGHT - LEFT);
+        let y = |v: f64| {
+            BOTTOM - (v.log10() - y_min.log10()) / (y_max / y_min).log10() * (BOTTOM - TOP)
+        };
+        let mut svg = String::new();
+        let _ = write!(
+            svg,
+            r##"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="13">
+<rect width="100%" height="100%" fill="white"/>
+<text x="{}" y="28" text-anchor="middle" font-size="16">Time to the first fresh record after a restart</text>
+<text x="{}" y="46" text-anchor="middle" fill="#555">100 B records, {cost_us} µs of work each, 8 partitions, {cores} cores; lower is better</text>
+"##,
+            (LEFT + RIGHT) / 2.0,
+            (LEFT + RIGHT) / 2.0
+        );
+        // Grid and ticks at every decade.
+        let mut tick = x_min;
+        while tick <= x_max * 1.0001 {
+            let _ = writeln!(
+                svg,
+                r##"<line x1="{0:.1}" y1="{TOP}" x2="{0:.1}" y2="{BOTTOM}" stroke="#ddd"/><text x="{0:.1}" y="{1}" text-anchor="middle">{2}</text>"##,
+                x(tick),
+                BOTTOM + 18.0,
+                count_label(tick)
+            );
+            tick *= 10.0;
+        }
+        let mut tick = y_min;
+        while tick <= y_max * 1.0001 {
+            let _ = writeln!(
+                svg,
+                r##"<line x1="{LEFT}" y1="{0:.1}" x2="{RIGHT}" y2="{0:.1}" stroke="#ddd"/><text x="{1}" y="{2:.1}" text-anchor="end">{3}</text>"##,
+                y(tick),
+                LEFT - 6.0,
+                y(tick) + 4.0,
+                seconds_label(tick)
+            );
+            tick *= 10.0;
+        }
+        let _ = writeln!(
+            svg,
+            r##"<rect x="{LEFT}" y="{TOP}" width="{}" height="{}" fill="none" stroke="#333"/>
+<text x="{}" y="{}" text-anchor="middle">backlog (records, log scale)</text>
+<text transform="translate(22 {}) rotate(-90)" text-anchor="middle">seconds until the first fresh record is processed (log scale)</text>"##,
+            RIGHT - LEFT,
+            BOTTOM - TOP,
+            (LEFT + RIGHT) / 2.0,
+            BOTTOM + 42.0,
+            (TOP + BOTTOM) / 2.0
+        );
+        for (index, (mode, colour, label)) in MODES.iter().enumerate() {
+            let mut line: Vec<(f64, f64)> = points
+                .iter()
+                .filter(|p| p.0 == *mode)
+                .map(|p| (x(p.1), y(p.2)))
+                .collect();
+            line.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let path: Vec<String> = line
+                .iter()
+                .map(|(px, py)| format!("{px:.1},{py:.1}"))
+                .collect();
+            let _ = writeln!(
+                svg,
+                r#"<polyline points="{}" fill="none" stroke="{colour}" stroke-width="2.5"/>"#,
+                path.join(" ")
+            );
+            for (px, py) in &line {
+                let _ = writeln!(
+                    svg,
+                    r#"<circle cx="{px:.1}" cy="{py:.1}" r="4" fill="{colour}"/>"#
+                );
+            }
+            // The legend, right of the plot: never over the data.
+            let legend_y = TOP + 12.0 + 24.0 * index as f64;
+            let _ = writeln!(
+                svg,
+                r#"<line x1="{0}" y1="{1}" x2="{2}" y2="{1}" stroke="{colour}" stroke-width="2.5"/><circle cx="{3}" cy="{1}" r="4" fill="{colour}"/><text x="{4}" y="{5}">{label}</text>"#,
+                RIGHT + 16.0,
+                legend_y,
+                RIGHT + 44.0,
+                RIGHT + 30.0,
+                RIGHT + 52.0,
+                legend_y + 4.0
+            );
+        }
+        svg.push_str("</svg>\n");
+        svg
+    }
+
+    fn count_label(value: f64) -> String {
+        match value {
+            v if v >= 1e6 => format!("{}M", v / 1e6),
+            v if v >= 1e3 => format!("{}k", v / 1e3),
+            v => format!("{v}"),
+        }
+    }
+
+    fn seconds_label(value: f64) -> String {
+        if value >= 1.0 {
+            format!("{value} s")
+        } else {
+            format!("{} ms", value * 1000.0)
+        }
+    }
+}

@@ -1,0 +1,127 @@
+//! How much each of catchup's consumers prefetches: librdkafka's queues sized from the byte
+//! budget, so that one setting bounds the memory of both fetchers.
+//!
+//! librdkafka's defaults suit one consumer polled in a tight loop: up to 64 MiB and 100,000
+//! messages prefetched per queue (per *partition* once its queue is split off, as the catch-up
+//! fetcher does), and — since librdkafka 2.4 — a partition whose prefetch queue is full stops
+//! fetching for `fetch.queue.backoff.ms`, one second by default. catchup's fetchers poll in
+//! rounds and write to the buffer between them, so their queues are full for a moment again
+//! and again: with the defaults the live lane idled through one-second backoffs and read
+//! 130k records/s where a bare loop read 400k (and that loop, too, 1.6M with a short backoff),
+//! and the catch-up consumer held 64 MiB per partition.
+//!
+//! A user's own setting of any of these keys wins.
+
+use rdkafka::ClientConfig;
+
+/// How long a partition whose prefetch queue is full waits before fetching again. The queue
+/// drains in a few milliseconds; a long wait leaves the fetcher idle.
+const QUEUE_BACKOFF_MS: u64 = 10;
+
+/// Each consumer's prefetch may hold this fraction of the byte budget (16 MiB of the default
+/// 256 MiB).
+const BUDGET_SHARE: u64 = 16;
+
+/// The least a queue prefetches, whatever the budget: one fetch of a partition
+/// (`max.partition.fetch.bytes`' default).
+const MIN_QUEUE_BYTES: u64 = 1 << 20;
+
+/// The catch-up queues are sized for at least this many partitions.
+const EXPECTED_PARTITIONS: usize = 8;
+
+/// Messages per prefetched KiB: librdkafka keeps a few hundred bytes beside each message,
+/// so small records are bounded by count before their bytes add up.
+const MESSAGES_PER_KIB: u64 = 1;
+
+/// The settings of the group member's consumer: one queue for all its partitions.
+pub(crate) fn member(budget_bytes: u64) -> Vec<(&'static str, String)> {
+    settings(queue_bytes(budget_bytes, 1))
+}
+
+/// The settings of the catch-up consumer, whose partitions each have a queue of their own
+/// (librdkafka's limits then apply per partition, and are fixed when the consumer is
+/// created): the share is divided among the `partitions` known then, and at least
+/// [`EXPECTED_PARTITIONS`] — partitions arrive one by one as they are reconciled.
+pub(crate) fn catchup(budget_bytes: u64, partitions: usize) -> Vec<(&'static str, String)> {
+    settings(queue_bytes(
+        budget_bytes,
+        partitions.max(EXPECTED_PARTITIONS) as u64,
+    ))
+}
+
+/// Sets `settings` in `config` where the user did not.
+pub(crate) fn apply(config: &mut ClientConfig, settings: &[(&'static str, String)]) {
+    for (key, value) in settings {
+        if config.get(key).is_none() {
+            config.set(*key, value);
+        }
+    }
+}
+
+fn queue_bytes(budget_bytes: u64, queues: u64) -> u64 {
+    (budget_bytes / BUDGET_SHARE / queues).max(MIN_QUEUE_BYTES)
+}
+
+fn settings(queue_bytes: u64) -> Vec<(&'static str, String)> {
+    let kib = queue_bytes >> 10;
+    vec![
+        ("fetch.queue.backoff.ms", QUEUE_BACKOFF_MS.to_string()),
+        ("queued.max.messages.kbytes", kib.to_string()),
+        ("queued.min.messages", (kib * MESSAGES_PER_KIB).to_string()),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn value(settings: &[(&'static str, String)], key: &str) -> u64 {
+        settings
+            .iter()
+            .find(|(k, _)| *k == key)
+            .and_then(|(_, v)| v.parse().ok())
+            .unwrap_or_else(|| panic!("{key} missing"))
+    }
+
+    #[test]
+    fn queues_are_sized_from_the_budget() {
+        for (budget_mib, partitions, member_kib, catchup_kib) in [
+            // The default budget: 16 MiB for the member, shared by the catch-up partitions.
+            (256, 8, 16_384, 2_048),
+            (256, 1, 16_384, 2_048),
+            (256, 16, 16_384, 1_024),
+            // Never below one partition fetch.
+            (256, 64, 16_384, 1_024),
+            (16, 4, 1_024, 1_024),
+            (4096, 2, 262_144, 32_768),
+        ] {
+            let budget = budget_mib << 20;
+            let member = member(budget);
+            let catchup = catchup(budget, partitions);
+            assert_eq!(value(&member, "queued.max.messages.kbytes"), member_kib);
+            assert_eq!(value(&catchup, "queued.max.messages.kbytes"), catchup_kib);
+            for settings in [&member, &catchup] {
+                assert_eq!(value(settings, "fetch.queue.backoff.ms"), QUEUE_BACKOFF_MS);
+                assert_eq!(
+                    value(settings, "queued.min.messages"),
+                    value(settings, "queued.max.messages.kbytes") * MESSAGES_PER_KIB
+                );
+            }
+        }
+        // No partitions known yet counts as the expected number.
+        assert_eq!(
+            catchup(256 << 20, 0),
+            catchup(256 << 20, EXPECTED_PARTITIONS)
+        );
+    }
+
+    #[test]
+    fn the_users_settings_win() {
+        let mut config = ClientConfig::new();
+        config.set("queued.max.messages.kbytes", "4096");
+        apply(&mut config, &member(256 << 20));
+        assert_eq!(config.get("queued.max.messages.kbytes"), Some("4096"));
+        assert_eq!(config.get("fetch.queue.backoff.ms"), Some("10"));
+        assert_eq!(config.get("queued.min.messages"), Some("16384"));
+    }
+}
