@@ -16,10 +16,15 @@
 //!   8 partitions whose group committed offset 0 (`CATCHUP_BENCH_RECORDS`, 2,000,000), with
 //!   100 B and 1 KiB values, each reader auto-acking and doing nothing else;
 //! * `fresh` — a consumer restarts behind a backlog of 10k, 100k and 1M records, each
-//!   costing `CATCHUP_BENCH_COST_US` (20 µs) to process; a record is produced once it joined:
+//!   costing `CATCHUP_BENCH_COST_US` (50 µs, as in `catchup demo`) to process; a record is produced once it joined:
 //!   the time until that record is processed (time to fresh), and until the backlog is
 //!   processed and committed (drain time), per mode; also drawn as an SVG chart;
 //! * `recovery` — process start to the first delivery with 1M records already in the buffer.
+//!
+//! `CATCHUP_BENCH_SIZES`, `CATCHUP_BENCH_READERS` (names or parts of names),
+//! `CATCHUP_BENCH_BACKLOGS`, `CATCHUP_BENCH_RECOVERY_RECORDS`, `CATCHUP_BENCH_COMMIT_MS` (the
+//! library's commit interval, 1000) and `CATCHUP_BENCH_RDKAFKA=key=value,...` (settings given
+//! to every reader) narrow or vary a run.
 //!
 //! Prints a table per section (with the core count) and writes everything to
 //! `target/bench-consume.json` (and `target/bench-time-to-fresh.svg`).
@@ -331,10 +336,13 @@ impl Bench {
 
     /// Time to fresh and drain time per backlog and mode (100 B records).
     fn fresh(&self) -> Result<serde_json::Value> {
-        let cost_us = env_number("CATCHUP_BENCH_COST_US", 20);
+        let cost_us = env_number("CATCHUP_BENCH_COST_US", 50);
         let backlogs =
             env_list("CATCHUP_BENCH_BACKLOGS").unwrap_or_else(|| vec![10_000, 100_000, 1_000_000]);
-        let modes = [Mode::Off, Mode::Ordered, Mode::Concurrent];
+        let modes: Vec<Mode> = [Mode::Off, Mode::Ordered, Mode::Concurrent]
+            .into_iter()
+            .filter(|&mode| wanted(Reader::Library(mode)))
+            .collect();
         println!(
             "\n## time to fresh: a consumer restarts behind a backlog (100 B records, {cost_us} µs of work each, {PARTITIONS} partitions), {} cores",
             self.cores
@@ -349,7 +357,7 @@ impl Bench {
             self.create_topic(&topic)?;
             self.produce(&topic, backlog as u64, 100, 0)?;
             let mut results = Vec::new();
-            for mode in modes {
+            for &mode in &modes {
                 let group = unique("bench-group");
                 self.commit_zero(&group, &topic)?;
                 let spec = serde_json::json!({
@@ -646,6 +654,7 @@ mod child {
         let config = CatchupConfig {
             mode: mode(&spec.reader),
             auto_ack,
+            commit_interval: Duration::from_millis(env_number("CATCHUP_BENCH_COMMIT_MS", 1000)),
             buffer_budget_bytes: budget.unwrap_or(defaults.buffer_budget_bytes),
             ..defaults
         };
@@ -919,6 +928,15 @@ fn unique(prefix: &str) -> String {
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
     format!("{prefix}-{}-{nanos}", std::process::id())
+}
+
+/// Whether `CATCHUP_BENCH_READERS` (names or parts of names, comma-separated) asks for
+/// `reader`; all are by default.
+fn wanted(reader: Reader) -> bool {
+    std::env::var("CATCHUP_BENCH_READERS").map_or(true, |only| {
+        only.split(',')
+            .any(|name| reader.name().contains(name.trim()))
+    })
 }
 
 fn mode_name(mode: Mode) -> &'static str {

@@ -40,6 +40,18 @@ pub enum Error {
         /// What the client reported.
         reason: String,
     },
+    /// A fetcher thread stopped unexpectedly (a bug in catchup: please report it with the
+    /// log). Nothing acknowledged is lost and nothing unprocessed was committed; close the
+    /// consumer and start it again — it resumes from the buffer and Kafka.
+    #[error(
+        "the {fetcher} fetcher stopped unexpectedly ({reason}); nothing processed is lost — close the consumer and start it again"
+    )]
+    FetcherDied {
+        /// `live` or `catch-up`.
+        fetcher: &'static str,
+        /// What stopped it.
+        reason: String,
+    },
     /// The consumer was closed ([`CatchupConsumer::close`](crate::CatchupConsumer::close)).
     #[error("the consumer was closed")]
     Closed,

@@ -57,9 +57,29 @@ fn demo_compares_the_three_modes() {
         first_fresh < concurrent["backlog_drained_s"].as_f64().unwrap_or(0.0),
         "{concurrent}"
     );
+    // The bar chart names every mode once, under its bars (an earlier chart labelled two of
+    // the three); the age chart draws a line per mode from the quarter-second samples.
     let chart = std::fs::read_to_string(out.path().join("demo.svg")).expect("demo.svg");
+    let ages = std::fs::read_to_string(out.path().join("demo-age.svg")).expect("demo-age.svg");
     assert!(
-        chart.starts_with("<svg") && chart.contains("concurrent"),
-        "not a chart"
+        chart.starts_with("<svg") && ages.starts_with("<svg"),
+        "not charts"
     );
+    for mode in ["off", "ordered", "concurrent"] {
+        assert_eq!(
+            chart.matches(&format!(">{mode}<")).count(),
+            1,
+            "{mode} labelled once in the bar chart"
+        );
+        assert!(
+            ages.contains(&format!(">{mode}<")),
+            "{mode} in the age legend"
+        );
+    }
+    for run in runs {
+        let samples = run["youngest_age_s_per_quarter_second"]
+            .as_array()
+            .expect("age samples");
+        assert!(!samples.is_empty(), "{run}");
+    }
 }

@@ -171,9 +171,14 @@ impl CatchupConsumer {
     pub async fn recv(&self) -> Result<Delivery, Error> {
         let mut reader = self.reader.lock().await;
         loop {
+            // Most calls find a record queued: no waiter is registered for them.
+            if let Some(delivery) = self.next_ready(&mut reader)? {
+                return Ok(delivery);
+            }
             let notified = self.shared.notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
+            // Registered before looking again: an append between the two looks wakes us.
             if let Some(delivery) = self.next_ready(&mut reader)? {
                 return Ok(delivery);
             }

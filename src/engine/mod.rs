@@ -143,6 +143,9 @@ pub(crate) struct Shared {
     pub revocations: AtomicU64,
     /// Bumped on every assignment, empty ones included.
     pub assignments: AtomicU64,
+    /// Bytes acknowledged since the last commit: the buffer deletes records only once their
+    /// commit is in Kafka, so the live thread commits early when this grows large.
+    processed_since_commit: AtomicU64,
     /// Partitions whose buffered records failed verification on read: taken off the reader,
     /// waiting for the live thread to discard them and refetch from Kafka (DESIGN
     /// invariant 7; store audit R1).
@@ -167,6 +170,10 @@ impl Stopped {
             Stopped::Refused(reason) => crate::Error::Refused {
                 reason: reason.clone(),
             },
+            Stopped::FetcherDied { fetcher, reason } => crate::Error::FetcherDied {
+                fetcher,
+                reason: reason.clone(),
+            },
         }
     }
 }
@@ -178,6 +185,13 @@ pub(crate) enum Stopped {
     TopicMissing(String),
     /// Authentication or authorization failed.
     Refused(String),
+    /// A fetcher thread ended by a panic (a bug): its lane gets no more records.
+    FetcherDied {
+        /// Which one.
+        fetcher: &'static str,
+        /// What the panic said.
+        reason: String,
+    },
 }
 
 impl Shared {
@@ -198,6 +212,7 @@ impl Shared {
             generation: AtomicU64::new(1),
             notify: Notify::new(),
             live_appends: AtomicU64::new(0),
+            processed_since_commit: AtomicU64::new(0),
             revocations: AtomicU64::new(0),
             assignments: AtomicU64::new(0),
             damaged: Mutex::new(BTreeSet::new()),
@@ -229,6 +244,25 @@ impl Shared {
         *slot = Some(stopped);
         drop(slot);
         self.notify.notify_waiters();
+    }
+
+    /// Runs the body of the `fetcher` thread. A panic there is a bug, but it must not leave
+    /// the application waiting in `recv` for records that will never come: it stops the
+    /// consumer with [`Error::FetcherDied`](crate::Error::FetcherDied).
+    pub fn run_guarded(&self, fetcher: &'static str, body: impl FnOnce()) {
+        if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
+            let reason = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".into());
+            tracing::error!(
+                fetcher,
+                reason,
+                "a fetcher thread panicked; the consumer stops"
+            );
+            self.stop_with(Stopped::FetcherDied { fetcher, reason });
+        }
     }
 
     /// A new subscription: a missing topic of the last one no longer stops the consumer (it
@@ -566,8 +600,20 @@ impl Shared {
                 if delivery.offset >= runtime.counted_from[lane] {
                     runtime.buffered_bytes[lane] -= freed;
                 }
+                self.processed_since_commit
+                    .fetch_add(freed.max(0) as u64, Ordering::Relaxed);
             }
         }
+    }
+
+    /// Bytes acknowledged since the last call, which a commit is about to cover.
+    pub fn take_processed_since_commit(&self) -> u64 {
+        self.processed_since_commit.swap(0, Ordering::Relaxed)
+    }
+
+    /// Bytes acknowledged since the last commit.
+    pub fn processed_since_commit(&self) -> u64 {
+        self.processed_since_commit.load(Ordering::Relaxed)
     }
 
     /// The commits due for `only` (or every assigned partition).
@@ -740,4 +786,40 @@ fn store_lane(lane: DeliveryLane) -> Lane {
 
 fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / (1 << 20) as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::BufferOptions;
+
+    #[test]
+    fn a_fetcher_that_panics_stops_the_consumer_with_an_error() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let buffer = Buffer::open(dir.path(), BufferOptions::default()).expect("buffer");
+        let shared = Shared::new(
+            Arc::new(buffer),
+            CatchupConfig::new(dir.path()),
+            "group".into(),
+            Arc::new(crate::kafka::BrokerHealth::new("group")),
+        );
+        let mut events = shared.subscribe_events();
+        shared.run_guarded("live", || {});
+        assert!(
+            shared.stopped().is_none(),
+            "a body that returns stops nothing"
+        );
+        shared.run_guarded("catch-up", || panic!("injected failure"));
+        match shared.stopped() {
+            Some(crate::Error::FetcherDied { fetcher, reason }) => {
+                assert_eq!(fetcher, "catch-up");
+                assert!(reason.contains("injected failure"), "{reason}");
+            }
+            other => panic!("expected FetcherDied, got {other:?}"),
+        }
+        assert!(
+            matches!(events.try_recv(), Ok(Event::Error { message }) if message.contains("catch-up fetcher stopped")),
+            "the stop is reported as an event too"
+        );
+    }
 }

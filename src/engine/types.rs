@@ -33,7 +33,10 @@ pub struct CatchupConfig {
     /// name is replaced by the group id, giving each group a topic of its own that ACLs can
     /// keep apart (see [`CatchupConfig::side_topic_for`]).
     pub side_topic: String,
-    /// How often processed offsets are committed.
+    /// How often processed offsets are committed — and sooner (at most every 100 ms) once
+    /// an eighth of [`buffer_budget_bytes`](Self::buffer_budget_bytes) was processed since
+    /// the last commit: the buffer deletes processed records only once their commit is in
+    /// Kafka, and holds them in memory until then.
     pub commit_interval: Duration,
     /// Acknowledge every record when `recv` hands it out (the proposal's auto-commit
     /// behaviour); records still queued inside the consumer are never counted.

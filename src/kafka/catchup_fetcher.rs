@@ -71,7 +71,8 @@ impl Tracked {
 /// What polling brought for one partition, in order.
 #[derive(Clone)]
 enum Polled {
-    Message(Record),
+    /// A run of messages, in the order polled.
+    Messages(Vec<Record>),
     EndOfPartition,
     OutOfRange,
     BreaksChain(String),
@@ -98,14 +99,17 @@ impl CatchupFetcher {
         let thread = std::thread::Builder::new()
             .name("catchup-fetcher".into())
             .spawn(move || {
-                Fetcher {
-                    config,
-                    shared,
-                    consumer: None,
-                    tracked: HashMap::new(),
-                    budget: Budget::new("catch-up", Lane::Catchup, budget),
-                }
-                .run(receiver)
+                let guard = shared.clone();
+                guard.run_guarded("catch-up", || {
+                    Fetcher {
+                        config,
+                        shared,
+                        consumer: None,
+                        tracked: HashMap::new(),
+                        budget: Budget::new("catch-up", Lane::Catchup, budget),
+                    }
+                    .run(receiver)
+                });
             })
             .map_err(|e| crate::Error::Config(format!("cannot start the catch-up thread: {e}")))?;
         Ok((commands, thread))
@@ -260,7 +264,11 @@ impl Fetcher {
                 continue;
             };
             match event {
-                Polled::Message(record) => tracked.cursor.message(record),
+                Polled::Messages(records) => {
+                    for record in records {
+                        tracked.cursor.message(record);
+                    }
+                }
                 Polled::EndOfPartition => tracked.cursor.end_of_partition(),
                 Polled::OutOfRange => {
                     tracked.cursor.break_chain();
@@ -315,19 +323,24 @@ impl Fetcher {
             .iter()
             .filter_map(|(k, t)| Some((k, t.queue.as_ref()?)))
         {
+            let mut records = Vec::new();
+            let mut error = None;
             for _ in 0..POLL_BATCH {
                 match queue.poll(Duration::ZERO) {
                     None => break,
-                    Some(Ok(message)) => {
-                        polled.push((key.clone(), Polled::Message(to_record(&message))))
-                    }
+                    Some(Ok(message)) => records.push(to_record(&message)),
                     Some(Err(err)) => {
-                        if let Some(event) = partition_error(&err) {
-                            polled.push((key.clone(), event));
-                        }
+                        error = partition_error(&err);
                         break;
                     }
                 }
+            }
+            // What came before an error stays, in front of it.
+            if !records.is_empty() {
+                polled.push((key.clone(), Polled::Messages(records)));
+            }
+            if let Some(event) = error {
+                polled.push((key.clone(), event));
             }
         }
         polled
@@ -343,7 +356,7 @@ impl Fetcher {
             None => {}
             Some(Ok(message)) => polled.push((
                 (message.topic().to_owned(), message.partition()),
-                Polled::Message(to_record(&message)),
+                Polled::Messages(vec![to_record(&message)]),
             )),
             Some(Err(err)) => {
                 // The main queue does not say which partition an error is about: every

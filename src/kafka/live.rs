@@ -12,6 +12,7 @@ use crossbeam_channel::{Receiver, Sender};
 use rdkafka::consumer::{
     BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, RebalanceProtocol,
 };
+use rdkafka::message::BorrowedMessage;
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientConfig, ClientContext, Message, Offset, TopicPartitionList};
 
@@ -43,6 +44,8 @@ const PRUNE_EVERY: Duration = Duration::from_secs(10);
 const PRUNE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Most messages taken from one poll round before they are appended.
 const POLL_BATCH: usize = 2000;
+/// Commits brought forward by the amount processed come at most this often.
+const MIN_COMMIT_SPACING: Duration = Duration::from_millis(100);
 
 /// Requests to the live thread.
 pub(crate) enum LiveCommand {
@@ -1104,7 +1107,10 @@ impl LiveFetcher {
         let (commands, receiver) = crossbeam_channel::unbounded();
         let thread = std::thread::Builder::new()
             .name("catchup-live".into())
-            .spawn(move || run(consumer, receiver, state))
+            .spawn(move || {
+                let shared = state.shared.clone();
+                shared.run_guarded("live", || run(consumer, receiver, state));
+            })
             .map_err(|e| crate::Error::Config(format!("cannot start the live thread: {e}")))?;
         Ok((commands, thread))
     }
@@ -1165,7 +1171,13 @@ fn run(
                 }
             }
         }
-        if last_commit.elapsed() >= interval {
+        if commit_due(
+            last_commit.elapsed(),
+            interval,
+            shared.processed_since_commit(),
+            shared.config.buffer_budget_bytes,
+        ) {
+            shared.take_processed_since_commit();
             let _ = state.commit(&consumer, None);
             last_commit = Instant::now();
         }
@@ -1208,6 +1220,15 @@ fn run(
     }
 }
 
+/// Whether to commit now: every `interval`, and sooner — but at most every
+/// [`MIN_COMMIT_SPACING`] — once an eighth of the byte budget was processed since the last
+/// commit. The buffer deletes processed records only once their commit is in Kafka, and sled
+/// keeps them in memory until then: at hundreds of MB/s a one-second interval held over
+/// 400 MiB (1 KiB records).
+fn commit_due(since_last: Duration, interval: Duration, processed: u64, budget: u64) -> bool {
+    since_last >= interval || (since_last >= MIN_COMMIT_SPACING && processed >= budget / 8)
+}
+
 /// One poll round of the live lane: up to `POLL_BATCH` messages fed to the partitions'
 /// cursors, the appends they prove, and the repositioning of every partition whose chain of
 /// proof broke (DESIGN invariant 8).
@@ -1223,10 +1244,12 @@ fn poll_into_buffer(
     let positions = consumer.position().ok();
     let appends: Vec<(PartitionId, PendingAppend)> = {
         let mut partitions = shared.partitions();
-        for (key, record) in round.messages {
+        for (key, records) in round.messages {
             // Not (or no longer) ours: a rebalance in this round took it away.
             if let Some(runtime) = partitions.get_mut(&key) {
-                runtime.live_cursor.message(record);
+                for record in records {
+                    runtime.live_cursor.message(record);
+                }
             }
         }
         for element in positions.iter().flat_map(|list| list.elements()) {
@@ -1273,7 +1296,8 @@ fn poll_into_buffer(
 /// What one round of `poll` brought.
 #[derive(Default)]
 struct LiveRound {
-    messages: Vec<(PartitionId, Record)>,
+    /// Polled records in runs of one partition, in the order polled.
+    messages: Vec<(PartitionId, Vec<Record>)>,
     /// An error that may have skipped messages ended the round.
     chain_broken: bool,
     /// That error was an out-of-range position.
@@ -1282,16 +1306,32 @@ struct LiveRound {
     fatal: Option<(FatalKind, String)>,
 }
 
+impl LiveRound {
+    /// Adds a polled message to the run of its partition (messages come in runs of one
+    /// partition: one topic name per run, not per message).
+    fn push(&mut self, message: &BorrowedMessage<'_>) {
+        let record = to_record(message);
+        match self.messages.last_mut() {
+            Some(((topic, partition), run))
+                if *partition == message.partition() && topic == message.topic() =>
+            {
+                run.push(record)
+            }
+            _ => self.messages.push((
+                (message.topic().to_owned(), message.partition()),
+                vec![record],
+            )),
+        }
+    }
+}
+
 fn poll_round(consumer: &BaseConsumer<LiveContext>, shared: &Shared) -> LiveRound {
     let mut round = LiveRound::default();
     let mut timeout = Duration::from_millis(50);
     for _ in 0..POLL_BATCH {
         match consumer.poll(timeout) {
             None => break,
-            Some(Ok(message)) => round.messages.push((
-                (message.topic().to_owned(), message.partition()),
-                to_record(&message),
-            )),
+            Some(Ok(message)) => round.push(&message),
             // An error is not the end of what was polled (DESIGN §6): what came before it
             // stays in the round.
             Some(Err(err)) => match classify_poll_error(&err) {
@@ -1463,6 +1503,32 @@ fn skip_truncated(consumer: &BaseConsumer<LiveContext>, shared: &Shared) {
             if runtime.live_cursor.layout() == append.layout {
                 runtime.live_cursor.appended(answer);
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commits_come_every_interval_or_sooner_after_an_eighth_of_the_budget() {
+        let ms = Duration::from_millis;
+        let second = Duration::from_secs(1);
+        let budget = 256 << 20;
+        for (since_last, processed, due) in [
+            (ms(999), 0, false),
+            (ms(1000), 0, true),
+            // 32 MiB processed: sooner, but not more often than every 100 ms.
+            (ms(150), 32 << 20, true),
+            (ms(50), 32 << 20, false),
+            (ms(150), (32 << 20) - 1, false),
+        ] {
+            assert_eq!(
+                commit_due(since_last, second, processed, budget),
+                due,
+                "{since_last:?} after the last commit, {processed} bytes processed"
+            );
         }
     }
 }

@@ -52,7 +52,12 @@ struct Outcome {
     drained: Duration,
     processed: u64,
     duplicates: u64,
+    /// Per quarter second after the restart: the age of the newest record processed in it.
+    ages: Vec<(f64, f64)>,
 }
+
+/// The width of one point of the age chart.
+const AGE_BUCKET_S: f64 = 0.25;
 
 impl Outcome {
     fn records_per_second(&self) -> f64 {
@@ -283,6 +288,12 @@ async fn restart(
                 progress.duplicates += 1;
                 return;
             }
+            if let catchup::Timestamp::CreateTime(ms) | catchup::Timestamp::LogAppendTime(ms) =
+                delivery.timestamp
+            {
+                let age = (now_ms() as f64 - ms as f64).max(0.0) / 1000.0;
+                progress.note_age(started.elapsed().as_secs_f64(), age);
+            }
             if delivery.offset >= backlog_ends[delivery.partition as usize] {
                 progress
                     .first_fresh
@@ -306,6 +317,7 @@ async fn restart(
         first_fresh,
         drained,
         duplicates,
+        ages,
         ..
     } = progress.into_inner();
     bar.finish_and_clear();
@@ -321,6 +333,7 @@ async fn restart(
         drained,
         processed: summary.processed,
         duplicates,
+        ages,
     })
 }
 
@@ -332,6 +345,19 @@ struct Progress {
     duplicates: u64,
     first_fresh: Option<Duration>,
     drained: Option<Duration>,
+    ages: Vec<(f64, f64)>,
+}
+
+impl Progress {
+    /// Keeps, per bucket of time after the restart, the youngest age seen: how stale the
+    /// freshest data the application has is.
+    fn note_age(&mut self, after_s: f64, age_s: f64) {
+        let bucket = (after_s / AGE_BUCKET_S).floor() * AGE_BUCKET_S;
+        match self.ages.last_mut() {
+            Some((start, youngest)) if *start == bucket => *youngest = youngest.min(age_s),
+            _ => self.ages.push((bucket, age_s)),
+        }
+    }
 }
 
 fn seconds(duration: Option<Duration>) -> String {
@@ -382,6 +408,7 @@ fn write_json(path: &Path, args: &DemoArgs, outcomes: &[Outcome]) -> Result<(), 
                 "records_per_second": o.records_per_second(),
                 "processed": o.processed,
                 "duplicates": o.duplicates,
+                "youngest_age_s_per_quarter_second": o.ages,
             })
         })
         .collect();
@@ -398,80 +425,136 @@ fn write_json(path: &Path, args: &DemoArgs, outcomes: &[Outcome]) -> Result<(), 
         .map_err(|e| Failure::Runtime(format!("writing {}: {e}", path.display())))
 }
 
+const FRESH_COLOUR: plotters::style::RGBColor = plotters::style::RGBColor(46, 139, 87);
+const DRAINED_COLOUR: plotters::style::RGBColor = plotters::style::RGBColor(70, 110, 180);
+const MODE_COLOURS: [plotters::style::RGBColor; 3] = [
+    plotters::style::RGBColor(214, 39, 40),
+    plotters::style::RGBColor(31, 119, 180),
+    plotters::style::RGBColor(44, 160, 44),
+];
+
+fn chart_error(path: &Path) -> impl Fn(&dyn std::fmt::Display) -> Failure + '_ {
+    move |e| Failure::Runtime(format!("drawing {}: {e}", path.display()))
+}
+
+/// Two bars per mode, each mode named under its pair; the y range leaves the top fifth free
+/// for the legend, so it never covers a bar.
 fn write_chart(path: &Path, outcomes: &[Outcome]) -> Result<(), Failure> {
     use plotters::prelude::*;
-    let chart_error =
-        |e: &dyn std::fmt::Display| Failure::Runtime(format!("drawing {}: {e}", path.display()));
+    use plotters::style::text_anchor::{HPos, Pos, VPos};
+    let error = chart_error(path);
     let root = SVGBackend::new(path, (760, 420)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| chart_error(&e))?;
+    root.fill(&WHITE).map_err(|e| error(&e))?;
     let longest = outcomes
         .iter()
         .map(|o| o.drained.as_secs_f64())
         .fold(1.0, f64::max)
-        * 1.15;
+        * 1.3;
     let mut chart = ChartBuilder::on(&root)
         .caption(
-            "time to first fresh record vs. time to drain the backlog",
+            "time to the first fresh record vs. time to drain the backlog",
             ("sans-serif", 18),
         )
         .margin(20)
         .x_label_area_size(40)
         .y_label_area_size(60)
         .build_cartesian_2d(0f64..outcomes.len() as f64, 0f64..longest)
-        .map_err(|e| chart_error(&e))?;
+        .map_err(|e| error(&e))?;
     chart
         .configure_mesh()
         .disable_x_mesh()
-        .x_labels(outcomes.len())
-        .x_label_formatter(&|x| {
-            outcomes
-                .get(x.floor() as usize)
-                .map_or(String::new(), |o| o.mode.to_owned())
-        })
+        .x_labels(0)
         .y_desc("seconds after the restart")
         .draw()
-        .map_err(|e| chart_error(&e))?;
-    let bars = |offset: f64, value: fn(&Outcome) -> f64, color: RGBColor| {
-        outcomes.iter().enumerate().map(move |(i, o)| {
-            let x = i as f64 + offset;
-            Rectangle::new([(x, 0.0), (x + 0.35, value(o))], color.filled())
+        .map_err(|e| error(&e))?;
+    // Mode i owns [i, i + 1): its two bars side by side, its name centred under them.
+    let bars = |from: f64, value: fn(&Outcome) -> f64, colour: RGBColor| {
+        outcomes.iter().enumerate().map(move |(index, outcome)| {
+            let x = index as f64 + from;
+            Rectangle::new([(x, 0.0), (x + 0.36, value(outcome))], colour.filled())
         })
     };
     chart
         .draw_series(bars(
             0.12,
             |o| o.first_fresh.map_or(0.0, |d| d.as_secs_f64()),
-            RGBColor(46, 139, 87),
+            FRESH_COLOUR,
         ))
-        .map_err(|e| chart_error(&e))?
-        .label("first fresh record")
-        .legend(|(x, y)| {
-            Rectangle::new(
-                [(x, y - 5), (x + 10, y + 5)],
-                RGBColor(46, 139, 87).filled(),
-            )
-        });
+        .map_err(|e| error(&e))?;
     chart
-        .draw_series(bars(
-            0.52,
-            |o| o.drained.as_secs_f64(),
-            RGBColor(70, 110, 180),
-        ))
-        .map_err(|e| chart_error(&e))?
-        .label("backlog drained")
-        .legend(|(x, y)| {
-            Rectangle::new(
-                [(x, y - 5), (x + 10, y + 5)],
-                RGBColor(70, 110, 180).filled(),
-            )
-        });
+        .draw_series(bars(0.52, |o| o.drained.as_secs_f64(), DRAINED_COLOUR))
+        .map_err(|e| error(&e))?;
+    let label_style = ("sans-serif", 15)
+        .into_text_style(&root)
+        .pos(Pos::new(HPos::Center, VPos::Top));
+    for (index, outcome) in outcomes.iter().enumerate() {
+        let (x, y) = chart.backend_coord(&(index as f64 + 0.5, 0.0));
+        root.draw(&Text::new(outcome.mode, (x, y + 10), label_style.clone()))
+            .map_err(|e| error(&e))?;
+    }
+    // The legend, top right, above the tallest bar (the range leaves that room).
+    let (right, top) = chart.backend_coord(&(outcomes.len() as f64, longest));
+    for (row, (label, colour)) in [
+        ("first fresh record", FRESH_COLOUR),
+        ("backlog drained", DRAINED_COLOUR),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (x, y) = (right - 200, top + 10 + 22 * row as i32);
+        root.draw(&Rectangle::new([(x, y), (x + 14, y + 14)], colour.filled()))
+            .map_err(|e| error(&e))?;
+        root.draw(&Text::new(label, (x + 22, y), ("sans-serif", 15)))
+            .map_err(|e| error(&e))?;
+    }
+    root.present().map_err(|e| error(&e))
+}
+
+/// Per mode, the age of the newest record processed in each quarter second after the
+/// restart: how stale the freshest data the application has is.
+fn write_age_chart(path: &Path, outcomes: &[Outcome]) -> Result<(), Failure> {
+    use plotters::prelude::*;
+    let error = chart_error(path);
+    let root = SVGBackend::new(path, (760, 420)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| error(&e))?;
+    let points = || outcomes.iter().flat_map(|o| o.ages.iter());
+    let last_s = points().map(|p| p.0).fold(1.0, f64::max) + AGE_BUCKET_S;
+    let oldest_s = points().map(|p| p.1).fold(1.0, f64::max) * 1.1;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "age of the newest record processed, after the restart",
+            ("sans-serif", 18),
+        )
+        .margin(20)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .right_y_label_area_size(0)
+        .build_cartesian_2d(0f64..last_s, 0f64..oldest_s)
+        .map_err(|e| error(&e))?;
+    chart
+        .configure_mesh()
+        .x_desc("seconds after the restart")
+        .y_desc("age of the record (s)")
+        .draw()
+        .map_err(|e| error(&e))?;
+    for (outcome, colour) in outcomes.iter().zip(MODE_COLOURS) {
+        chart
+            .draw_series(LineSeries::new(
+                outcome.ages.iter().copied(),
+                colour.stroke_width(2),
+            ))
+            .map_err(|e| error(&e))?
+            .label(outcome.mode)
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], colour.stroke_width(2)));
+    }
     chart
         .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
         .border_style(BLACK)
         .background_style(WHITE.mix(0.9))
         .draw()
-        .map_err(|e| chart_error(&e))?;
-    root.present().map_err(|e| chart_error(&e))
+        .map_err(|e| error(&e))?;
+    root.present().map_err(|e| error(&e))
 }
 
 /// `catchup demo`.
@@ -504,8 +587,9 @@ pub async fn demo(args: DemoArgs) -> Result<(), Failure> {
         .map_err(|e| Failure::Runtime(format!("creating {}: {e}", args.out.display())))?;
     write_json(&args.out.join("demo.json"), &args, &outcomes)?;
     write_chart(&args.out.join("demo.svg"), &outcomes)?;
+    write_age_chart(&args.out.join("demo-age.svg"), &outcomes)?;
     println!(
-        "figures in {0}/demo.json, chart in {0}/demo.svg",
+        "figures in {0}/demo.json, charts in {0}/demo.svg and {0}/demo-age.svg",
         args.out.display()
     );
     Ok(())
