@@ -3,8 +3,10 @@
 use crate::kafka::KafkaError;
 use crate::store::StoreError;
 
-/// Everything that can go wrong in catchup.
+/// Everything that can go wrong in catchup. New variants may come in minor versions: match
+/// with a wildcard arm.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// The buffer directory.
     #[error(transparent)]

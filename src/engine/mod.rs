@@ -143,6 +143,9 @@ pub(crate) struct Shared {
     pub revocations: AtomicU64,
     /// Bumped on every assignment, empty ones included.
     pub assignments: AtomicU64,
+    /// How many partitions the group member holds once the assignment it is reconciling is
+    /// done (the catch-up consumer sizes its queues from it).
+    pub assigning: std::sync::atomic::AtomicUsize,
     /// Bytes acknowledged since the last commit: the buffer deletes records only once their
     /// commit is in Kafka, so the live thread commits early when this grows large.
     processed_since_commit: AtomicU64,
@@ -194,6 +197,27 @@ pub(crate) enum Stopped {
     },
 }
 
+/// See [`Shared::stop_on_panic`].
+pub(crate) struct StopOnPanic<'a> {
+    shared: &'a Shared,
+    fetcher: &'static str,
+}
+
+impl Drop for StopOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            tracing::error!(
+                fetcher = self.fetcher,
+                "a fetcher thread panicked; the consumer stops"
+            );
+            self.shared.stop_with(Stopped::FetcherDied {
+                fetcher: self.fetcher,
+                reason: "it panicked (the message is in the log)".into(),
+            });
+        }
+    }
+}
+
 impl Shared {
     pub fn new(
         buffer: Arc<Buffer>,
@@ -213,6 +237,7 @@ impl Shared {
             notify: Notify::new(),
             live_appends: AtomicU64::new(0),
             processed_since_commit: AtomicU64::new(0),
+            assigning: std::sync::atomic::AtomicUsize::new(0),
             revocations: AtomicU64::new(0),
             assignments: AtomicU64::new(0),
             damaged: Mutex::new(BTreeSet::new()),
@@ -231,7 +256,11 @@ impl Shared {
             .stopped
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if slot.is_some() {
+        // The first reason wins, except that a dead fetcher replaces a missing topic: a new
+        // subscription clears the latter, and must not revive a consumer without a fetcher.
+        let replaces = matches!(*slot, Some(Stopped::TopicMissing(_)))
+            && matches!(stopped, Stopped::FetcherDied { .. });
+        if slot.is_some() && !replaces {
             return;
         }
         let error = stopped.to_error();
@@ -246,22 +275,16 @@ impl Shared {
         self.notify.notify_waiters();
     }
 
-    /// Runs the body of the `fetcher` thread. A panic there is a bug, but it must not leave
-    /// the application waiting in `recv` for records that will never come: it stops the
-    /// consumer with [`Error::FetcherDied`](crate::Error::FetcherDied).
-    pub fn run_guarded(&self, fetcher: &'static str, body: impl FnOnce()) {
-        if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
-            let reason = panic
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_owned())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a panic".into());
-            tracing::error!(
-                fetcher,
-                reason,
-                "a fetcher thread panicked; the consumer stops"
-            );
-            self.stop_with(Stopped::FetcherDied { fetcher, reason });
+    /// A guard for the body of the `fetcher` thread, to be held as its first local: if the
+    /// thread unwinds from a panic (a bug), the consumer stops with
+    /// [`Error::FetcherDied`](crate::Error::FetcherDied) rather than leaving the application
+    /// waiting in `recv` for records that will never come. Declared inside the body, it runs
+    /// before the body's parameters — the thread's Kafka consumer among them — are dropped:
+    /// closing a consumer can wait on the brokers.
+    pub fn stop_on_panic(&self, fetcher: &'static str) -> StopOnPanic<'_> {
+        StopOnPanic {
+            shared: self,
+            fetcher,
         }
     }
 
@@ -793,33 +816,52 @@ mod tests {
     use super::*;
     use crate::store::BufferOptions;
 
+    fn shared(dir: &std::path::Path) -> Shared {
+        let buffer = Buffer::open(dir, BufferOptions::default()).expect("buffer");
+        Shared::new(
+            Arc::new(buffer),
+            CatchupConfig::new(dir),
+            "group".into(),
+            Arc::new(crate::kafka::BrokerHealth::new("group")),
+        )
+    }
+
     #[test]
     fn a_fetcher_that_panics_stops_the_consumer_with_an_error() {
         let dir = tempfile::tempdir().expect("temporary directory");
-        let buffer = Buffer::open(dir.path(), BufferOptions::default()).expect("buffer");
-        let shared = Shared::new(
-            Arc::new(buffer),
-            CatchupConfig::new(dir.path()),
-            "group".into(),
-            Arc::new(crate::kafka::BrokerHealth::new("group")),
-        );
+        let shared = Arc::new(shared(dir.path()));
         let mut events = shared.subscribe_events();
-        shared.run_guarded("live", || {});
+        let body = |shared: Arc<Shared>, fail: bool| {
+            std::thread::spawn(move || {
+                let _guard = shared.stop_on_panic("catch-up");
+                assert!(!fail, "injected failure");
+            })
+            .join()
+        };
+        assert!(body(shared.clone(), false).is_ok());
         assert!(
             shared.stopped().is_none(),
             "a body that returns stops nothing"
         );
-        shared.run_guarded("catch-up", || panic!("injected failure"));
+        // A missing topic is replaced (a new subscription would clear it), and stays so.
+        shared.stop_with(Stopped::TopicMissing("orders".into()));
+        assert!(body(shared.clone(), true).is_err());
+        shared.resubscribed();
         match shared.stopped() {
-            Some(crate::Error::FetcherDied { fetcher, reason }) => {
-                assert_eq!(fetcher, "catch-up");
-                assert!(reason.contains("injected failure"), "{reason}");
-            }
+            Some(crate::Error::FetcherDied { fetcher, .. }) => assert_eq!(fetcher, "catch-up"),
             other => panic!("expected FetcherDied, got {other:?}"),
         }
+        let messages: Vec<String> = std::iter::from_fn(|| events.try_recv().ok())
+            .filter_map(|event| match event {
+                Event::Error { message } => Some(message),
+                _ => None,
+            })
+            .collect();
         assert!(
-            matches!(events.try_recv(), Ok(Event::Error { message }) if message.contains("catch-up fetcher stopped")),
-            "the stop is reported as an event too"
+            messages
+                .iter()
+                .any(|m| m.contains("catch-up fetcher stopped")),
+            "the stop is reported as an event too: {messages:?}"
         );
     }
 }

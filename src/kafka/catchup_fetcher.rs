@@ -99,17 +99,14 @@ impl CatchupFetcher {
         let thread = std::thread::Builder::new()
             .name("catchup-fetcher".into())
             .spawn(move || {
-                let guard = shared.clone();
-                guard.run_guarded("catch-up", || {
-                    Fetcher {
-                        config,
-                        shared,
-                        consumer: None,
-                        tracked: HashMap::new(),
-                        budget: Budget::new("catch-up", Lane::Catchup, budget),
-                    }
-                    .run(receiver)
-                });
+                Fetcher {
+                    config,
+                    shared,
+                    consumer: None,
+                    tracked: HashMap::new(),
+                    budget: Budget::new("catch-up", Lane::Catchup, budget),
+                }
+                .run(receiver)
             })
             .map_err(|e| crate::Error::Config(format!("cannot start the catch-up thread: {e}")))?;
         Ok((commands, thread))
@@ -126,6 +123,9 @@ struct Fetcher {
 
 impl Fetcher {
     fn run(mut self, commands: Receiver<CatchupCommand>) {
+        // Dropped before `self` (the consumer) on a panic: see `Shared::stop_on_panic`.
+        let shared = self.shared.clone();
+        let _stop_on_panic = shared.stop_on_panic("catch-up");
         loop {
             let command = if self.tracked.is_empty() {
                 self.consumer = None; // none left: leave the brokers alone
@@ -185,9 +185,14 @@ impl Fetcher {
         if self.consumer.is_none() {
             let context = RoleContext::new(self.shared.health.clone(), "catchup");
             // Each partition gets a queue of its own: the prefetch share is divided among
-            // those the group member holds now (any of them may be split).
+            // those the group member holds once its assignment is reconciled (any of them
+            // may be split; the consumer keeps its settings while it lives).
             let mut config = self.config.clone();
-            let partitions = self.shared.partitions().len();
+            let partitions = self.shared.partitions().len().max(
+                self.shared
+                    .assigning
+                    .load(std::sync::atomic::Ordering::Relaxed),
+            );
             let budget = self.shared.config.buffer_budget_bytes;
             super::prefetch::apply(&mut config, &super::prefetch::catchup(budget, partitions));
             tracing::debug!(

@@ -188,6 +188,10 @@ impl LiveState {
     ) -> TopicPartitionList {
         let partitions = partitions_of(tpl);
         tracing::info!(count = partitions.len(), "partitions assigned: reconciling");
+        let held = self.shared.partitions().len();
+        self.shared
+            .assigning
+            .store(held + partitions.len(), Ordering::Relaxed);
         let deferred = self.reconcile_all(consumer, &partitions, |topic, partition, start| {
             tpl.set_partition_offset(topic, partition, Offset::Offset(start))
         });
@@ -931,6 +935,10 @@ impl LiveState {
         only: Option<&[PartitionId]>,
     ) -> Result<(), KafkaError> {
         let mut first_error = None;
+        if only.is_none() {
+            // What was processed so far is covered now: the early-commit count restarts.
+            self.shared.take_processed_since_commit();
+        }
         for pending in self.shared.pending_commits(only) {
             tracing::debug!(partition = ?pending.partition, plan = ?pending.plan, "commit");
             match self.apply_commit(consumer, &pending) {
@@ -1107,10 +1115,7 @@ impl LiveFetcher {
         let (commands, receiver) = crossbeam_channel::unbounded();
         let thread = std::thread::Builder::new()
             .name("catchup-live".into())
-            .spawn(move || {
-                let shared = state.shared.clone();
-                shared.run_guarded("live", || run(consumer, receiver, state));
-            })
+            .spawn(move || run(consumer, receiver, state))
             .map_err(|e| crate::Error::Config(format!("cannot start the live thread: {e}")))?;
         Ok((commands, thread))
     }
@@ -1122,8 +1127,10 @@ fn run(
     state: Arc<LiveState>,
 ) {
     let shared = state.shared.clone();
+    let _stop_on_panic = shared.stop_on_panic("live");
     let interval = shared.config.commit_interval;
     let mut last_commit = Instant::now();
+    let mut last_commit_took = Duration::ZERO;
     let mut last_retry = Instant::now();
     let mut retry_every = RECONCILE_RETRY;
     let mut last_prune = Instant::now();
@@ -1173,13 +1180,15 @@ fn run(
         }
         if commit_due(
             last_commit.elapsed(),
+            last_commit_took,
             interval,
             shared.processed_since_commit(),
             shared.config.buffer_budget_bytes,
         ) {
-            shared.take_processed_since_commit();
+            let started = Instant::now();
             let _ = state.commit(&consumer, None);
             last_commit = Instant::now();
+            last_commit_took = last_commit - started;
         }
         let assignments = shared.assignments.load(Ordering::Relaxed);
         if last_prune.elapsed() >= PRUNE_EVERY || assignments != pruned_at_assignment {
@@ -1220,13 +1229,21 @@ fn run(
     }
 }
 
-/// Whether to commit now: every `interval`, and sooner — but at most every
-/// [`MIN_COMMIT_SPACING`] — once an eighth of the byte budget was processed since the last
-/// commit. The buffer deletes processed records only once their commit is in Kafka, and sled
-/// keeps them in memory until then: at hundreds of MB/s a one-second interval held over
-/// 400 MiB (1 KiB records).
-fn commit_due(since_last: Duration, interval: Duration, processed: u64, budget: u64) -> bool {
-    since_last >= interval || (since_last >= MIN_COMMIT_SPACING && processed >= budget / 8)
+/// Whether to commit now: every `interval`, and sooner once an eighth of the byte budget was
+/// processed since the last commit. The buffer deletes processed records only once their
+/// commit is in Kafka, and sled keeps them in memory until then: at hundreds of MB/s a
+/// one-second interval held over 400 MiB (1 KiB records). An early commit waits at least
+/// [`MIN_COMMIT_SPACING`] and four times as long as the last one took (a commit asks the
+/// brokers once per partition), so committing never takes over the live thread.
+fn commit_due(
+    since_last: Duration,
+    last_took: Duration,
+    interval: Duration,
+    processed: u64,
+    budget: u64,
+) -> bool {
+    let spacing = MIN_COMMIT_SPACING.max(last_took * 4);
+    since_last >= interval || (since_last >= spacing && processed > 0 && processed >= budget / 8)
 }
 
 /// One poll round of the live lane: up to `POLL_BATCH` messages fed to the partitions'
@@ -1525,10 +1542,15 @@ mod tests {
             (ms(150), (32 << 20) - 1, false),
         ] {
             assert_eq!(
-                commit_due(since_last, second, processed, budget),
+                commit_due(since_last, ms(5), second, processed, budget),
                 due,
                 "{since_last:?} after the last commit, {processed} bytes processed"
             );
         }
+        // A commit that took 100 ms is followed by an early one 400 ms later at the soonest.
+        assert!(!commit_due(ms(399), ms(100), second, 32 << 20, budget));
+        assert!(commit_due(ms(400), ms(100), second, 32 << 20, budget));
+        // A budget too small to divide commits every interval, not every 100 ms for nothing.
+        assert!(!commit_due(ms(500), ms(1), second, 0, 7));
     }
 }

@@ -26,6 +26,10 @@ const BUDGET_SHARE: u64 = 16;
 /// (`max.partition.fetch.bytes`' default).
 const MIN_QUEUE_BYTES: u64 = 1 << 20;
 
+/// The most a queue prefetches, whatever the budget: librdkafka's default (and its limit is
+/// about 2 GiB).
+const MAX_QUEUE_BYTES: u64 = 64 << 20;
+
 /// The catch-up queues are sized for at least this many partitions.
 const EXPECTED_PARTITIONS: usize = 8;
 
@@ -42,24 +46,36 @@ pub(crate) fn member(budget_bytes: u64) -> Vec<(&'static str, String)> {
 /// (librdkafka's limits then apply per partition, and are fixed when the consumer is
 /// created): the share is divided among the `partitions` known then, and at least
 /// [`EXPECTED_PARTITIONS`] — partitions arrive one by one as they are reconciled.
+/// librdkafka lowers `fetch.max.bytes` to one queue's size unless it is set, which would
+/// cap a whole fetch response — every partition of the broker — at one partition's share:
+/// a response may carry the whole share.
 pub(crate) fn catchup(budget_bytes: u64, partitions: usize) -> Vec<(&'static str, String)> {
-    settings(queue_bytes(
+    let mut settings = settings(queue_bytes(
         budget_bytes,
         partitions.max(EXPECTED_PARTITIONS) as u64,
-    ))
+    ));
+    let response = queue_bytes(budget_bytes, 1);
+    settings.push(("fetch.max.bytes", response.to_string()));
+    settings
 }
 
-/// Sets `settings` in `config` where the user did not.
+/// Sets `settings` in `config` where the user did not. The two queue limits go together: a
+/// user who set either keeps librdkafka's default for the other (mixing theirs with ours
+/// would let the count cap what they sized by bytes).
 pub(crate) fn apply(config: &mut ClientConfig, settings: &[(&'static str, String)]) {
+    let user_sized_queue = QUEUE_KEYS.iter().any(|key| config.get(key).is_some());
     for (key, value) in settings {
-        if config.get(key).is_none() {
+        if config.get(key).is_none() && !(user_sized_queue && QUEUE_KEYS.contains(key)) {
             config.set(*key, value);
         }
     }
 }
 
+/// The keys that size a prefetch queue.
+const QUEUE_KEYS: [&str; 2] = ["queued.max.messages.kbytes", "queued.min.messages"];
+
 fn queue_bytes(budget_bytes: u64, queues: u64) -> u64 {
-    (budget_bytes / BUDGET_SHARE / queues).max(MIN_QUEUE_BYTES)
+    (budget_bytes / BUDGET_SHARE / queues).clamp(MIN_QUEUE_BYTES, MAX_QUEUE_BYTES)
 }
 
 fn settings(queue_bytes: u64) -> Vec<(&'static str, String)> {
@@ -93,7 +109,9 @@ mod tests {
             // Never below one partition fetch.
             (256, 64, 16_384, 1_024),
             (16, 4, 1_024, 1_024),
-            (4096, 2, 262_144, 32_768),
+            (4096, 2, 65_536, 32_768),
+            // librdkafka refuses more than about 2 GiB: never near it.
+            (65_536, 8, 65_536, 65_536),
         ] {
             let budget = budget_mib << 20;
             let member = member(budget);
@@ -119,9 +137,15 @@ mod tests {
     fn the_users_settings_win() {
         let mut config = ClientConfig::new();
         config.set("queued.max.messages.kbytes", "4096");
-        apply(&mut config, &member(256 << 20));
+        config.set("fetch.max.bytes", "1048576");
+        apply(&mut config, &catchup(256 << 20, 8));
         assert_eq!(config.get("queued.max.messages.kbytes"), Some("4096"));
+        assert_eq!(config.get("fetch.max.bytes"), Some("1048576"));
         assert_eq!(config.get("fetch.queue.backoff.ms"), Some("10"));
+        // The user sized the queue by bytes: the count stays librdkafka's, not ours.
+        assert_eq!(config.get("queued.min.messages"), None);
+        let mut config = ClientConfig::new();
+        apply(&mut config, &member(256 << 20));
         assert_eq!(config.get("queued.min.messages"), Some("16384"));
     }
 }
