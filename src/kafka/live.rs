@@ -1233,8 +1233,8 @@ fn run(
 /// processed since the last commit. The buffer deletes processed records only once their
 /// commit is in Kafka, and sled keeps them in memory until then: at hundreds of MB/s a
 /// one-second interval held over 400 MiB (1 KiB records). An early commit waits at least
-/// [`MIN_COMMIT_SPACING`] and four times as long as the last one took (a commit asks the
-/// brokers once per partition), so committing never takes over the live thread.
+/// [`MIN_COMMIT_SPACING`] and as long as the last one took (a commit asks the brokers once
+/// per partition), so early commits take at most half of the live thread's time.
 fn commit_due(
     since_last: Duration,
     last_took: Duration,
@@ -1242,7 +1242,7 @@ fn commit_due(
     processed: u64,
     budget: u64,
 ) -> bool {
-    let spacing = MIN_COMMIT_SPACING.max(last_took * 4);
+    let spacing = MIN_COMMIT_SPACING.max(last_took);
     since_last >= interval || (since_last >= spacing && processed > 0 && processed >= budget / 8)
 }
 
@@ -1547,9 +1547,9 @@ mod tests {
                 "{since_last:?} after the last commit, {processed} bytes processed"
             );
         }
-        // A commit that took 100 ms is followed by an early one 400 ms later at the soonest.
-        assert!(!commit_due(ms(399), ms(100), second, 32 << 20, budget));
-        assert!(commit_due(ms(400), ms(100), second, 32 << 20, budget));
+        // A commit that took 300 ms is followed by an early one 300 ms later at the soonest.
+        assert!(!commit_due(ms(299), ms(300), second, 32 << 20, budget));
+        assert!(commit_due(ms(300), ms(300), second, 32 << 20, budget));
         // A budget too small to divide commits every interval, not every 100 ms for nothing.
         assert!(!commit_due(ms(500), ms(1), second, 0, 7));
     }

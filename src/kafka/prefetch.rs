@@ -46,17 +46,14 @@ pub(crate) fn member(budget_bytes: u64) -> Vec<(&'static str, String)> {
 /// (librdkafka's limits then apply per partition, and are fixed when the consumer is
 /// created): the share is divided among the `partitions` known then, and at least
 /// [`EXPECTED_PARTITIONS`] — partitions arrive one by one as they are reconciled.
-/// librdkafka lowers `fetch.max.bytes` to one queue's size unless it is set, which would
-/// cap a whole fetch response — every partition of the broker — at one partition's share:
-/// a response may carry the whole share.
+/// (librdkafka then lowers `fetch.max.bytes` to one queue's size: a whole fetch response
+/// carries at most one partition's share. Raising it to the whole share read 1 KiB records
+/// 10–30 % faster but doubled the peak RSS, so it stays.)
 pub(crate) fn catchup(budget_bytes: u64, partitions: usize) -> Vec<(&'static str, String)> {
-    let mut settings = settings(queue_bytes(
+    settings(queue_bytes(
         budget_bytes,
         partitions.max(EXPECTED_PARTITIONS) as u64,
-    ));
-    let response = queue_bytes(budget_bytes, 1);
-    settings.push(("fetch.max.bytes", response.to_string()));
-    settings
+    ))
 }
 
 /// Sets `settings` in `config` where the user did not. The two queue limits go together: a
