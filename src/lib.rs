@@ -50,8 +50,8 @@ pub mod plan;
 pub mod store;
 
 pub use consumer::{
-    CatchupConfig, CatchupConsumer, Delivery, DeliveryHeaders, DeliveryLane, DiskFloor, Event,
-    Mode, PartitionBuffer, PartitionLag, SideStatus, TrueLag, group_lag,
+    CatchupConfig, CatchupConsumer, ClientHooks, Delivery, DeliveryHeaders, DeliveryLane,
+    DiskFloor, Event, Mode, PartitionBuffer, PartitionLag, SideStatus, TrueLag, group_lag,
 };
 pub use error::Error;
 pub use kafka::KafkaError;

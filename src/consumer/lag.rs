@@ -43,7 +43,7 @@ pub fn group_lag(
     }
     .side_topic_for(group)
     .map_err(Error::Config)?;
-    let health = Arc::new(BrokerHealth::new(group));
+    let health = Arc::new(BrokerHealth::new(group, None));
     let base = crate::kafka::for_other_consumers(client);
     let mut config = for_role(&base, "lag");
     // The group's id, to read its committed offsets; it never subscribes, so it never joins.

@@ -17,7 +17,7 @@ use tokio::sync::Mutex as AsyncMutex;
 use tokio::sync::broadcast;
 
 pub use crate::engine::types::{
-    CatchupConfig, Delivery, DeliveryHeaders, DeliveryLane, Event, LaneBuffer, Mode,
+    CatchupConfig, ClientHooks, Delivery, DeliveryHeaders, DeliveryLane, Event, LaneBuffer, Mode,
     PartitionBuffer,
 };
 pub use crate::fetch::DiskFloor;
@@ -71,7 +71,10 @@ impl CatchupConsumer {
         // A wrong setting is an error now, before anything touches the network (this client
         // may still start connecting before it is dropped: its errors go where all others do).
         crate::engine::telemetry::describe();
-        let health = Arc::new(crate::kafka::BrokerHealth::new(&group));
+        let health = Arc::new(crate::kafka::BrokerHealth::new(
+            &group,
+            config.hooks.clone(),
+        ));
         client
             .create_with_context::<_, rdkafka::consumer::BaseConsumer<crate::kafka::RoleContext>>(
                 crate::kafka::RoleContext::new(health.clone(), "check"),

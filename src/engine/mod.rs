@@ -822,7 +822,7 @@ mod tests {
             Arc::new(buffer),
             CatchupConfig::new(dir),
             "group".into(),
-            Arc::new(crate::kafka::BrokerHealth::new("group")),
+            Arc::new(crate::kafka::BrokerHealth::new("group", None)),
         )
     }
 

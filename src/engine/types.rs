@@ -1,6 +1,7 @@
 //! The public vocabulary of the consumer: configuration, deliveries, events, buffer views.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::fetch::DiskFloor;
@@ -52,6 +53,43 @@ pub struct CatchupConfig {
     /// into a fresh database, giving back what sled keeps after a backlog drained
     /// ([`BufferOptions::disk_allowance_bytes`](crate::store::BufferOptions)); 64 MiB.
     pub disk_allowance_bytes: u64,
+    /// What the application plugs into the Kafka clients catchup creates (statistics,
+    /// rebalance notifications); none by default.
+    pub hooks: Option<Arc<dyn ClientHooks>>,
+}
+
+/// What an application plugs into the clients catchup creates — the group member (`live`),
+/// the catch-up consumer (`catchup`), the side-log producer, reader and admin client — where
+/// with plain rdkafka it would write a `ClientContext` of its own. Every method does nothing
+/// by default. They run on catchup's and librdkafka's threads: keep them short.
+pub trait ClientHooks: Send + Sync + 'static {
+    /// librdkafka's statistics, as the JSON it emits every `statistics.interval.ms` (set it
+    /// in the `ClientConfig`), from the client playing `role`. `rdkafka::Statistics`
+    /// parses it with serde.
+    fn statistics(&self, role: &str, json: &[u8]) {
+        let _ = (role, json);
+    }
+
+    /// The group member was assigned `partitions` (with an incremental protocol, those
+    /// added) and reconciled them; called before any of their records is fetched.
+    fn assigned(&self, partitions: &[(String, i32)]) {
+        let _ = partitions;
+    }
+
+    /// `partitions` are being revoked (`lost`: the group already gave them to another
+    /// member). Called before what was acknowledged of them is committed: the last moment
+    /// to [`ack`](crate::CatchupConsumer::ack) work finished in flight. Once it returns,
+    /// queued deliveries of these partitions are no longer handed out and their
+    /// acknowledgements are ignored.
+    fn revoking(&self, partitions: &[(String, i32)], lost: bool) {
+        let _ = (partitions, lost);
+    }
+}
+
+impl std::fmt::Debug for dyn ClientHooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ClientHooks")
+    }
 }
 
 impl CatchupConfig {
@@ -68,6 +106,7 @@ impl CatchupConfig {
             buffer_budget_bytes: 256 << 20,
             disk_floor: DiskFloor::default(),
             disk_allowance_bytes: 64 << 20,
+            hooks: None,
         }
     }
 

@@ -13,7 +13,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
 use tokio::sync::broadcast;
 
-use crate::engine::types::Event;
+use crate::engine::types::{ClientHooks, Event};
 
 /// Whether the brokers can be reached, as every client of one consumer reports it.
 #[derive(Debug)]
@@ -25,6 +25,8 @@ pub(crate) struct BrokerHealth {
     /// not.
     last_failure: std::sync::Mutex<Option<String>>,
     events: OnceLock<broadcast::Sender<Event>>,
+    /// The application's hooks, told by every client.
+    hooks: Option<Arc<dyn ClientHooks>>,
 }
 
 /// How a client-wide error is reported.
@@ -58,13 +60,19 @@ pub(crate) fn classify_client_error(error: &KafkaError) -> ErrorClass {
 
 impl BrokerHealth {
     /// The health of the clients of the consumer in `group`.
-    pub fn new(group: &str) -> Self {
+    pub fn new(group: &str, hooks: Option<Arc<dyn ClientHooks>>) -> Self {
         Self {
             unreachable: AtomicBool::new(false),
             group: group.to_owned(),
             last_failure: std::sync::Mutex::new(None),
             events: OnceLock::new(),
+            hooks,
         }
+    }
+
+    /// The application's hooks, if it gave any.
+    pub fn hooks(&self) -> Option<&dyn ClientHooks> {
+        self.hooks.as_deref()
     }
 
     /// Where transitions are announced.
@@ -168,8 +176,13 @@ impl ClientContext for RoleContext {
         self.health.on_error(self.role, error, reason);
     }
 
-    /// Statistics are not logged (rdkafka's default prints the whole report at INFO).
-    fn stats_raw(&self, _statistics: &[u8]) {}
+    /// Statistics go to the application's hooks, and are not logged (rdkafka's default
+    /// prints the whole report at INFO).
+    fn stats_raw(&self, statistics: &[u8]) {
+        if let Some(hooks) = self.health.hooks() {
+            hooks.statistics(self.role, statistics);
+        }
+    }
 }
 
 impl ConsumerContext for RoleContext {}
@@ -206,7 +219,7 @@ mod tests {
 
     #[test]
     fn unreachable_is_announced_once_per_change() {
-        let health = BrokerHealth::new("g");
+        let health = BrokerHealth::new("g", None);
         let (events, mut received) = broadcast::channel(16);
         health.attach(events);
         let failed = || {

@@ -115,6 +115,13 @@ impl ClientContext for LiveContext {
     fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
         self.state.shared.health.on_error("live", error, reason);
     }
+
+    /// Statistics go to the application's hooks (see `RoleContext`).
+    fn stats_raw(&self, statistics: &[u8]) {
+        if let Some(hooks) = self.state.shared.health.hooks() {
+            hooks.statistics("live", statistics);
+        }
+    }
 }
 
 impl ConsumerContext for LiveContext {
@@ -200,6 +207,9 @@ impl LiveState {
             deferred = deferred.len(),
             "partitions reconciled and assigned"
         );
+        if let Some(hooks) = self.shared.health.hooks() {
+            hooks.assigned(&partitions);
+        }
         self.shared.emit(Event::Assigned { partitions });
         self.shared.assignments.fetch_add(1, Ordering::Relaxed);
         self.shared.notify.notify_waiters();
@@ -873,6 +883,9 @@ impl LiveState {
         let _span = tracing::info_span!("revoke", count = partitions.len(), lost).entered();
         if self.abandoned.load(Ordering::Relaxed) {
             return; // a simulated crash: leave Kafka and the buffer as they are
+        }
+        if let Some(hooks) = self.shared.health.hooks() {
+            hooks.revoking(&partitions, lost);
         }
         if !lost {
             // Errors are reported as events; what is not committed is reprocessed (safe).
