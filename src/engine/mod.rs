@@ -192,7 +192,7 @@ pub(crate) enum Stopped {
     FetcherDied {
         /// Which one.
         fetcher: &'static str,
-        /// What the panic said.
+        /// What happened (the panic's own message is in the log).
         reason: String,
     },
 }
