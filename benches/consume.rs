@@ -112,7 +112,7 @@ impl Reader {
     }
 }
 
-/// One reader's run: records from first to last, and the process's peak RSS.
+/// One reader's run: records and seconds to the last of them, and the process's peak RSS.
 struct Measured {
     records: u64,
     seconds: f64,
@@ -264,10 +264,7 @@ impl Bench {
                     "records": records,
                     "dir": dir,
                 });
-                let child = Command::new(std::env::current_exe()?)
-                    .env(CHILD_ENV, spec.to_string())
-                    .stdout(Stdio::piped())
-                    .spawn()?;
+                let child = spawn_child(&spec.to_string())?;
                 let (output, peak_rss_bytes) = output_of(child)?;
                 let answer: serde_json::Value = serde_json::from_str(output.trim())
                     .map_err(|e| format!("{}: no result ({e}): {output}", reader.name()))?;
@@ -370,10 +367,7 @@ impl Bench {
                     "cost_us": cost_us,
                     "dir": self.scratch.path().join(unique("buffer")),
                 });
-                let mut child = Command::new(std::env::current_exe()?)
-                    .env(CHILD_ENV, spec.to_string())
-                    .stdout(Stdio::piped())
-                    .spawn()?;
+                let mut child = spawn_child(&spec.to_string())?;
                 let peak = PeakRss::watch(child.id());
                 let stdout = child.stdout.take().ok_or("no stdout")?;
                 let mut answer = None;
@@ -387,7 +381,7 @@ impl Bench {
                         answer = Some(serde_json::from_str::<serde_json::Value>(&line)?);
                     }
                 }
-                let (status, peak_rss_bytes) = wait_with_rusage(&mut child, peak)?;
+                let (status, peak_rss_bytes) = wait_with_peak(&mut child, peak)?;
                 let answer = answer.ok_or(format!("{}: no result ({status})", mode_name(mode)))?;
                 let fresh = answer["fresh_seconds"].as_f64().unwrap_or(f64::NAN);
                 let drain = answer["drain_seconds"].as_f64().unwrap_or(f64::NAN);
@@ -467,18 +461,12 @@ impl Bench {
             .to_string()
         };
         // Fill the buffer, process nothing, close.
-        let fill = Command::new(std::env::current_exe()?)
-            .env(CHILD_ENV, spec("fill"))
-            .stdout(Stdio::piped())
-            .spawn()?;
+        let fill = spawn_child(&spec("fill"))?;
         let (filled, _) = output_of(fill)?;
         let filled: serde_json::Value = serde_json::from_str(filled.trim())?;
         let buffer_bytes = directory_bytes(&dir);
         let started = Instant::now();
-        let recover = Command::new(std::env::current_exe()?)
-            .env(CHILD_ENV, spec("recover"))
-            .stdout(Stdio::piped())
-            .spawn()?;
+        let recover = spawn_child(&spec("recover"))?;
         let (answer, peak_rss_bytes) = output_of(recover)?;
         let wall = started.elapsed().as_secs_f64();
         let answer: serde_json::Value = serde_json::from_str(answer.trim())?;
@@ -837,6 +825,14 @@ mod child {
     }
 }
 
+/// This binary again, as the reader `spec` describes, its stdout piped.
+fn spawn_child(spec: &str) -> Result<Child> {
+    Ok(Command::new(std::env::current_exe()?)
+        .env(CHILD_ENV, spec)
+        .stdout(Stdio::piped())
+        .spawn()?)
+}
+
 fn check_count(reader: Reader, counted: u64, expected: u64) -> Result<()> {
     if counted != expected {
         return Err(format!(
@@ -856,7 +852,7 @@ fn output_of(mut child: Child) -> Result<(String, u64)> {
         use std::io::Read;
         stdout.read_to_string(&mut output)?;
     }
-    let (status, peak_rss_bytes) = wait_with_rusage(&mut child, peak)?;
+    let (status, peak_rss_bytes) = wait_with_peak(&mut child, peak)?;
     if !status.success() && output.is_empty() {
         return Err(format!("reader exited with {status:?}").into());
     }
@@ -878,14 +874,14 @@ fn count_lines_of(mut child: Child) -> Result<(u64, u64)> {
             lines += chunk[..read].iter().filter(|&&b| b == b'\n').count() as u64;
         }
     }
-    let (_, peak_rss_bytes) = wait_with_rusage(&mut child, peak)?;
+    let (_, peak_rss_bytes) = wait_with_peak(&mut child, peak)?;
     Ok((lines, peak_rss_bytes))
 }
 
 /// The exit status of `child` and its peak resident set, as its last `VmHWM` read before it
 /// exited says. (`wait4`'s `ru_maxrss` would not do: it keeps the high-water mark of the
 /// process image before `exec`, this bench's own.)
-fn wait_with_rusage(child: &mut Child, peak: PeakRss) -> Result<(std::process::ExitStatus, u64)> {
+fn wait_with_peak(child: &mut Child, peak: PeakRss) -> Result<(std::process::ExitStatus, u64)> {
     let status = child.wait()?;
     Ok((status, peak.finish()))
 }

@@ -94,6 +94,13 @@ impl BrokerHealth {
     }
 
     /// A client-wide error of the client playing `role`.
+    /// librdkafka's statistics from the client playing `role`: to the application's hooks.
+    pub fn on_statistics(&self, role: &str, statistics: &[u8]) {
+        if let Some(hooks) = self.hooks() {
+            hooks.statistics(role, statistics);
+        }
+    }
+
     pub fn on_error(&self, role: &str, error: KafkaError, reason: &str) {
         match classify_client_error(&error) {
             ErrorClass::ConnectionFailed => {
@@ -176,12 +183,9 @@ impl ClientContext for RoleContext {
         self.health.on_error(self.role, error, reason);
     }
 
-    /// Statistics go to the application's hooks, and are not logged (rdkafka's default
-    /// prints the whole report at INFO).
+    /// Statistics are not logged (rdkafka's default prints the whole report at INFO).
     fn stats_raw(&self, statistics: &[u8]) {
-        if let Some(hooks) = self.health.hooks() {
-            hooks.statistics(self.role, statistics);
-        }
+        self.health.on_statistics(self.role, statistics);
     }
 }
 

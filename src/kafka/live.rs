@@ -116,11 +116,9 @@ impl ClientContext for LiveContext {
         self.state.shared.health.on_error("live", error, reason);
     }
 
-    /// Statistics go to the application's hooks (see `RoleContext`).
+    /// Statistics go to the application's hooks, and are not logged (see `RoleContext`).
     fn stats_raw(&self, statistics: &[u8]) {
-        if let Some(hooks) = self.state.shared.health.hooks() {
-            hooks.statistics("live", statistics);
-        }
+        self.state.shared.health.on_statistics("live", statistics);
     }
 }
 
