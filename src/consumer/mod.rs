@@ -104,7 +104,13 @@ impl CatchupConsumer {
             other => other?,
         };
         let buffer = Arc::new(buffer);
-        let side_log = SideLog::open(client, &side_topic, &group, health.clone())?;
+        let side_log = SideLog::open(client, &side_topic, &group, health.clone()).map_err(
+            // Refused credentials are the cause to report, not the side topic they hid.
+            |e| match health.refused() {
+                Some(reason) => Error::Refused { reason },
+                None => e.into(),
+            },
+        )?;
         let shared = Arc::new(Shared::new(buffer, config, group, health));
         let (catchup, catchup_thread) = CatchupFetcher::spawn(client, shared.clone())?;
         let (live, live_thread) =

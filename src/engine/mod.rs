@@ -300,13 +300,19 @@ impl Shared {
         }
     }
 
-    /// What stopped the consumer on the Kafka side, as the public error.
+    /// What stopped the consumer on the Kafka side, as the public error: what a fetcher
+    /// recorded, else credentials the brokers refused (any client's).
     pub fn stopped(&self) -> Option<crate::Error> {
         self.stopped
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .as_ref()
             .map(Stopped::to_error)
+            .or_else(|| {
+                self.health
+                    .refused()
+                    .map(|reason| crate::Error::Refused { reason })
+            })
     }
 
     /// Whether a fetcher may append now: no write has failed and the filesystem is above

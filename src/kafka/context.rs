@@ -27,6 +27,8 @@ pub(crate) struct BrokerHealth {
     events: OnceLock<broadcast::Sender<Event>>,
     /// The application's hooks, told by every client.
     hooks: Option<Arc<dyn ClientHooks>>,
+    /// The first authentication failure any client reported: it stops the consumer.
+    refused: std::sync::Mutex<Option<String>>,
 }
 
 /// How a client-wide error is reported.
@@ -38,6 +40,9 @@ pub(crate) enum ErrorClass {
     ConnectionFailed,
     /// An unknown topic: confirmed and reported through `recv` by the live thread.
     UnknownTopic,
+    /// The brokers refused the client's credentials (SASL): librdkafka would retry for
+    /// ever, the consumer stops, as a Java consumer's `poll` throws.
+    AuthenticationFailed,
     /// Anything else.
     Other,
 }
@@ -54,6 +59,9 @@ pub(crate) fn classify_client_error(error: &KafkaError) -> ErrorClass {
             | Code::BrokerNotAvailable,
         ) => ErrorClass::ConnectionFailed,
         Some(Code::UnknownTopicOrPartition | Code::UnknownTopic) => ErrorClass::UnknownTopic,
+        Some(Code::Authentication | Code::SaslAuthenticationFailed) => {
+            ErrorClass::AuthenticationFailed
+        }
         _ => ErrorClass::Other,
     }
 }
@@ -67,6 +75,7 @@ impl BrokerHealth {
             last_failure: std::sync::Mutex::new(None),
             events: OnceLock::new(),
             hooks,
+            refused: std::sync::Mutex::new(None),
         }
     }
 
@@ -93,7 +102,14 @@ impl BrokerHealth {
         }
     }
 
-    /// A client-wide error of the client playing `role`.
+    /// Why the brokers refused a client's credentials, once one did.
+    pub fn refused(&self) -> Option<String> {
+        self.refused
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
     /// librdkafka's statistics from the client playing `role`: to the application's hooks.
     pub fn on_statistics(&self, role: &str, statistics: &[u8]) {
         if let Some(hooks) = self.hooks() {
@@ -101,8 +117,25 @@ impl BrokerHealth {
         }
     }
 
+    /// A client-wide error of the client playing `role`.
     pub fn on_error(&self, role: &str, error: KafkaError, reason: &str) {
         match classify_client_error(&error) {
+            ErrorClass::AuthenticationFailed => {
+                let mut refused = self
+                    .refused
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner());
+                if refused.is_none() {
+                    tracing::error!(client = role, "{reason}; the consumer stops");
+                    *refused = Some(reason.to_owned());
+                    drop(refused);
+                    self.emit(Event::Error {
+                        message: format!("the cluster refused access: {reason}"),
+                    });
+                } else {
+                    tracing::debug!(client = role, %error, reason, "librdkafka");
+                }
+            }
             ErrorClass::ConnectionFailed => {
                 crate::engine::telemetry::broker_error(&self.group);
                 tracing::debug!(client = role, %error, reason, "librdkafka");
@@ -213,12 +246,37 @@ mod tests {
             (Code::Resolve, ErrorClass::ConnectionFailed),
             (Code::UnknownTopicOrPartition, ErrorClass::UnknownTopic),
             (Code::UnknownTopic, ErrorClass::UnknownTopic),
-            (Code::SaslAuthenticationFailed, ErrorClass::Other),
+            (
+                Code::SaslAuthenticationFailed,
+                ErrorClass::AuthenticationFailed,
+            ),
+            (Code::Authentication, ErrorClass::AuthenticationFailed),
             (Code::Fatal, ErrorClass::Other),
         ] {
             let error = KafkaError::Global(code);
             assert_eq!(classify_client_error(&error), class, "{code:?}");
         }
+    }
+
+    #[test]
+    fn refused_credentials_stop_the_consumer_once() {
+        let health = BrokerHealth::new("g", None);
+        let (events, mut received) = broadcast::channel(16);
+        health.attach(events);
+        assert_eq!(health.refused(), None);
+        for role in ["live", "catchup"] {
+            health.on_error(
+                role,
+                KafkaError::Global(RDKafkaErrorCode::Authentication),
+                "SASL authentication error: invalid credentials",
+            );
+        }
+        assert_eq!(
+            health.refused().as_deref(),
+            Some("SASL authentication error: invalid credentials")
+        );
+        assert!(matches!(received.try_recv(), Ok(Event::Error { .. })));
+        assert!(received.try_recv().is_err(), "announced once");
     }
 
     #[test]

@@ -64,13 +64,31 @@ impl SideLog {
         let probe: BaseConsumer<RoleContext> = for_role(&self.client_config, "side-admin")
             .create_with_context(self.context("side-admin"))
             .map_err(|e| KafkaError::client("creating a metadata client", e))?;
-        let exists = probe
-            .fetch_metadata(Some(&self.topic), SIDE_TIMEOUT)
-            .is_ok_and(|metadata| {
-                metadata.topics().iter().any(|t| {
-                    t.name() == self.topic && t.error().is_none() && !t.partitions().is_empty()
-                })
-            });
+        // Asked in short rounds, polling in between: the poll serves the client's events —
+        // an OAUTHBEARER token request, an authentication failure (which ends the wait: the
+        // consumer reports it) — that a metadata request alone leaves queued.
+        let deadline = Instant::now() + SIDE_TIMEOUT;
+        let metadata = loop {
+            let _ = probe.poll(Duration::ZERO);
+            match probe.fetch_metadata(Some(&self.topic), Duration::from_secs(1)) {
+                Ok(metadata) => break Some(metadata),
+                Err(_) if self.health.refused().is_some() => break None,
+                Err(_) if Instant::now() >= deadline => break None,
+                Err(_) => {}
+            }
+        };
+        let _ = probe.poll(Duration::ZERO);
+        if let Some(reason) = self.health.refused() {
+            return Err(KafkaError::side(
+                &self.topic,
+                format!("cannot check it: {reason}"),
+            ));
+        }
+        let exists = metadata.is_some_and(|metadata| {
+            metadata.topics().iter().any(|t| {
+                t.name() == self.topic && t.error().is_none() && !t.partitions().is_empty()
+            })
+        });
         if exists {
             return Ok(());
         }
@@ -159,9 +177,11 @@ pub(crate) fn for_other_consumers(base: &ClientConfig) -> ClientConfig {
 /// The settings of `base` whose key `keep` accepts.
 fn settings_where(base: &ClientConfig, keep: impl Fn(&str) -> bool) -> ClientConfig {
     let mut config = ClientConfig::new();
-    for (key, value) in base.config_map() {
-        if keep(key) {
-            config.set(key, value);
+    // The keys only: `config_map` replaces the values of secrets (`sasl.password`, ...) with
+    // a placeholder, which would then be sent as the password.
+    for key in base.config_map().keys().filter(|key| keep(key)) {
+        if let Some(value) = base.get(key) {
+            config.set(*key, value);
         }
     }
     config
@@ -326,4 +346,27 @@ pub(crate) fn read_side_entries(
         }
     }
     Ok(entries)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_reach_every_client_as_given() {
+        let mut user = ClientConfig::new();
+        user.set("bootstrap.servers", "broker:9093")
+            .set("group.id", "g")
+            .set("security.protocol", "SASL_SSL")
+            .set("sasl.username", "app")
+            .set("sasl.password", "s3cret")
+            .set("ssl.key.password", "k3y");
+        for config in [for_producers(&user), for_other_consumers(&user)] {
+            assert_eq!(config.get("sasl.username"), Some("app"));
+            assert_eq!(config.get("sasl.password"), Some("s3cret"));
+            assert_eq!(config.get("ssl.key.password"), Some("k3y"));
+            assert_eq!(config.get("security.protocol"), Some("SASL_SSL"));
+        }
+        assert_eq!(for_producers(&user).get("group.id"), None);
+    }
 }

@@ -37,15 +37,7 @@ pub fn bootstrap() -> String {
             return brokers.trim().to_owned();
         }
     }
-    let state_dir = std::env::var_os("CATCHUP_KAFKA_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let home = std::env::var_os("HOME")
-                .map(PathBuf::from)
-                .unwrap_or_default();
-            home.join(".cache/catchup/broker")
-        });
-    let file = state_dir.join("bootstrap");
+    let file = state_dir().join("bootstrap");
     match std::fs::read_to_string(&file) {
         Ok(address) if !address.trim().is_empty() => address.trim().to_owned(),
         _ => panic!(
@@ -54,6 +46,44 @@ pub fn bootstrap() -> String {
             file.display()
         ),
     }
+}
+
+/// Where `scripts/kafka` keeps the test broker's state.
+fn state_dir() -> PathBuf {
+    std::env::var_os("CATCHUP_KAFKA_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let home = std::env::var_os("HOME")
+                .map(PathBuf::from)
+                .unwrap_or_default();
+            home.join(".cache/catchup/broker")
+        })
+}
+
+/// The librdkafka properties of the test broker's SASL_SSL listener (bootstrap address,
+/// CA, SCRAM-SHA-512 user): `CATCHUP_SECURE_CONFIG`, else the file `scripts/kafka start`
+/// wrote (what `scripts/kafka secure` prints).
+pub fn secure_properties() -> Vec<(String, String)> {
+    let file = std::env::var_os("CATCHUP_SECURE_CONFIG")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| state_dir().join("sasl-ssl.properties"));
+    let text = std::fs::read_to_string(&file).unwrap_or_else(|e| {
+        panic!(
+            "no SASL_SSL listener for the tests ({}: {e}): start the broker with \
+             `scripts/kafka start`, or point CATCHUP_SECURE_CONFIG at a properties file",
+            file.display()
+        )
+    });
+    text.lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty() && !line.starts_with('#'))
+        .map(|line| {
+            let (key, value) = line
+                .split_once('=')
+                .unwrap_or_else(|| panic!("{}: not KEY=VALUE: {line}", file.display()));
+            (key.trim().to_owned(), value.trim().to_owned())
+        })
+        .collect()
 }
 
 /// A name no other test (in this or another process) uses: `prefix-pid-time-counter`.

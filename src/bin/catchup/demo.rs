@@ -207,7 +207,7 @@ fn commit_backlog_start(
     topic: &str,
     partitions: i32,
 ) -> Result<(), Failure> {
-    let consumer: BaseConsumer = client_config(brokers, group, &[])
+    let consumer: BaseConsumer = client_config(Some(brokers), group, &[])
         .create()
         .map_err(runtime_error("consumer"))?;
     let mut list = TopicPartitionList::new();
@@ -221,7 +221,7 @@ fn commit_backlog_start(
 }
 
 fn log_ends(brokers: &str, topic: &str, partitions: i32) -> Result<Vec<i64>, Failure> {
-    let consumer: BaseConsumer = client_config(brokers, "catchup-demo-watermarks", &[])
+    let consumer: BaseConsumer = client_config(Some(brokers), "catchup-demo-watermarks", &[])
         .create()
         .map_err(runtime_error("consumer"))?;
     (0..partitions)
@@ -263,7 +263,7 @@ async fn restart(
         stop_fresh.clone(),
     );
     let started = Instant::now();
-    let consumer = CatchupConsumer::new(&client_config(brokers, &group, &[]), config)
+    let consumer = CatchupConsumer::new(&client_config(Some(brokers), &group, &[]), config)
         .map_err(crate::failure)?;
     consumer.subscribe(&[topic]).map_err(crate::failure)?;
 

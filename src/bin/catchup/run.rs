@@ -79,9 +79,10 @@ pub struct RunArgs {
 /// file.
 #[derive(clap::Args)]
 pub struct ConnectionArgs {
-    /// Bootstrap servers, `host:port[,host:port...]`.
+    /// Bootstrap servers, `host:port[,host:port...]` (or `bootstrap.servers` in the
+    /// `--config-file`, which wins).
     #[arg(long, env = "CATCHUP_BROKERS")]
-    pub brokers: String,
+    pub brokers: Option<String>,
     /// Consumer group.
     #[arg(long, env = "CATCHUP_GROUP")]
     pub group: String,
@@ -102,7 +103,13 @@ impl ConnectionArgs {
             None => Vec::new(),
         };
         properties.extend(self.config.iter().cloned());
-        Ok(client_config(&self.brokers, &self.group, &properties))
+        let config = client_config(self.brokers.as_deref(), &self.group, &properties);
+        if config.get("bootstrap.servers").is_none() {
+            return Err(Failure::Usage(
+                "no brokers: give --brokers (or CATCHUP_BROKERS), or bootstrap.servers in the --config-file".into(),
+            ));
+        }
+        Ok(config)
     }
 }
 
@@ -160,10 +167,16 @@ pub fn parse_key_value(text: &str) -> Result<(String, String), String> {
 }
 
 /// The rdkafka settings of a consumer in `group` on `brokers`, with `extra` on top.
-pub fn client_config(brokers: &str, group: &str, extra: &[(String, String)]) -> ClientConfig {
+pub fn client_config(
+    brokers: Option<&str>,
+    group: &str,
+    extra: &[(String, String)],
+) -> ClientConfig {
     let mut config = ClientConfig::new();
+    if let Some(brokers) = brokers {
+        config.set("bootstrap.servers", brokers);
+    }
     config
-        .set("bootstrap.servers", brokers)
         .set("group.id", group)
         .set("auto.offset.reset", "earliest");
     for (key, value) in extra {
@@ -440,6 +453,10 @@ fn watch_brokers(consumer: &Arc<CatchupConsumer>, limit: Duration, brokers: Stri
 /// `catchup run`.
 pub async fn run(args: RunArgs) -> Result<(), Failure> {
     let client = args.connection.client()?;
+    let brokers = client
+        .get("bootstrap.servers")
+        .unwrap_or_default()
+        .to_owned();
     let config = CatchupConfig {
         mode: args.mode.into(),
         min_lag: args.min_lag,
@@ -465,7 +482,7 @@ pub async fn run(args: RunArgs) -> Result<(), Failure> {
     let consumer = match connect_timeout {
         Some(limit) => match tokio::time::timeout(limit, opening).await {
             Ok(opened) => opened,
-            Err(_) => unreachable(&args.connection.brokers, limit),
+            Err(_) => unreachable(&brokers, limit),
         },
         None => opening.await,
     }
@@ -473,7 +490,7 @@ pub async fn run(args: RunArgs) -> Result<(), Failure> {
     .map_err(crate::failure)?;
     let consumer = Arc::new(consumer);
     if let Some(limit) = connect_timeout {
-        watch_brokers(&consumer, limit, args.connection.brokers.clone());
+        watch_brokers(&consumer, limit, brokers);
     }
     let topics: Vec<&str> = args.topics.iter().map(String::as_str).collect();
     consumer.subscribe(&topics).map_err(crate::failure)?;

@@ -1,0 +1,179 @@
+//! Through the test broker's SASL_SSL listener only (TLS with the broker's own CA, then
+//! SCRAM-SHA-512, PLAIN or an OAUTHBEARER token from the application's hooks): the group
+//! member, the catch-up consumer, the side-log admin, producer and reader all authenticate,
+//! since the consumer never hears of the plaintext listener. Refused credentials reach the
+//! application as a typed error, and `catchup run` connects from a properties file alone.
+
+mod support;
+
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use catchup::{CatchupConfig, CatchupConsumer, ClientHooks, DeliveryLane, Error, Event, Mode};
+use rdkafka::ClientConfig;
+use support::cli::wait_with_deadline;
+use support::{Kafka, secure_properties, side_value, unique, wait_for_event};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// The rdkafka settings of a consumer in `group` on the SASL_SSL listener, with `overrides`.
+fn secure_client(group: &str, overrides: &[(&str, &str)]) -> ClientConfig {
+    let mut config = ClientConfig::new();
+    for (key, value) in secure_properties() {
+        config.set(key, value);
+    }
+    config
+        .set("group.id", group)
+        .set("auto.offset.reset", "earliest");
+    for (key, value) in overrides {
+        config.set(*key, *value);
+    }
+    config
+}
+
+/// The proposal's example over the secure listener: 120 records, the group committed at 70,
+/// a split at 120 (the side-log producer writes its entry), the catch-up consumer fetches
+/// 70..119, the member 120..124, the merge commits 125. The side topic is new, so the side
+/// log's admin client creates it through the same listener.
+async fn round_trip(overrides: &[(&str, &str)], hooks: Option<Arc<dyn ClientHooks>>) {
+    let kafka = Kafka::connect();
+    let topic = unique("secure");
+    kafka.create_topic(&topic, 1).await;
+    kafka.produce(&topic, 1, 120).await;
+    let group = unique("secure-group");
+    kafka.commit_as_operator(&group, &topic, &[70]);
+    let side_topic = unique("secure-side");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = CatchupConfig {
+        side_topic: side_topic.clone(),
+        hooks,
+        ..support::test_config(dir.path(), Mode::Ordered, 10)
+    };
+    let consumer =
+        CatchupConsumer::new(&secure_client(&group, overrides), config).expect("consumer");
+    let (mut events, split) = support::subscribe_until_split(&consumer, &topic).await;
+    assert!(
+        matches!(
+            split,
+            Event::SplitStarted {
+                from: 70,
+                boundary: 120,
+                ..
+            }
+        ),
+        "{split:?}"
+    );
+    assert!(
+        side_value(&kafka, &side_topic, &format!("{group}/{topic}/0")).is_some(),
+        "the side-log producer wrote the split's entry"
+    );
+    kafka.produce_from(&topic, 1, 120, 5).await;
+    let mut delivered = Vec::new();
+    while delivered.len() < 55 {
+        let delivery = tokio::time::timeout(WAIT, consumer.recv())
+            .await
+            .expect("delivery in time")
+            .expect("recv");
+        delivered.push((delivery.offset, delivery.lane));
+        consumer.ack(&delivery);
+    }
+    let expected: Vec<(i64, DeliveryLane)> = (70..120)
+        .map(|offset| (offset, DeliveryLane::Catchup))
+        .chain((120..125).map(|offset| (offset, DeliveryLane::Live)))
+        .collect();
+    assert_eq!(delivered, expected);
+    wait_for_event(&mut events, WAIT, |e| matches!(e, Event::Merged { .. })).await;
+    consumer.commit().await.expect("commit");
+    assert_eq!(kafka.committed(&group, &topic, 1), vec![Some(125)]);
+    consumer.close().await.expect("close");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scram_sha_512_round_trip() {
+    round_trip(&[], None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_round_trip() {
+    round_trip(&[("sasl.mechanism", "PLAIN")], None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_password_is_refused_through_the_api() {
+    let group = unique("secure-refused");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let client = secure_client(&group, &[("sasl.password", "not-the-password")]);
+    let config = support::test_config(dir.path(), Mode::Ordered, 10);
+    // Opening checks the side topic: the refusal is what it reports, not a timeout.
+    let opened = tokio::time::timeout(
+        WAIT,
+        tokio::task::spawn_blocking(move || CatchupConsumer::new(&client, config)),
+    )
+    .await
+    .expect("the refusal reported in time")
+    .expect("task");
+    match opened {
+        Err(Error::Refused { reason }) => assert!(
+            reason.contains("Authentication failed") || reason.contains("authentication"),
+            "{reason}"
+        ),
+        Err(other) => panic!("expected Error::Refused, got {other}"),
+        Ok(_) => panic!("a consumer opened with a wrong password"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn catchup_run_connects_from_a_properties_file() {
+    let kafka = Kafka::connect();
+    let topic = unique("secure-cli");
+    kafka.create_topic(&topic, 1).await;
+    kafka.produce(&topic, 1, 30).await;
+    let group = unique("secure-cli-group");
+    kafka.commit_as_operator(&group, &topic, &[0]);
+    let temp = tempfile::tempdir().expect("tempdir");
+    let properties = temp.path().join("client.properties");
+    let text: String = secure_properties()
+        .into_iter()
+        .map(|(key, value)| format!("{key}={value}\n"))
+        .collect();
+    std::fs::write(&properties, text).expect("write properties");
+    let child = Command::new(env!("CARGO_BIN_EXE_catchup"))
+        // No --brokers: the file's bootstrap.servers (the SASL_SSL listener) is all it has.
+        .env_remove("CATCHUP_BROKERS")
+        .args([
+            "run",
+            "--group",
+            &group,
+            "--topic",
+            &topic,
+            "--buffer-dir",
+            &temp.path().join("buffer").display().to_string(),
+            "--config-file",
+            &properties.display().to_string(),
+            "--side-topic",
+            &unique("secure-cli-side"),
+            "--sink",
+            "-",
+            "--exit-when-idle",
+            "2",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let output = wait_with_deadline(child, Duration::from_secs(90));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "stderr: {stderr}");
+    let offsets: Vec<i64> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|line| {
+            serde_json::from_str::<serde_json::Value>(line)
+                .unwrap_or_else(|e| panic!("{e}: {line}"))["offset"]
+                .as_i64()
+                .expect("offset")
+        })
+        .collect();
+    assert_eq!(offsets, (0..30).collect::<Vec<_>>());
+    assert_eq!(kafka.committed(&group, &topic, 1), [Some(30)]);
+}
