@@ -6,12 +6,14 @@
 
 mod support;
 
+use std::collections::BTreeSet;
 use std::process::{Command, Stdio};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use catchup::{CatchupConfig, CatchupConsumer, ClientHooks, DeliveryLane, Error, Event, Mode};
 use rdkafka::ClientConfig;
+use rdkafka::client::OAuthToken;
 use support::cli::wait_with_deadline;
 use support::{Kafka, secure_properties, side_value, unique, wait_for_event};
 
@@ -97,6 +99,98 @@ async fn scram_sha_512_round_trip() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plain_round_trip() {
     round_trip(&[("sasl.mechanism", "PLAIN")], None).await;
+}
+
+/// Hands out unsecured tokens (what the broker's default OAUTHBEARER validator accepts) and
+/// notes which client roles asked.
+#[derive(Default)]
+struct UnsecuredTokens {
+    asked_by: Mutex<BTreeSet<String>>,
+}
+
+impl ClientHooks for UnsecuredTokens {
+    fn oauth_token(
+        &self,
+        role: &str,
+        _oauthbearer_config: Option<&str>,
+    ) -> Result<OAuthToken, Box<dyn std::error::Error>> {
+        self.asked_by
+            .lock()
+            .map_err(|_| "poisoned")?
+            .insert(role.to_owned());
+        let now = SystemTime::now().duration_since(UNIX_EPOCH)?;
+        let expires = now + Duration::from_secs(3600);
+        let header = base64url(br#"{"alg":"none"}"#);
+        let claims = base64url(
+            format!(
+                r#"{{"sub":"catchup","iat":{},"exp":{}}}"#,
+                now.as_secs(),
+                expires.as_secs()
+            )
+            .as_bytes(),
+        );
+        Ok(OAuthToken {
+            // An unsecured JWS: header, claims and an empty signature.
+            token: format!("{header}.{claims}."),
+            principal_name: "catchup".into(),
+            lifetime_ms: i64::try_from(expires.as_millis())?,
+        })
+    }
+}
+
+/// Base64url without padding (RFC 7515), for the token above.
+fn base64url(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let bits = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |acc, (i, b)| acc | u32::from(*b) << (16 - 8 * i));
+        for i in 0..=chunk.len() {
+            out.push(char::from(ALPHABET[(bits >> (18 - 6 * i) & 63) as usize]));
+        }
+    }
+    out
+}
+
+#[test]
+fn base64url_matches_rfc_4648_vectors() {
+    for (input, encoded) in [
+        ("", ""),
+        ("f", "Zg"),
+        ("fo", "Zm8"),
+        ("foo", "Zm9v"),
+        ("foob", "Zm9vYg"),
+        ("fooba", "Zm9vYmE"),
+        ("foobar", "Zm9vYmFy"),
+    ] {
+        assert_eq!(base64url(input.as_bytes()), encoded);
+    }
+    assert_eq!(base64url(&[0xfb, 0xff]), "-_8");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oauthbearer_tokens_from_the_hooks() {
+    let tokens = Arc::new(UnsecuredTokens::default());
+    round_trip(
+        &[("sasl.mechanism", "OAUTHBEARER")],
+        Some(tokens.clone() as Arc<dyn ClientHooks>),
+    )
+    .await;
+    let asked_by = tokens.asked_by.lock().expect("lock").clone();
+    for role in [
+        "live",
+        "catchup",
+        "side-admin",
+        "side-producer",
+        "side-reader",
+    ] {
+        assert!(
+            asked_by.contains(role),
+            "{role} asked for no token: {asked_by:?}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -50,9 +50,9 @@ pub fn group_lag(
     config
         .set("group.id", group)
         .set("enable.auto.commit", "false");
-    let consumer: BaseConsumer<RoleContext> = config
-        .create_with_context(RoleContext::new(health.clone(), "lag"))
-        .map_err(|e| KafkaError::client("creating the lag reader", e))?;
+    let consumer: BaseConsumer<RoleContext> =
+        crate::kafka::create_consumer(&config, RoleContext::new(health.clone(), "lag"))
+            .map_err(|e| KafkaError::client("creating the lag reader", e))?;
     let mut list = TopicPartitionList::new();
     for topic in topics {
         let metadata = consumer

@@ -68,6 +68,8 @@ impl CatchupConsumer {
             ));
         }
         let side_topic = config.side_topic_for(&group).map_err(Error::Config)?;
+        crate::kafka::check_token_settings(client, config.hooks.is_some())
+            .map_err(Error::Config)?;
         // A wrong setting is an error now, before anything touches the network (this client
         // may still start connecting before it is dropped: its errors go where all others do).
         crate::engine::telemetry::describe();

@@ -84,6 +84,22 @@ pub trait ClientHooks: Send + Sync + 'static {
     fn revoking(&self, partitions: &[(String, i32)], lost: bool) {
         let _ = (partitions, lost);
     }
+
+    /// An OAUTHBEARER token for the client playing `role`, when the `ClientConfig` says
+    /// `sasl.mechanism=OAUTHBEARER` (and not `sasl.oauthbearer.method=oidc`, where librdkafka
+    /// fetches tokens itself): asked when each client starts and again before its token
+    /// expires, with the value of `sasl.oauthbearer.config`. What a plain rdkafka
+    /// application writes as `ClientContext::generate_oauth_token`. An error fails the
+    /// client's authentication, which stops the consumer with
+    /// [`Error::Refused`](crate::Error::Refused).
+    fn oauth_token(
+        &self,
+        role: &str,
+        oauthbearer_config: Option<&str>,
+    ) -> Result<rdkafka::client::OAuthToken, Box<dyn std::error::Error>> {
+        let _ = (role, oauthbearer_config);
+        Err("ClientHooks::oauth_token is not implemented".into())
+    }
 }
 
 impl std::fmt::Debug for dyn ClientHooks {

@@ -200,7 +200,7 @@ impl Fetcher {
                 queue_kib = config.get("queued.max.messages.kbytes"),
                 "creating the catch-up consumer"
             );
-            match config.create_with_context::<_, BaseConsumer<RoleContext>>(context) {
+            match super::create_consumer(&config, context) {
                 Ok(consumer) => self.consumer = Some(Arc::new(consumer)),
                 Err(err) => return self.error(format!("creating the catch-up consumer: {err}")),
             }

@@ -6,9 +6,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use rdkafka::ClientConfig;
-use rdkafka::client::ClientContext;
+use rdkafka::client::{ClientContext, OAuthToken};
 use rdkafka::config::RDKafkaLogLevel;
-use rdkafka::consumer::ConsumerContext;
+use rdkafka::consumer::{BaseConsumer, ConsumerContext};
 use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
 use tokio::sync::broadcast;
@@ -110,6 +110,18 @@ impl BrokerHealth {
             .clone()
     }
 
+    /// An OAUTHBEARER token for the client playing `role`, from the application's hooks.
+    pub fn oauth_token(
+        &self,
+        role: &str,
+        oauthbearer_config: Option<&str>,
+    ) -> Result<OAuthToken, Box<dyn std::error::Error>> {
+        match self.hooks() {
+            Some(hooks) => hooks.oauth_token(role, oauthbearer_config),
+            None => Err(NO_TOKEN_HOOK.into()),
+        }
+    }
+
     /// librdkafka's statistics from the client playing `role`: to the application's hooks.
     pub fn on_statistics(&self, role: &str, statistics: &[u8]) {
         if let Some(hooks) = self.hooks() {
@@ -208,6 +220,16 @@ impl RoleContext {
 }
 
 impl ClientContext for RoleContext {
+    /// Tokens come from the application's hooks (see `ClientHooks::oauth_token`).
+    const ENABLE_REFRESH_OAUTH_TOKEN: bool = true;
+
+    fn generate_oauth_token(
+        &self,
+        oauthbearer_config: Option<&str>,
+    ) -> Result<OAuthToken, Box<dyn std::error::Error>> {
+        self.health.oauth_token(self.role, oauthbearer_config)
+    }
+
     fn log(&self, level: RDKafkaLogLevel, facility: &str, message: &str) {
         self.health.on_log(self.role, level, facility, message);
     }
@@ -223,6 +245,52 @@ impl ClientContext for RoleContext {
 }
 
 impl ConsumerContext for RoleContext {}
+
+/// What an OAUTHBEARER client without a token hook says.
+const NO_TOKEN_HOOK: &str = "sasl.mechanism=OAUTHBEARER needs a token: give CatchupConfig::hooks a ClientHooks::oauth_token, or let librdkafka fetch tokens with sasl.oauthbearer.method=oidc";
+
+/// Whether `config` has the application hand OAUTHBEARER tokens to the clients (rather than
+/// librdkafka's own OIDC fetcher).
+pub(crate) fn tokens_from_hooks(config: &ClientConfig) -> bool {
+    let mechanism = config
+        .get("sasl.mechanism")
+        .or_else(|| config.get("sasl.mechanisms"))
+        .unwrap_or_default();
+    let method = config.get("sasl.oauthbearer.method").unwrap_or("default");
+    mechanism.eq_ignore_ascii_case("OAUTHBEARER") && !method.eq_ignore_ascii_case("oidc")
+}
+
+/// Whether catchup can run its clients with these OAUTHBEARER settings: its contexts take
+/// tokens from the hooks, which rules out librdkafka's unsecured-token builder (the two are
+/// exclusive) and needs hooks to ask.
+pub(crate) fn check_token_settings(config: &ClientConfig, has_hooks: bool) -> Result<(), String> {
+    if !tokens_from_hooks(config) {
+        return Ok(());
+    }
+    if config
+        .get("enable.sasl.oauthbearer.unsecure.jwt")
+        .is_some_and(|v| v.eq_ignore_ascii_case("true"))
+    {
+        return Err("enable.sasl.oauthbearer.unsecure.jwt is not supported: catchup's clients take OAUTHBEARER tokens from ClientHooks::oauth_token (it may return an unsecured token)".into());
+    }
+    if !has_hooks {
+        return Err(NO_TOKEN_HOOK.into());
+    }
+    Ok(())
+}
+
+/// Creates a consumer and serves what librdkafka queued at its creation — with OAUTHBEARER
+/// the first token request — so that a blocking request made before its first poll
+/// (metadata, watermarks, committed offsets) does not wait for a token nobody asked for.
+pub(crate) fn create_consumer<C: ConsumerContext>(
+    config: &ClientConfig,
+    context: C,
+) -> rdkafka::error::KafkaResult<BaseConsumer<C>> {
+    let consumer: BaseConsumer<C> = config.create_with_context(context)?;
+    // Nothing is assigned yet: nothing but events can come out.
+    let _ = consumer.poll(std::time::Duration::ZERO);
+    Ok(consumer)
+}
 
 /// `config` for the client playing `role`: its `client.id` (the user's, `rdkafka` by
 /// default) ends in the role, so that broker logs and quotas tell the clients apart.
@@ -277,6 +345,50 @@ mod tests {
         );
         assert!(matches!(received.try_recv(), Ok(Event::Error { .. })));
         assert!(received.try_recv().is_err(), "announced once");
+    }
+
+    #[test]
+    fn token_settings_table() {
+        let config = |pairs: &[(&str, &str)]| {
+            let mut config = ClientConfig::new();
+            for (key, value) in pairs {
+                config.set(*key, *value);
+            }
+            config
+        };
+        let oauth = ("sasl.mechanism", "OAUTHBEARER");
+        for (pairs, has_hooks, tokens, accepted) in [
+            (vec![], false, false, true),
+            (
+                vec![("sasl.mechanism", "SCRAM-SHA-512")],
+                false,
+                false,
+                true,
+            ),
+            (vec![oauth], true, true, true),
+            (vec![("sasl.mechanisms", "oauthbearer")], true, true, true),
+            (vec![oauth], false, true, false),
+            (
+                vec![oauth, ("enable.sasl.oauthbearer.unsecure.jwt", "true")],
+                true,
+                true,
+                false,
+            ),
+            (
+                vec![oauth, ("sasl.oauthbearer.method", "oidc")],
+                false,
+                false,
+                true,
+            ),
+        ] {
+            let config = config(&pairs);
+            assert_eq!(tokens_from_hooks(&config), tokens, "{pairs:?}");
+            assert_eq!(
+                check_token_settings(&config, has_hooks).is_ok(),
+                accepted,
+                "{pairs:?} hooks: {has_hooks}"
+            );
+        }
     }
 
     #[test]

@@ -102,6 +102,19 @@ pub(crate) struct LiveContext {
 }
 
 impl ClientContext for LiveContext {
+    /// Tokens come from the application's hooks (see `ClientHooks::oauth_token`).
+    const ENABLE_REFRESH_OAUTH_TOKEN: bool = true;
+
+    fn generate_oauth_token(
+        &self,
+        oauthbearer_config: Option<&str>,
+    ) -> Result<rdkafka::client::OAuthToken, Box<dyn std::error::Error>> {
+        self.state
+            .shared
+            .health
+            .oauth_token("live", oauthbearer_config)
+    }
+
     fn log(&self, level: rdkafka::config::RDKafkaLogLevel, facility: &str, message: &str) {
         self.state
             .shared

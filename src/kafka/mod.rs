@@ -11,7 +11,9 @@ mod topic_id;
 
 pub(crate) use budget::Budget;
 pub(crate) use catchup_fetcher::{CatchupCommand, CatchupFetcher};
-pub(crate) use context::{BrokerHealth, RoleContext, for_role};
+pub(crate) use context::{
+    BrokerHealth, RoleContext, check_token_settings, create_consumer, for_role, tokens_from_hooks,
+};
 pub(crate) use live::{LiveCommand, LiveFetcher};
 pub(crate) use side_log::{SideLog, for_other_consumers, read_side_entries};
 

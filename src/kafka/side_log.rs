@@ -1,6 +1,7 @@
 //! The side log: a compacted topic holding, per split partition, the live lane's progress.
 
 use std::collections::HashMap;
+use std::ffi::CString;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -96,6 +97,9 @@ impl SideLog {
             for_role(&for_producers(&self.client_config), "side-admin")
                 .create_with_context(self.context("side-admin"))
                 .map_err(|e| KafkaError::client("creating an admin client", e))?;
+        if super::tokens_from_hooks(&self.client_config) {
+            self.give_token(&admin)?;
+        }
         let topic = NewTopic::new(&self.topic, 1, TopicReplication::Fixed(-1))
             .set("cleanup.policy", "compact")
             // Every assignment reads the whole topic: roll segments often so that compaction
@@ -119,6 +123,49 @@ impl SideLog {
             }
         }
         Ok(())
+    }
+
+    /// rdkafka's admin client never polls the queue where librdkafka asks for OAUTHBEARER
+    /// tokens, so it is handed one from the hooks at creation (it lives for one request).
+    fn give_token(&self, admin: &AdminClient<RoleContext>) -> Result<(), KafkaError> {
+        let failed = |reason: String| {
+            KafkaError::side(
+                &self.topic,
+                format!("cannot create it: no OAUTHBEARER token for the admin client: {reason}"),
+            )
+        };
+        let token = self
+            .health
+            .oauth_token(
+                "side-admin",
+                self.client_config.get("sasl.oauthbearer.config"),
+            )
+            .map_err(|e| failed(e.to_string()))?;
+        let value = CString::new(token.token).map_err(|e| failed(e.to_string()))?;
+        let principal = CString::new(token.principal_name).map_err(|e| failed(e.to_string()))?;
+        let mut reason: [std::ffi::c_char; 512] = [0; 512];
+        // SAFETY: the client lives as long as `admin` is borrowed; librdkafka copies the two
+        // NUL-terminated strings during the call; no extensions (null, 0); `reason` is
+        // writable for its length, which is what is passed.
+        let code = unsafe {
+            rdkafka::bindings::rd_kafka_oauthbearer_set_token(
+                admin.inner().native_ptr(),
+                value.as_ptr(),
+                token.lifetime_ms,
+                principal.as_ptr(),
+                std::ptr::null_mut(),
+                0,
+                reason.as_mut_ptr(),
+                reason.len(),
+            )
+        };
+        if code == rdkafka::types::RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR {
+            Ok(())
+        } else {
+            // SAFETY: librdkafka wrote a NUL-terminated message into `reason` (zeroed before).
+            let reason = unsafe { std::ffi::CStr::from_ptr(reason.as_ptr()) };
+            Err(failed(reason.to_string_lossy().into_owned()))
+        }
     }
 
     fn context(&self, role: &'static str) -> RoleContext {
@@ -263,9 +310,9 @@ pub(crate) fn read_side_entries(
         .set("group.id", format!("{}.catchup-side-reader", group))
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "false");
-    let reader: BaseConsumer<RoleContext> = config
-        .create_with_context(RoleContext::new(health.clone(), "side-reader"))
-        .map_err(|e| KafkaError::client("creating the side-log reader", e))?;
+    let reader: BaseConsumer<RoleContext> =
+        super::create_consumer(&config, RoleContext::new(health.clone(), "side-reader"))
+            .map_err(|e| KafkaError::client("creating the side-log reader", e))?;
     let metadata = reader
         .fetch_metadata(Some(side_topic), SIDE_TIMEOUT)
         .map_err(|e| KafkaError::side(side_topic, format!("cannot read its metadata: {e}")))?;
