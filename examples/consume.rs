@@ -33,7 +33,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         mode: Mode::Concurrent,
         ..CatchupConfig::new(&buffer_dir)
     };
-    let consumer = CatchupConsumer::new(&kafka, config)?;
+    let consumer = CatchupConsumer::connect(&kafka, config).await?;
     let mut events = consumer.events();
     consumer.subscribe(&[&topic])?;
 

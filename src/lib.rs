@@ -21,7 +21,7 @@
 //!         min_lag: 10_000,
 //!         ..CatchupConfig::new("/var/lib/orders-app/buffer")
 //!     };
-//!     let consumer = CatchupConsumer::new(&kafka, config)?;
+//!     let consumer = CatchupConsumer::connect(&kafka, config).await?;
 //!     consumer.subscribe(&["orders"])?;
 //!     loop {
 //!         let delivery = consumer.recv().await?;
@@ -56,7 +56,7 @@ pub use consumer::{
 pub use error::Error;
 pub use kafka::KafkaError;
 /// The rdkafka this crate is built against: `catchup::rdkafka::ClientConfig` always matches
-/// the one [`CatchupConsumer::new`] takes.
+/// the one [`CatchupConsumer::connect`] takes.
 pub use rdkafka;
 pub use store::{Header, Timestamp};
 

@@ -52,8 +52,9 @@ async fn round_trip(overrides: &[(&str, &str)], hooks: Option<Arc<dyn ClientHook
         hooks,
         ..support::test_config(dir.path(), Mode::Ordered, 10)
     };
-    let consumer =
-        CatchupConsumer::new(&secure_client(&group, overrides), config).expect("consumer");
+    let consumer = CatchupConsumer::connect(&secure_client(&group, overrides), config)
+        .await
+        .expect("consumer");
     let (mut events, split) = support::subscribe_until_split(&consumer, &topic).await;
     assert!(
         matches!(
@@ -200,13 +201,9 @@ async fn a_wrong_password_is_refused_through_the_api() {
     let client = secure_client(&group, &[("sasl.password", "not-the-password")]);
     let config = support::test_config(dir.path(), Mode::Ordered, 10);
     // Opening checks the side topic: the refusal is what it reports, not a timeout.
-    let opened = tokio::time::timeout(
-        WAIT,
-        tokio::task::spawn_blocking(move || CatchupConsumer::new(&client, config)),
-    )
-    .await
-    .expect("the refusal reported in time")
-    .expect("task");
+    let opened = tokio::time::timeout(WAIT, CatchupConsumer::connect(&client, config))
+        .await
+        .expect("the refusal reported in time");
     match opened {
         Err(Error::Refused { reason }) => assert!(
             reason.contains("Authentication failed") || reason.contains("authentication"),

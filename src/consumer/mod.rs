@@ -24,8 +24,14 @@ pub use crate::fetch::DiskFloor;
 
 use crate::Error;
 use crate::engine::Shared;
-use crate::kafka::{CatchupCommand, CatchupFetcher, KafkaError, LiveCommand, LiveFetcher, SideLog};
+use crate::kafka::{
+    CatchupCommand, CatchupFetcher, KafkaError, LiveCommand, LiveFetcher, Reply, SideLog,
+};
 use crate::store::{Buffer, BufferOptions, Lane, StoreError};
+
+/// How long a request to the live thread (commit, backlog, close) may take: a commit waits
+/// on the brokers.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Records read from the buffer per refill of the delivery queue (split fairly over the
 /// partitions, at least `engine::MIN_READ` each).
@@ -55,8 +61,19 @@ pub struct CatchupConsumer {
 }
 
 impl CatchupConsumer {
+    /// [`new`](Self::new) on tokio's blocking threads: what to call from async code, where
+    /// opening the buffer and checking the side topic must not hold up the runtime's workers.
+    pub async fn connect(client: &ClientConfig, config: CatchupConfig) -> Result<Self, Error> {
+        let client = client.clone();
+        tokio::task::spawn_blocking(move || Self::new(&client, config))
+            .await
+            .map_err(|e| Error::Config(format!("opening the consumer: the task failed: {e}")))?
+    }
+
     /// Creates the consumer from rdkafka settings (`bootstrap.servers` and `group.id` are
-    /// required) and catchup's own. Opens (or creates) the buffer directory and the side topic.
+    /// required) and catchup's own. Opens (or creates) the buffer directory and checks (or
+    /// creates) the side topic: it blocks on the disk and the brokers — up to 30 s when they
+    /// do not answer — so async code calls [`connect`](Self::connect) instead.
     pub fn new(client: &ClientConfig, config: CatchupConfig) -> Result<Self, Error> {
         let group = client
             .get("group.id")
@@ -128,52 +145,40 @@ impl CatchupConsumer {
         })
     }
 
-    /// Subscribes the group member to `topics`.
+    /// Subscribes the group member to `topics` (names, or patterns starting with `^`),
+    /// replacing any earlier subscription. Like rdkafka's `subscribe` it returns at once: the
+    /// group member joins in the background. Malformed names are an error here; what the
+    /// member's client refuses, and topics the cluster does not have, `recv` reports.
     pub fn subscribe(&self, topics: &[&str]) -> Result<(), Error> {
+        crate::plan::check_subscription(topics).map_err(Error::Config)?;
         let topics = topics.iter().map(|t| (*t).to_owned()).collect();
-        self.request(
-            |reply| LiveCommand::Subscribe(topics, reply),
-            Duration::from_secs(30),
-        )
-    }
-
-    fn request(
-        &self,
-        command: impl FnOnce(Sender<Result<(), KafkaError>>) -> LiveCommand,
-        timeout: Duration,
-    ) -> Result<(), Error> {
-        let (reply, answer) = crossbeam_channel::bounded(1);
+        // What was wrong with the last subscription ends here, not when the live thread
+        // gets to this one: a `recv` right after must not report it.
+        self.shared.resubscribed();
         self.live
-            .send(command(reply))
+            .send(LiveCommand::Subscribe(topics))
             .map_err(|_| KafkaError::Stopped("live fetcher"))?;
-        match answer.recv_timeout(timeout) {
-            Ok(result) => Ok(result?),
-            Err(_) => Err(KafkaError::Stopped("live fetcher").into()),
-        }
+        Ok(())
     }
 
-    /// Sends a request to the live thread and awaits its answer off the async threads.
-    async fn request_async<T: Send + 'static>(
+    /// Sends a request to the live thread and awaits its answer (at most 120 s: a commit
+    /// waits on the brokers).
+    async fn request<T>(
         &self,
         what: &str,
-        command: impl FnOnce(Sender<Result<T, KafkaError>>) -> LiveCommand,
+        command: impl FnOnce(Reply<T>) -> LiveCommand,
     ) -> Result<T, Error> {
-        let (reply, answer) = crossbeam_channel::bounded(1);
+        let (reply, answer) = tokio::sync::oneshot::channel();
         self.live
             .send(command(reply))
             .map_err(|_| KafkaError::Stopped("live fetcher"))?;
-        let answer =
-            tokio::task::spawn_blocking(move || answer.recv_timeout(Duration::from_secs(120)))
-                .await
-                .map_err(|e| Error::Config(format!("{what}: the waiting task failed: {e}")))?;
-        match answer {
-            Ok(result) => Ok(result?),
-            Err(crossbeam_channel::RecvTimeoutError::Timeout) => Err(Error::Config(format!(
-                "{what} did not finish within 120 s (are the brokers reachable?)"
+        match tokio::time::timeout(REQUEST_TIMEOUT, answer).await {
+            Ok(Ok(result)) => Ok(result?),
+            Ok(Err(_)) => Err(KafkaError::Stopped("live fetcher").into()),
+            Err(_) => Err(Error::Config(format!(
+                "{what} did not finish within {} s (are the brokers reachable?)",
+                REQUEST_TIMEOUT.as_secs()
             ))),
-            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
-                Err(KafkaError::Stopped("live fetcher").into())
-            }
         }
     }
 
@@ -295,7 +300,7 @@ impl CatchupConsumer {
     /// Commits everything acknowledged so far (catch-up progress to the group, live progress
     /// to the side topic while split, merging when a catch-up lane is done).
     pub async fn commit(&self) -> Result<(), Error> {
-        self.request_async("committing", LiveCommand::Commit).await
+        self.request("committing", LiveCommand::Commit).await
     }
 
     /// Events: assignments, splits, merges, truncations, discarded buffers, errors.
@@ -321,7 +326,7 @@ impl CatchupConsumer {
     /// Offsets of the current assignment the group has not committed: from each partition's
     /// committed offset to its log end (asks the brokers for the log ends).
     pub async fn backlog(&self) -> Result<u64, Error> {
-        self.request_async("reading the log ends", LiveCommand::Backlog)
+        self.request("reading the log ends", LiveCommand::Backlog)
             .await
     }
 
@@ -392,7 +397,7 @@ impl CatchupConsumer {
         self.closed
             .store(true, std::sync::atomic::Ordering::Relaxed);
         self.shared.notify.notify_waiters();
-        let result = self.request_async("closing", LiveCommand::Close).await;
+        let result = self.request("closing", LiveCommand::Close).await;
         let _ = self.catchup.send(CatchupCommand::Shutdown);
         let threads = std::mem::take(&mut *self.threads());
         let deadline = self.join_deadline(false);

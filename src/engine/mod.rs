@@ -165,6 +165,11 @@ pub(crate) struct Shared {
 }
 
 impl Stopped {
+    /// Whether a new subscription ends it.
+    fn cleared_by_subscribing(&self) -> bool {
+        matches!(self, Stopped::TopicMissing(_) | Stopped::Subscription(_))
+    }
+
     fn to_error(&self) -> crate::Error {
         match self {
             Stopped::TopicMissing(topic) => crate::Error::TopicMissing {
@@ -173,6 +178,7 @@ impl Stopped {
             Stopped::Refused(reason) => crate::Error::Refused {
                 reason: reason.clone(),
             },
+            Stopped::Subscription(reason) => crate::Error::Config(reason.clone()),
             Stopped::FetcherDied { fetcher, reason } => crate::Error::FetcherDied {
                 fetcher,
                 reason: reason.clone(),
@@ -188,6 +194,8 @@ pub(crate) enum Stopped {
     TopicMissing(String),
     /// Authentication or authorization failed.
     Refused(String),
+    /// rdkafka refused the subscription (a malformed pattern, say).
+    Subscription(String),
     /// A fetcher thread ended by a panic (a bug): its lane gets no more records.
     FetcherDied {
         /// Which one.
@@ -256,9 +264,10 @@ impl Shared {
             .stopped
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        // The first reason wins, except that a dead fetcher replaces a missing topic: a new
-        // subscription clears the latter, and must not revive a consumer without a fetcher.
-        let replaces = matches!(*slot, Some(Stopped::TopicMissing(_)))
+        // The first reason wins, except that a dead fetcher replaces what a new subscription
+        // clears (a missing topic, a refused subscription): that must not revive a consumer
+        // without a fetcher.
+        let replaces = slot.as_ref().is_some_and(Stopped::cleared_by_subscribing)
             && matches!(stopped, Stopped::FetcherDied { .. });
         if slot.is_some() && !replaces {
             return;
@@ -288,14 +297,15 @@ impl Shared {
         }
     }
 
-    /// A new subscription: a missing topic of the last one no longer stops the consumer (it
-    /// is looked up again if still missing). Access refused stays.
+    /// A new subscription: what was wrong with the last one (a missing topic, looked up
+    /// again if still missing; a refused subscription) no longer stops the consumer. Access
+    /// refused stays.
     pub fn resubscribed(&self) {
         let mut slot = self
             .stopped
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if matches!(*slot, Some(Stopped::TopicMissing(_))) {
+        if slot.as_ref().is_some_and(Stopped::cleared_by_subscribing) {
             *slot = None;
         }
     }

@@ -49,15 +49,20 @@ const MIN_COMMIT_SPACING: Duration = Duration::from_millis(100);
 
 /// Requests to the live thread.
 pub(crate) enum LiveCommand {
-    Subscribe(Vec<String>, Sender<Result<(), KafkaError>>),
-    Commit(Sender<Result<(), KafkaError>>),
+    /// A new subscription; a failure stops the consumer until the next one (`recv` says it).
+    Subscribe(Vec<String>),
+    Commit(Reply<()>),
     /// Offsets between the group's committed offsets and the log ends of the assignment.
-    Backlog(Sender<Result<u64, KafkaError>>),
+    Backlog(Reply<u64>),
     /// Commit, leave the group (revoking everything), stop.
-    Close(Sender<Result<(), KafkaError>>),
+    Close(Reply<()>),
     /// Stop without committing or cleaning up: what a crash would leave.
     Abandon,
 }
+
+/// Where the live thread answers a request: a tokio oneshot, so that the asking task awaits
+/// it without holding a thread (sending from the live thread does not block).
+pub(crate) type Reply<T> = tokio::sync::oneshot::Sender<Result<T, KafkaError>>;
 
 /// What the rebalance callback needs.
 pub(crate) struct LiveState {
@@ -1164,15 +1169,16 @@ fn run(
     loop {
         while let Ok(command) = commands.try_recv() {
             match command {
-                LiveCommand::Subscribe(topics, reply) => {
+                LiveCommand::Subscribe(topics) => {
                     *state.subscribed() = (topics.clone(), None);
                     shared.resubscribed();
-                    let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
-                    let _ = reply.send(
-                        consumer
-                            .subscribe(&topics)
-                            .map_err(|e| KafkaError::client("subscribing", e)),
-                    );
+                    let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+                    if let Err(error) = consumer.subscribe(&names) {
+                        shared.stop_with(Stopped::Subscription(format!(
+                            "subscribing to {}: {error}",
+                            topics.join(", ")
+                        )));
+                    }
                 }
                 LiveCommand::Commit(reply) => {
                     let _ = reply.send(state.commit(&consumer, None));

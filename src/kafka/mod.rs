@@ -14,7 +14,7 @@ pub(crate) use catchup_fetcher::{CatchupCommand, CatchupFetcher};
 pub(crate) use context::{
     BrokerHealth, RoleContext, check_token_settings, create_consumer, for_role, tokens_from_hooks,
 };
-pub(crate) use live::{LiveCommand, LiveFetcher};
+pub(crate) use live::{LiveCommand, LiveFetcher, Reply};
 pub(crate) use side_log::{SideLog, for_other_consumers, read_side_entries};
 
 use rdkafka::Message;

@@ -9,6 +9,7 @@ mod lag;
 mod reconcile;
 mod secret;
 mod side_entry;
+mod subscription;
 mod token;
 mod unowned;
 
@@ -21,6 +22,7 @@ pub use reconcile::{
 };
 pub use secret::SplitSecret;
 pub use side_entry::{SealedSideEntry, SideEntry, parse_side_key, side_key};
+pub use subscription::check_subscription;
 pub use token::{MAX_METADATA_BYTES, SplitToken};
 pub use unowned::{UnownedAction, unowned_action};
 

@@ -263,7 +263,8 @@ async fn restart(
         stop_fresh.clone(),
     );
     let started = Instant::now();
-    let consumer = CatchupConsumer::new(&client_config(Some(brokers), &group, &[]), config)
+    let consumer = CatchupConsumer::connect(&client_config(Some(brokers), &group, &[]), config)
+        .await
         .map_err(crate::failure)?;
     consumer.subscribe(&[topic]).map_err(crate::failure)?;
 

@@ -478,7 +478,7 @@ pub async fn run(args: RunArgs) -> Result<(), Failure> {
     }
     let connect_timeout = args.connect_timeout.map(Duration::from_secs);
     // Opening checks the side topic on the brokers (up to 30 s when they do not answer).
-    let opening = tokio::task::spawn_blocking(move || CatchupConsumer::new(&client, config));
+    let opening = CatchupConsumer::connect(&client, config);
     let consumer = match connect_timeout {
         Some(limit) => match tokio::time::timeout(limit, opening).await {
             Ok(opened) => opened,
@@ -486,7 +486,6 @@ pub async fn run(args: RunArgs) -> Result<(), Failure> {
         },
         None => opening.await,
     }
-    .map_err(|e| Failure::Runtime(format!("opening the consumer: {e}")))?
     .map_err(crate::failure)?;
     let consumer = Arc::new(consumer);
     if let Some(limit) = connect_timeout {
