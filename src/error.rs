@@ -35,8 +35,9 @@ pub enum Error {
         /// The topic.
         topic: String,
     },
-    /// The cluster refused the consumer: authentication failed, or access to a topic, the
-    /// group or the cluster was denied. Fix the credentials or ACLs and start again.
+    /// The cluster refused the consumer: the brokers refused the credentials of one of its
+    /// clients (librdkafka would retry for ever), or access to a topic, the group or the
+    /// cluster was denied. Fix the credentials or ACLs and start again.
     #[error("the cluster refused access: {reason}")]
     Refused {
         /// What the client reported.

@@ -321,6 +321,9 @@ async fn idle_and_done(consumer: &CatchupConsumer) -> bool {
     }
 }
 
+/// How long the consumer waits for its first assignment before it says so.
+const ANNOUNCE_WAITING_AFTER: Duration = Duration::from_secs(1);
+
 /// Says once that the consumer waits for its group, and how long that took.
 #[derive(Default)]
 struct Waiting {
@@ -345,7 +348,9 @@ impl Waiting {
             }
             return true;
         }
-        if !self.announced {
+        // A join takes a moment; a wait worth a word is one that lasts (a crashed member
+        // holding the partitions until its session times out).
+        if !self.announced && since.elapsed() >= ANNOUNCE_WAITING_AFTER {
             eprintln!(
                 "catchup: waiting for group {} to assign partitions (a member that crashed keeps them until its session times out)",
                 consumer.group()
