@@ -58,7 +58,9 @@ pub enum Error {
     /// The consumer was closed ([`CatchupConsumer::close`](crate::CatchupConsumer::close)).
     #[error("the consumer was closed")]
     Closed,
-    /// A setting is missing or wrong.
+    /// A setting is missing or wrong — a subscription rdkafka refused among them, reported by
+    /// `recv` until the next `subscribe` — or a request to the consumer's threads did not
+    /// finish in time.
     #[error("configuration: {0}")]
     Config(String),
 }

@@ -6,7 +6,7 @@
 
 mod support;
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -37,8 +37,12 @@ fn secure_client(group: &str, overrides: &[(&str, &str)]) -> ClientConfig {
 /// The proposal's example over the secure listener: 120 records, the group committed at 70,
 /// a split at 120 (the side-log producer writes its entry), the catch-up consumer fetches
 /// 70..119, the member 120..124, the merge commits 125. The side topic is new, so the side
-/// log's admin client creates it through the same listener.
-async fn round_trip(overrides: &[(&str, &str)], hooks: Option<Arc<dyn ClientHooks>>) {
+/// log's admin client creates it through the same listener. Returns the consumer, open, and
+/// its buffer directory.
+async fn round_trip(
+    overrides: &[(&str, &str)],
+    hooks: Option<Arc<dyn ClientHooks>>,
+) -> (CatchupConsumer, tempfile::TempDir) {
     let kafka = Kafka::connect();
     let topic = unique("secure");
     kafka.create_topic(&topic, 1).await;
@@ -89,25 +93,32 @@ async fn round_trip(overrides: &[(&str, &str)], hooks: Option<Arc<dyn ClientHook
     wait_for_event(&mut events, WAIT, |e| matches!(e, Event::Merged { .. })).await;
     consumer.commit().await.expect("commit");
     assert_eq!(kafka.committed(&group, &topic, 1), vec![Some(125)]);
-    consumer.close().await.expect("close");
+    (consumer, dir)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scram_sha_512_round_trip() {
-    round_trip(&[], None).await;
+    let (consumer, _dir) = round_trip(&[], None).await;
+    consumer.close().await.expect("close");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plain_round_trip() {
-    round_trip(&[("sasl.mechanism", "PLAIN")], None).await;
+    let (consumer, _dir) = round_trip(&[("sasl.mechanism", "PLAIN")], None).await;
+    consumer.close().await.expect("close");
 }
 
-/// Hands out unsecured tokens (what the broker's default OAUTHBEARER validator accepts) and
-/// notes which client roles asked.
+/// Hands out unsecured tokens (what the broker's default OAUTHBEARER validator accepts),
+/// valid for [`TOKEN_LIFETIME`], and counts the requests of each client role.
 #[derive(Default)]
 struct UnsecuredTokens {
-    asked_by: Mutex<BTreeSet<String>>,
+    asked_by: Mutex<BTreeMap<String, usize>>,
+    /// The group member's requests, to wait on.
+    live_requests: tokio::sync::watch::Sender<usize>,
 }
+
+/// Short enough that the clients ask again during the test (librdkafka refreshes at 80 %).
+const TOKEN_LIFETIME: Duration = Duration::from_secs(5);
 
 impl ClientHooks for UnsecuredTokens {
     fn oauth_token(
@@ -115,12 +126,17 @@ impl ClientHooks for UnsecuredTokens {
         role: &str,
         _oauthbearer_config: Option<&str>,
     ) -> Result<OAuthToken, Box<dyn std::error::Error>> {
-        self.asked_by
+        *self
+            .asked_by
             .lock()
             .map_err(|_| "poisoned")?
-            .insert(role.to_owned());
+            .entry(role.to_owned())
+            .or_default() += 1;
+        if role == "live" {
+            self.live_requests.send_modify(|requests| *requests += 1);
+        }
         let now = SystemTime::now().duration_since(UNIX_EPOCH)?;
-        let expires = now + Duration::from_secs(3600);
+        let expires = now + TOKEN_LIFETIME;
         let header = base64url(br#"{"alg":"none"}"#);
         let claims = base64url(
             format!(
@@ -174,24 +190,33 @@ fn base64url_matches_rfc_4648_vectors() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oauthbearer_tokens_from_the_hooks() {
     let tokens = Arc::new(UnsecuredTokens::default());
-    round_trip(
+    let (consumer, _dir) = round_trip(
         &[("sasl.mechanism", "OAUTHBEARER")],
         Some(tokens.clone() as Arc<dyn ClientHooks>),
     )
     .await;
     let asked_by = tokens.asked_by.lock().expect("lock").clone();
+    // The side topic was new: the probe found it missing and the admin client created it.
     for role in [
         "live",
         "catchup",
+        "side-probe",
         "side-admin",
         "side-producer",
         "side-reader",
     ] {
         assert!(
-            asked_by.contains(role),
+            asked_by.contains_key(role),
             "{role} asked for no token: {asked_by:?}"
         );
     }
+    // Before its token expires the group member asks again, from its own polls.
+    let mut live_requests = tokens.live_requests.subscribe();
+    tokio::time::timeout(WAIT, live_requests.wait_for(|requests| *requests >= 2))
+        .await
+        .expect("the group member refreshed its token in time")
+        .expect("watch");
+    consumer.close().await.expect("close");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -43,6 +43,8 @@ pub fn group_lag(
     }
     .side_topic_for(group)
     .map_err(Error::Config)?;
+    // No hooks here: OAUTHBEARER tokens only through librdkafka's OIDC fetcher.
+    crate::kafka::check_token_settings(client, false).map_err(Error::Config)?;
     let health = Arc::new(BrokerHealth::new(group, None));
     let base = crate::kafka::for_other_consumers(client);
     let mut config = for_role(&base, "lag");

@@ -63,6 +63,8 @@ pub struct CatchupConsumer {
 impl CatchupConsumer {
     /// [`new`](Self::new) on tokio's blocking threads: what to call from async code, where
     /// opening the buffer and checking the side topic must not hold up the runtime's workers.
+    /// Dropped before it returns, it lets the opening finish in the background (the buffer
+    /// directory is free again once it has).
     pub async fn connect(client: &ClientConfig, config: CatchupConfig) -> Result<Self, Error> {
         let client = client.clone();
         tokio::task::spawn_blocking(move || Self::new(&client, config))
@@ -72,8 +74,8 @@ impl CatchupConsumer {
 
     /// Creates the consumer from rdkafka settings (`bootstrap.servers` and `group.id` are
     /// required) and catchup's own. Opens (or creates) the buffer directory and checks (or
-    /// creates) the side topic: it blocks on the disk and the brokers — up to 30 s when they
-    /// do not answer — so async code calls [`connect`](Self::connect) instead.
+    /// creates) the side topic: it blocks on the disk and the brokers — about a minute when
+    /// they do not answer — so async code calls [`connect`](Self::connect) instead.
     pub fn new(client: &ClientConfig, config: CatchupConfig) -> Result<Self, Error> {
         let group = client
             .get("group.id")
@@ -154,9 +156,9 @@ impl CatchupConsumer {
         let topics = topics.iter().map(|t| (*t).to_owned()).collect();
         // What was wrong with the last subscription ends here, not when the live thread
         // gets to this one: a `recv` right after must not report it.
-        self.shared.resubscribed();
+        let generation = self.shared.subscribing();
         self.live
-            .send(LiveCommand::Subscribe(topics))
+            .send(LiveCommand::Subscribe(topics, generation))
             .map_err(|_| KafkaError::Stopped("live fetcher"))?;
         Ok(())
     }

@@ -160,6 +160,8 @@ pub(crate) struct Shared {
     /// What stopped the consumer for good on the Kafka side (a subscribed topic that does
     /// not exist, access refused): `recv` reports it.
     stopped: Mutex<Option<Stopped>>,
+    /// How many times the application subscribed (`subscribing`).
+    subscription: AtomicU64,
     /// Whether the brokers can be reached, as every client reports it.
     pub health: Arc<crate::kafka::BrokerHealth>,
 }
@@ -253,6 +255,7 @@ impl Shared {
             next_start: AtomicU64::new(0),
             writability: Writability::new(config_floor),
             stopped: Mutex::new(None),
+            subscription: AtomicU64::new(0),
             health,
         }
     }
@@ -260,10 +263,37 @@ impl Shared {
     /// Records what stopped the consumer (the first one wins), with an event, and wakes the
     /// reader so that `recv` reports it.
     pub fn stop_with(&self, stopped: Stopped) {
-        let mut slot = self
+        let slot = self
             .stopped
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
+        self.record_stop(slot, stopped);
+    }
+
+    /// [`stop_with`](Self::stop_with) for what is wrong with subscription `generation` (a
+    /// topic missing, the subscription refused): dropped if the application subscribed
+    /// again since — the live thread may still be busy with the old one when `subscribe`
+    /// returns.
+    pub fn stop_for_subscription(&self, generation: u64, stopped: Stopped) {
+        let slot = self
+            .stopped
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        // Read under the lock `subscribing` clears the slot under, after its increment.
+        if self.subscription.load(Ordering::SeqCst) == generation {
+            self.record_stop(slot, stopped);
+        }
+    }
+
+    /// A new subscription (`subscribe`): its generation. What was wrong with the last one
+    /// no longer stops the consumer, from now on.
+    pub fn subscribing(&self) -> u64 {
+        let generation = self.subscription.fetch_add(1, Ordering::SeqCst) + 1;
+        self.resubscribed();
+        generation
+    }
+
+    fn record_stop(&self, mut slot: MutexGuard<'_, Option<Stopped>>, stopped: Stopped) {
         // The first reason wins, except that a dead fetcher replaces what a new subscription
         // clears (a missing topic, a refused subscription): that must not revive a consumer
         // without a fetcher.
@@ -297,10 +327,9 @@ impl Shared {
         }
     }
 
-    /// A new subscription: what was wrong with the last one (a missing topic, looked up
-    /// again if still missing; a refused subscription) no longer stops the consumer. Access
-    /// refused stays.
-    pub fn resubscribed(&self) {
+    /// What was wrong with the last subscription (a missing topic, looked up again if still
+    /// missing; a refused subscription) no longer stops the consumer. Access refused stays.
+    fn resubscribed(&self) {
         let mut slot = self
             .stopped
             .lock()
@@ -840,6 +869,34 @@ mod tests {
             "group".into(),
             Arc::new(crate::kafka::BrokerHealth::new("group", None)),
         )
+    }
+
+    #[test]
+    fn what_an_old_subscription_reports_is_dropped() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let shared = shared(dir.path());
+        let first = shared.subscribing();
+        shared.stop_for_subscription(first, Stopped::TopicMissing("orders".into()));
+        assert!(matches!(
+            shared.stopped(),
+            Some(crate::Error::TopicMissing { .. })
+        ));
+        // The application subscribes again while the live thread still checks the first.
+        let second = shared.subscribing();
+        assert!(shared.stopped().is_none(), "cleared by subscribing");
+        shared.stop_for_subscription(first, Stopped::TopicMissing("orders".into()));
+        assert!(shared.stopped().is_none(), "the first subscription's news");
+        shared.stop_for_subscription(second, Stopped::Subscription("refused".into()));
+        assert!(matches!(shared.stopped(), Some(crate::Error::Config(_))));
+        // Access refused is not the subscription's: subscribing again keeps it.
+        let third = shared.subscribing();
+        shared.stop_with(Stopped::Refused("denied".into()));
+        shared.subscribing();
+        shared.stop_for_subscription(third, Stopped::TopicMissing("orders".into()));
+        assert!(matches!(
+            shared.stopped(),
+            Some(crate::Error::Refused { .. })
+        ));
     }
 
     #[test]

@@ -91,7 +91,9 @@ pub trait ClientHooks: Send + Sync + 'static {
     /// expires, with the value of `sasl.oauthbearer.config`. What a plain rdkafka
     /// application writes as `ClientContext::generate_oauth_token`. An error fails the
     /// client's authentication, which stops the consumer with
-    /// [`Error::Refused`](crate::Error::Refused).
+    /// [`Error::Refused`](crate::Error::Refused) if no request gets through for 10 s. It
+    /// runs on catchup's own threads — the group member's among them, inside a rebalance —
+    /// so it should answer quickly (a cached token, refreshed elsewhere).
     fn oauth_token(
         &self,
         role: &str,

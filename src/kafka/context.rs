@@ -1,9 +1,10 @@
 //! What catchup's clients tell about the brokers: one WARN when none can be reached (naming
-//! the last connection that failed) and one INFO when they are back — not an ERROR at every retry of each of the five clients —
+//! the last connection that failed) and one INFO when they are back — not an ERROR at every retry of each of the clients —
 //! with events and a counter; librdkafka's log lines at levels that match what they mean.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::time::Instant;
 
 use rdkafka::ClientConfig;
 use rdkafka::client::{ClientContext, OAuthToken};
@@ -14,6 +15,7 @@ use rdkafka::types::RDKafkaErrorCode;
 use tokio::sync::broadcast;
 
 use crate::engine::types::{ClientHooks, Event};
+use crate::plan::{REFUSAL_GRACE, Refusal};
 
 /// Whether the brokers can be reached, as every client of one consumer reports it.
 #[derive(Debug)]
@@ -27,8 +29,10 @@ pub(crate) struct BrokerHealth {
     events: OnceLock<broadcast::Sender<Event>>,
     /// The application's hooks, told by every client.
     hooks: Option<Arc<dyn ClientHooks>>,
-    /// The first authentication failure any client reported: it stops the consumer.
-    refused: std::sync::Mutex<Option<String>>,
+    /// Authentication failures any client reported: lasting ones stop the consumer.
+    refusal: std::sync::Mutex<Refusal>,
+    /// Whether `refusal` has anything to say (read for every record handed out).
+    refusing: AtomicBool,
 }
 
 /// How a client-wide error is reported.
@@ -40,8 +44,8 @@ pub(crate) enum ErrorClass {
     ConnectionFailed,
     /// An unknown topic: confirmed and reported through `recv` by the live thread.
     UnknownTopic,
-    /// The brokers refused the client's credentials (SASL): librdkafka would retry for
-    /// ever, the consumer stops, as a Java consumer's `poll` throws.
+    /// The brokers refused the client's credentials (SASL), or no OAUTHBEARER token could
+    /// be had: librdkafka retries for ever; the consumer stops if it lasts (`plan::Refusal`).
     AuthenticationFailed,
     /// Anything else.
     Other,
@@ -75,7 +79,8 @@ impl BrokerHealth {
             last_failure: std::sync::Mutex::new(None),
             events: OnceLock::new(),
             hooks,
-            refused: std::sync::Mutex::new(None),
+            refusal: std::sync::Mutex::new(Refusal::default()),
+            refusing: AtomicBool::new(false),
         }
     }
 
@@ -102,12 +107,35 @@ impl BrokerHealth {
         }
     }
 
-    /// Why the brokers refused a client's credentials, once one did.
+    /// Why the consumer's credentials are refused, once the refusal is final (it lasted
+    /// `REFUSAL_GRACE` with no request getting through).
     pub fn refused(&self) -> Option<String> {
-        self.refused
+        if !self.refusing.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.refusal().check(Instant::now())
+    }
+
+    /// Whether authentication failures are being seen: a request that gets through
+    /// ([`accepted`](Self::accepted)) would end them.
+    pub fn is_refusing(&self) -> bool {
+        self.refusing.load(Ordering::Relaxed)
+    }
+
+    /// A request got through: the credentials are accepted (a final refusal stays).
+    pub fn accepted(&self) {
+        let mut refusal = self.refusal();
+        if refusal.succeeded() {
+            self.refusing.store(refusal.failing(), Ordering::Relaxed);
+            drop(refusal);
+            tracing::info!("the brokers accept the credentials again");
+        }
+    }
+
+    fn refusal(&self) -> std::sync::MutexGuard<'_, Refusal> {
+        self.refusal
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone()
     }
 
     /// An OAUTHBEARER token for the client playing `role`, from the application's hooks.
@@ -133,16 +161,18 @@ impl BrokerHealth {
     pub fn on_error(&self, role: &str, error: KafkaError, reason: &str) {
         match classify_client_error(&error) {
             ErrorClass::AuthenticationFailed => {
-                let mut refused = self
-                    .refused
-                    .lock()
-                    .unwrap_or_else(|poisoned| poisoned.into_inner());
-                if refused.is_none() {
-                    tracing::error!(client = role, "{reason}; the consumer stops");
-                    *refused = Some(reason.to_owned());
-                    drop(refused);
+                let mut refusal = self.refusal();
+                let begins = refusal.failed(Instant::now(), reason);
+                self.refusing.store(true, Ordering::Relaxed);
+                drop(refusal);
+                if begins {
+                    tracing::warn!(
+                        client = role,
+                        "{reason}; retrying — the consumer stops if this lasts {} s",
+                        REFUSAL_GRACE.as_secs()
+                    );
                     self.emit(Event::Error {
-                        message: format!("the cluster refused access: {reason}"),
+                        message: format!("authentication failed: {reason}"),
                     });
                 } else {
                     tracing::debug!(client = role, %error, reason, "librdkafka");
@@ -250,14 +280,18 @@ impl ConsumerContext for RoleContext {}
 const NO_TOKEN_HOOK: &str = "sasl.mechanism=OAUTHBEARER needs a token: give CatchupConfig::hooks a ClientHooks::oauth_token, or let librdkafka fetch tokens with sasl.oauthbearer.method=oidc";
 
 /// Whether `config` has the application hand OAUTHBEARER tokens to the clients (rather than
-/// librdkafka's own OIDC fetcher).
+/// librdkafka's own OIDC fetcher). Without SASL in `security.protocol` the mechanism is
+/// never used.
 pub(crate) fn tokens_from_hooks(config: &ClientConfig) -> bool {
+    let protocol = config.get("security.protocol").unwrap_or("plaintext");
     let mechanism = config
         .get("sasl.mechanism")
         .or_else(|| config.get("sasl.mechanisms"))
         .unwrap_or_default();
     let method = config.get("sasl.oauthbearer.method").unwrap_or("default");
-    mechanism.eq_ignore_ascii_case("OAUTHBEARER") && !method.eq_ignore_ascii_case("oidc")
+    protocol.to_ascii_lowercase().starts_with("sasl_")
+        && mechanism.eq_ignore_ascii_case("OAUTHBEARER")
+        && !method.eq_ignore_ascii_case("oidc")
 }
 
 /// Whether catchup can run its clients with these OAUTHBEARER settings: its contexts take
@@ -267,9 +301,10 @@ pub(crate) fn check_token_settings(config: &ClientConfig, has_hooks: bool) -> Re
     if !tokens_from_hooks(config) {
         return Ok(());
     }
+    // librdkafka's booleans: true, t, 1 (any case).
     if config
         .get("enable.sasl.oauthbearer.unsecure.jwt")
-        .is_some_and(|v| v.eq_ignore_ascii_case("true"))
+        .is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "true" | "t" | "1"))
     {
         return Err("enable.sasl.oauthbearer.unsecure.jwt is not supported: catchup's clients take OAUTHBEARER tokens from ClientHooks::oauth_token (it may return an unsecured token)".into());
     }
@@ -279,9 +314,10 @@ pub(crate) fn check_token_settings(config: &ClientConfig, has_hooks: bool) -> Re
     Ok(())
 }
 
-/// Creates a consumer and serves what librdkafka queued at its creation — with OAUTHBEARER
-/// the first token request — so that a blocking request made before its first poll
-/// (metadata, watermarks, committed offsets) does not wait for a token nobody asked for.
+/// Creates a consumer and serves the first event librdkafka queued at its creation — with
+/// OAUTHBEARER the first token request, queued ahead of everything else — so that a
+/// blocking request made before its first poll (metadata, watermarks, committed offsets)
+/// does not wait for a token nobody asked for.
 pub(crate) fn create_consumer<C: ConsumerContext>(
     config: &ClientConfig,
     context: C,
@@ -327,24 +363,29 @@ mod tests {
     }
 
     #[test]
-    fn refused_credentials_stop_the_consumer_once() {
+    fn refused_credentials_are_announced_once_per_run_of_failures() {
         let health = BrokerHealth::new("g", None);
         let (events, mut received) = broadcast::channel(16);
         health.attach(events);
-        assert_eq!(health.refused(), None);
-        for role in ["live", "catchup"] {
+        assert!(!health.is_refusing());
+        let failed = |role| {
             health.on_error(
                 role,
                 KafkaError::Global(RDKafkaErrorCode::Authentication),
                 "SASL authentication error: invalid credentials",
-            );
-        }
-        assert_eq!(
-            health.refused().as_deref(),
-            Some("SASL authentication error: invalid credentials")
-        );
+            )
+        };
+        failed("live");
+        failed("catchup");
+        assert!(health.is_refusing());
+        assert_eq!(health.refused(), None, "not final before the grace");
         assert!(matches!(received.try_recv(), Ok(Event::Error { .. })));
         assert!(received.try_recv().is_err(), "announced once");
+        health.accepted();
+        assert!(!health.is_refusing(), "a request got through");
+        failed("live");
+        assert!(matches!(received.try_recv(), Ok(Event::Error { .. })));
+        // When a run of failures becomes final is `plan::Refusal`'s table.
     }
 
     #[test]
@@ -356,26 +397,56 @@ mod tests {
             }
             config
         };
+        let sasl = ("security.protocol", "SASL_SSL");
         let oauth = ("sasl.mechanism", "OAUTHBEARER");
         for (pairs, has_hooks, tokens, accepted) in [
             (vec![], false, false, true),
             (
-                vec![("sasl.mechanism", "SCRAM-SHA-512")],
+                vec![sasl, ("sasl.mechanism", "SCRAM-SHA-512")],
                 false,
                 false,
                 true,
             ),
-            (vec![oauth], true, true, true),
-            (vec![("sasl.mechanisms", "oauthbearer")], true, true, true),
-            (vec![oauth], false, true, false),
+            (vec![sasl, oauth], true, true, true),
             (
-                vec![oauth, ("enable.sasl.oauthbearer.unsecure.jwt", "true")],
+                vec![("security.protocol", "sasl_plaintext"), oauth],
+                true,
+                true,
+                true,
+            ),
+            (
+                vec![sasl, ("sasl.mechanisms", "oauthbearer")],
+                true,
+                true,
+                true,
+            ),
+            (vec![sasl, oauth], false, true, false),
+            // A mechanism left over while SASL is off is never used.
+            (vec![oauth], false, false, true),
+            (
+                vec![("security.protocol", "SSL"), oauth],
+                false,
+                false,
+                true,
+            ),
+            (
+                vec![
+                    sasl,
+                    oauth,
+                    ("enable.sasl.oauthbearer.unsecure.jwt", "true"),
+                ],
                 true,
                 true,
                 false,
             ),
             (
-                vec![oauth, ("sasl.oauthbearer.method", "oidc")],
+                vec![sasl, oauth, ("enable.sasl.oauthbearer.unsecure.jwt", "T")],
+                true,
+                true,
+                false,
+            ),
+            (
+                vec![sasl, oauth, ("sasl.oauthbearer.method", "oidc")],
                 false,
                 false,
                 true,

@@ -49,8 +49,9 @@ const MIN_COMMIT_SPACING: Duration = Duration::from_millis(100);
 
 /// Requests to the live thread.
 pub(crate) enum LiveCommand {
-    /// A new subscription; a failure stops the consumer until the next one (`recv` says it).
-    Subscribe(Vec<String>),
+    /// A new subscription (its topics, its generation); a failure stops the consumer until
+    /// the next one (`recv` says it).
+    Subscribe(Vec<String>, u64),
     Commit(Reply<()>),
     /// Offsets between the group's committed offsets and the log ends of the assignment.
     Backlog(Reply<u64>),
@@ -85,9 +86,20 @@ pub(crate) struct LiveState {
     /// A buffer compaction running on its own thread (its copy takes seconds on a large
     /// buffer; the live lane keeps polling meanwhile).
     compacting: Mutex<Option<std::thread::JoinHandle<()>>>,
-    /// The topics (or patterns) of the subscription, and when the last one reported unknown
-    /// was looked up.
-    subscribed: Mutex<(Vec<String>, Option<Instant>)>,
+    /// The subscription in force.
+    subscribed: Mutex<Subscription>,
+}
+
+/// The subscription the group member holds.
+#[derive(Default)]
+struct Subscription {
+    /// Its topics (or patterns).
+    topics: Vec<String>,
+    /// Which `subscribe` call made it (`Shared::subscribing`): what is reported of it is
+    /// dropped once the application subscribed again.
+    generation: u64,
+    /// When a topic reported unknown was last looked up.
+    last_check: Option<Instant>,
 }
 
 /// How often, and how long, the live thread asks for metadata while the brokers are
@@ -268,7 +280,7 @@ impl LiveState {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn subscribed(&self) -> MutexGuard<'_, (Vec<String>, Option<Instant>)> {
+    fn subscribed(&self) -> MutexGuard<'_, Subscription> {
         self.subscribed
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -286,16 +298,16 @@ impl LiveState {
         match kind {
             FatalKind::Refused => self.shared.stop_with(Stopped::Refused(message)),
             FatalKind::UnknownTopic => {
-                let topics = {
+                let (topics, generation) = {
                     let mut subscribed = self.subscribed();
                     if subscribed
-                        .1
+                        .last_check
                         .is_some_and(|at| at.elapsed() < TOPIC_CHECK_EVERY)
                     {
                         return;
                     }
-                    subscribed.1 = Some(Instant::now());
-                    subscribed.0.clone()
+                    subscribed.last_check = Some(Instant::now());
+                    (subscribed.topics.clone(), subscribed.generation)
                 };
                 // A pattern (`^...`) matches whatever exists: nothing to confirm.
                 for topic in topics.iter().filter(|t| !t.starts_with('^')) {
@@ -309,7 +321,10 @@ impl LiveState {
                                 == Some(RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART)
                     });
                     if missing {
-                        self.shared.stop_with(Stopped::TopicMissing(topic.clone()));
+                        self.shared.stop_for_subscription(
+                            generation,
+                            Stopped::TopicMissing(topic.clone()),
+                        );
                         return;
                     }
                 }
@@ -1134,7 +1149,7 @@ impl LiveFetcher {
             incarnations_checked: Mutex::new(BTreeSet::new()),
             kept: Mutex::new(BTreeSet::new()),
             compacting: Mutex::new(None),
-            subscribed: Mutex::new((Vec::new(), None)),
+            subscribed: Mutex::new(Subscription::default()),
         });
         let consumer: BaseConsumer<LiveContext> = config
             .create_with_context(LiveContext {
@@ -1169,15 +1184,25 @@ fn run(
     loop {
         while let Ok(command) = commands.try_recv() {
             match command {
-                LiveCommand::Subscribe(topics) => {
-                    *state.subscribed() = (topics.clone(), None);
-                    shared.resubscribed();
+                LiveCommand::Subscribe(topics, generation) => {
+                    // (What was wrong with the last subscription was cleared by the caller.)
                     let names: Vec<&str> = topics.iter().map(String::as_str).collect();
-                    if let Err(error) = consumer.subscribe(&names) {
-                        shared.stop_with(Stopped::Subscription(format!(
-                            "subscribing to {}: {error}",
-                            topics.join(", ")
-                        )));
+                    match consumer.subscribe(&names) {
+                        Ok(()) => {
+                            *state.subscribed() = Subscription {
+                                topics,
+                                generation,
+                                last_check: None,
+                            };
+                        }
+                        // librdkafka keeps the previous subscription: so does `subscribed`.
+                        Err(error) => shared.stop_for_subscription(
+                            generation,
+                            Stopped::Subscription(format!(
+                                "subscribing to {}: {error}",
+                                topics.join(", ")
+                            )),
+                        ),
                     }
                 }
                 LiveCommand::Commit(reply) => {
@@ -1244,11 +1269,15 @@ fn run(
             };
             last_retry = Instant::now();
         }
-        // Unreachable brokers say nothing when they come back: ask, every 2 s meanwhile (a
-        // round trip: messages polled may have been fetched before the brokers went away).
-        if shared.health.is_unreachable() && last_probe.elapsed() >= PROBE_EVERY {
+        // Unreachable brokers say nothing when they come back, nor refusing ones when they
+        // accept the credentials again: ask, every 2 s meanwhile (a round trip: messages
+        // polled may have been fetched before the brokers went away).
+        if (shared.health.is_unreachable() || shared.health.is_refusing())
+            && last_probe.elapsed() >= PROBE_EVERY
+        {
             if consumer.fetch_metadata(None, PROBE_TIMEOUT).is_ok() {
                 shared.health.reached();
+                shared.health.accepted();
             }
             last_probe = Instant::now();
         }

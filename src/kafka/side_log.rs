@@ -62,29 +62,34 @@ impl SideLog {
     /// Creates the side topic unless it exists: a consumer without the Create ACL works
     /// with a topic an operator created.
     fn ensure_topic(&self) -> Result<(), KafkaError> {
-        let probe: BaseConsumer<RoleContext> = for_role(&self.client_config, "side-admin")
-            .create_with_context(self.context("side-admin"))
+        let probe: BaseConsumer<RoleContext> = for_role(&self.client_config, "side-probe")
+            .create_with_context(self.context("side-probe"))
             .map_err(|e| KafkaError::client("creating a metadata client", e))?;
         // Asked in short rounds, polling in between: the poll serves the client's events —
-        // an OAUTHBEARER token request, an authentication failure (which ends the wait: the
-        // consumer reports it) — that a metadata request alone leaves queued.
+        // OAUTHBEARER token requests, authentication failures (final ones end the wait: the
+        // consumer reports them) — that a metadata request alone leaves queued.
         let deadline = Instant::now() + SIDE_TIMEOUT;
         let metadata = loop {
             let _ = probe.poll(Duration::ZERO);
             match probe.fetch_metadata(Some(&self.topic), Duration::from_secs(1)) {
-                Ok(metadata) => break Some(metadata),
-                Err(_) if self.health.refused().is_some() => break None,
-                Err(_) if Instant::now() >= deadline => break None,
-                Err(_) => {}
+                Ok(metadata) => {
+                    self.health.accepted();
+                    break Some(metadata);
+                }
+                Err(_) => {
+                    let _ = probe.poll(Duration::ZERO);
+                    if let Some(reason) = self.health.refused() {
+                        return Err(KafkaError::side(
+                            &self.topic,
+                            format!("cannot check it: {reason}"),
+                        ));
+                    }
+                    if Instant::now() >= deadline {
+                        break None;
+                    }
+                }
             }
         };
-        let _ = probe.poll(Duration::ZERO);
-        if let Some(reason) = self.health.refused() {
-            return Err(KafkaError::side(
-                &self.topic,
-                format!("cannot check it: {reason}"),
-            ));
-        }
         let exists = metadata.is_some_and(|metadata| {
             metadata.topics().iter().any(|t| {
                 t.name() == self.topic && t.error().is_none() && !t.partitions().is_empty()

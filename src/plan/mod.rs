@@ -7,6 +7,7 @@ mod acks;
 mod commit;
 mod lag;
 mod reconcile;
+mod refusal;
 mod secret;
 mod side_entry;
 mod subscription;
@@ -20,6 +21,7 @@ pub use reconcile::{
     Committed, Decision, Inputs, LocalAction, MainLogCommit, OffsetReset, PlanEvent, SideValue,
     SideWrite, clip_ranges, local_action, reconcile, trusted_side_entry,
 };
+pub use refusal::{REFUSAL_GRACE, Refusal};
 pub use secret::SplitSecret;
 pub use side_entry::{SealedSideEntry, SideEntry, parse_side_key, side_key};
 pub use subscription::check_subscription;

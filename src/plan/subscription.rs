@@ -6,12 +6,15 @@ const MAX_TOPIC_LEN: usize = 249;
 
 /// Checks `topics` as a subscription: at least one entry, each a valid Kafka topic name
 /// (1 to 249 of `a-z A-Z 0-9 . _ -`, not `.` or `..`) or a pattern starting with `^`
-/// (librdkafka compiles patterns; one it refuses is reported through `recv`).
+/// (librdkafka compiles patterns; one it refuses is reported through `recv`), none twice.
 pub fn check_subscription(topics: &[&str]) -> Result<(), String> {
     if topics.is_empty() {
         return Err("subscribe needs at least one topic".into());
     }
-    for topic in topics {
+    for (index, topic) in topics.iter().enumerate() {
+        if topics[..index].contains(topic) {
+            return Err(format!("{topic:?} is named twice in the subscription"));
+        }
         if let Some(pattern) = topic.strip_prefix('^') {
             if pattern.is_empty() {
                 return Err(
@@ -58,6 +61,8 @@ mod tests {
             (vec!["has space"], false),
             (vec!["slash/topic"], false),
             (vec!["orders", "bad,comma"], false),
+            (vec!["orders", "orders"], false),
+            (vec!["^o.*", "^o.*"], false),
             (vec![too_long.as_str()], false),
         ] {
             assert_eq!(check_subscription(&topics).is_ok(), accepted, "{topics:?}");
