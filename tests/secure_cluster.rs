@@ -8,6 +8,7 @@ mod support;
 
 use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -115,6 +116,8 @@ struct UnsecuredTokens {
     asked_by: Mutex<BTreeMap<String, usize>>,
     /// The group member's requests, to wait on.
     live_requests: tokio::sync::watch::Sender<usize>,
+    /// Set: the identity provider is down, no token is handed out.
+    withheld: AtomicBool,
 }
 
 /// Short enough that the clients ask again during the test (librdkafka refreshes at 80 %).
@@ -134,6 +137,9 @@ impl ClientHooks for UnsecuredTokens {
             .or_default() += 1;
         if role == "live" {
             self.live_requests.send_modify(|requests| *requests += 1);
+        }
+        if self.withheld.load(Ordering::SeqCst) {
+            return Err("the identity provider is down".into());
         }
         let now = SystemTime::now().duration_since(UNIX_EPOCH)?;
         let expires = now + TOKEN_LIFETIME;
@@ -217,6 +223,47 @@ async fn oauthbearer_tokens_from_the_hooks() {
         .expect("the group member refreshed its token in time")
         .expect("watch");
     consumer.close().await.expect("close");
+}
+
+/// The broker ends each OAUTHBEARER session with its token: once the hook stops handing
+/// tokens out, no request gets through, and after the grace `recv` says so (librdkafka alone
+/// would retry for ever).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_that_stop_coming_end_in_refused_from_recv() {
+    let tokens = Arc::new(UnsecuredTokens::default());
+    let (consumer, _dir) = round_trip(
+        &[("sasl.mechanism", "OAUTHBEARER")],
+        Some(tokens.clone() as Arc<dyn ClientHooks>),
+    )
+    .await;
+    tokens.withheld.store(true, Ordering::SeqCst);
+    let withheld_at = tokio::time::Instant::now();
+    let stopped = tokio::time::timeout(Duration::from_secs(90), async {
+        loop {
+            if let Err(error) = consumer.recv().await {
+                break error;
+            }
+        }
+    })
+    .await
+    .expect("the consumer stopped in time");
+    match &stopped {
+        Error::Refused { reason } => {
+            assert!(reason.contains("the identity provider is down"), "{reason}")
+        }
+        other => panic!("expected Error::Refused, got {other}"),
+    }
+    assert!(
+        withheld_at.elapsed() >= catchup::plan::REFUSAL_GRACE,
+        "stopped before the grace"
+    );
+    // Tokens again: the refusal stays final, and the consumer still closes cleanly.
+    tokens.withheld.store(false, Ordering::SeqCst);
+    assert!(matches!(consumer.recv().await, Err(Error::Refused { .. })));
+    tokio::time::timeout(WAIT, consumer.close())
+        .await
+        .expect("closed in time")
+        .expect("close");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -13,7 +13,9 @@ pub const REFUSAL_GRACE: Duration = Duration::from_secs(10);
 /// Authentication failures of a consumer's clients and whether they are final yet.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Refusal {
-    /// Since when authentication keeps failing, and the last reason given.
+    /// Since when authentication keeps failing, and the failure that began it (closer to
+    /// the cause than the later ones: a token hook's error, then brokers refusing the
+    /// expired token).
     failing: Option<(Instant, String)>,
     /// Set once the failures lasted the grace: what the consumer reports, for good.
     final_reason: Option<String>,
@@ -23,17 +25,11 @@ impl Refusal {
     /// A client's authentication failed at `now`. Whether a run of failures begins (worth
     /// a word to the operator).
     pub fn failed(&mut self, now: Instant, reason: &str) -> bool {
-        match &mut self.failing {
-            Some((_, last)) => {
-                last.clear();
-                last.push_str(reason);
-                false
-            }
-            None => {
-                self.failing = Some((now, reason.to_owned()));
-                self.final_reason.is_none()
-            }
+        if self.failing.is_some() {
+            return false;
         }
+        self.failing = Some((now, reason.to_owned()));
+        self.final_reason.is_none()
     }
 
     /// A request got through: the credentials are accepted (a final refusal stays). Whether
@@ -78,12 +74,12 @@ mod tests {
         type Steps = Vec<(Step, u64, bool, Option<&'static str>)>;
         let cases: Vec<(&str, Steps)> = vec![
             (
-                "a failure that lasts the grace is final",
+                "a failure that lasts the grace is final, named by its first reason",
                 vec![
                     (Fail("bad password"), 0, true, None),
                     (Check, 9, false, None),
-                    (Fail("bad password again"), 9, false, None),
-                    (Check, 10, false, Some("bad password again")),
+                    (Fail("expired token"), 9, false, None),
+                    (Check, 10, false, Some("bad password")),
                 ],
             ),
             (
