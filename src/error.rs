@@ -35,9 +35,10 @@ pub enum Error {
         /// The topic.
         topic: String,
     },
-    /// The cluster refused the consumer: the brokers refused the credentials of one of its
-    /// clients (librdkafka would retry for ever), or access to a topic, the group or the
-    /// cluster was denied. Fix the credentials or ACLs and start again.
+    /// The cluster refused the consumer: authentication kept failing for 10 s with no
+    /// request getting through (credentials refused, or no OAUTHBEARER token to be had —
+    /// librdkafka would retry for ever), or access to a topic, the group or the cluster was
+    /// denied. Fix the credentials or ACLs and start again.
     #[error("the cluster refused access: {reason}")]
     Refused {
         /// What the client reported.

@@ -482,7 +482,7 @@ pub async fn run(args: RunArgs) -> Result<(), Failure> {
             .map_err(|e| Failure::Usage(format!("serving metrics on {addr}: {e}")))?;
     }
     let connect_timeout = args.connect_timeout.map(Duration::from_secs);
-    // Opening checks the side topic on the brokers (up to 30 s when they do not answer).
+    // Opening checks the side topic on the brokers (about a minute when they do not answer).
     let opening = CatchupConsumer::connect(&client, config);
     let consumer = match connect_timeout {
         Some(limit) => match tokio::time::timeout(limit, opening).await {
