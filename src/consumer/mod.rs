@@ -432,7 +432,11 @@ impl CatchupConsumer {
 
 impl Drop for CatchupConsumer {
     /// Dropping without [`close`](Self::close) stops the threads without committing or
-    /// cleaning up — what a crash leaves; the next start resumes from Kafka and the buffer.
+    /// cleaning up — what a crash leaves, except that the group member still leaves its
+    /// group (rdkafka closes its consumer), so its partitions move on at once; the next
+    /// start resumes from Kafka and the buffer. It waits for the threads (at most 30 s: the
+    /// buffer directory must be free for the next consumer), on the dropping thread:
+    /// [`close`](Self::close) first in async code.
     fn drop(&mut self) {
         // A close that finished stopped everything; one that was cancelled half-way did not.
         if self.close_done.try_lock().is_ok_and(|done| *done) {
