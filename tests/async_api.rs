@@ -9,7 +9,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use catchup::{CatchupConsumer, Error, Mode};
-use rdkafka::ClientConfig;
 use support::{Kafka, unique};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -20,13 +19,10 @@ const WAIT: Duration = Duration::from_secs(60);
 /// until it returned, and the task would not have ticked.
 #[tokio::test(flavor = "current_thread")]
 async fn connect_leaves_the_runtime_free() {
-    let mut client = ClientConfig::new();
-    for (key, value) in support::secure_properties() {
-        client.set(key, value);
-    }
-    client
-        .set("group.id", unique("async-connect"))
-        .set("sasl.password", "not-the-password");
+    let client = support::secure_client(
+        &unique("async-connect"),
+        &[("sasl.password", "not-the-password")],
+    );
     let dir = tempfile::tempdir().expect("tempdir");
     let config = support::test_config(dir.path(), Mode::Ordered, 10);
     let ticks = Arc::new(AtomicUsize::new(0));

@@ -72,10 +72,7 @@ async fn environment_config_file_and_sink_on_stdout() {
     let output = wait_with_deadline(child, Duration::from_secs(90));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(0), "stderr: {stderr}");
-    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
-        .collect();
+    let lines = support::cli::stdout_lines(&output);
     let offsets: BTreeSet<i64> = lines.iter().filter_map(|l| l["offset"].as_i64()).collect();
     assert_eq!(offsets, (0..50).collect(), "every record, on stdout");
     for line in &lines {

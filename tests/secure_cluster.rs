@@ -13,27 +13,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use catchup::{CatchupConfig, CatchupConsumer, ClientHooks, DeliveryLane, Error, Event, Mode};
-use rdkafka::ClientConfig;
 use rdkafka::client::OAuthToken;
 use support::cli::wait_with_deadline;
-use support::{Kafka, secure_properties, side_value, unique, wait_for_event};
+use support::{Kafka, secure_client, side_value, unique, wait_for_event};
 
 const WAIT: Duration = Duration::from_secs(60);
-
-/// The rdkafka settings of a consumer in `group` on the SASL_SSL listener, with `overrides`.
-fn secure_client(group: &str, overrides: &[(&str, &str)]) -> ClientConfig {
-    let mut config = ClientConfig::new();
-    for (key, value) in secure_properties() {
-        config.set(key, value);
-    }
-    config
-        .set("group.id", group)
-        .set("auto.offset.reset", "earliest");
-    for (key, value) in overrides {
-        config.set(*key, *value);
-    }
-    config
-}
 
 /// The proposal's example over the secure listener: 120 records, the group committed at 70,
 /// a split at 120 (the side-log producer writes its entry), the catch-up consumer fetches
@@ -295,12 +279,6 @@ async fn catchup_run_connects_from_a_properties_file() {
     let group = unique("secure-cli-group");
     kafka.commit_as_operator(&group, &topic, &[0]);
     let temp = tempfile::tempdir().expect("tempdir");
-    let properties = temp.path().join("client.properties");
-    let text: String = secure_properties()
-        .into_iter()
-        .map(|(key, value)| format!("{key}={value}\n"))
-        .collect();
-    std::fs::write(&properties, text).expect("write properties");
     let child = Command::new(env!("CARGO_BIN_EXE_catchup"))
         // No --brokers: the file's bootstrap.servers (the SASL_SSL listener) is all it has.
         .env_remove("CATCHUP_BROKERS")
@@ -313,7 +291,7 @@ async fn catchup_run_connects_from_a_properties_file() {
             "--buffer-dir",
             &temp.path().join("buffer").display().to_string(),
             "--config-file",
-            &properties.display().to_string(),
+            &support::secure_properties_file().display().to_string(),
             "--side-topic",
             &unique("secure-cli-side"),
             "--sink",
@@ -328,14 +306,9 @@ async fn catchup_run_connects_from_a_properties_file() {
     let output = wait_with_deadline(child, Duration::from_secs(90));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(0), "stderr: {stderr}");
-    let offsets: Vec<i64> = String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .map(|line| {
-            serde_json::from_str::<serde_json::Value>(line)
-                .unwrap_or_else(|e| panic!("{e}: {line}"))["offset"]
-                .as_i64()
-                .expect("offset")
-        })
+    let offsets: Vec<i64> = support::cli::stdout_lines(&output)
+        .iter()
+        .map(|line| line["offset"].as_i64().expect("offset"))
         .collect();
     assert_eq!(offsets, (0..30).collect::<Vec<_>>());
     assert_eq!(kafka.committed(&group, &topic, 1), [Some(30)]);

@@ -263,10 +263,7 @@ impl Shared {
     /// Records what stopped the consumer (the first one wins), with an event, and wakes the
     /// reader so that `recv` reports it.
     pub fn stop_with(&self, stopped: Stopped) {
-        let slot = self
-            .stopped
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let slot = self.stopped_slot();
         self.record_stop(slot, stopped);
     }
 
@@ -275,10 +272,7 @@ impl Shared {
     /// again since — the live thread may still be busy with the old one when `subscribe`
     /// returns.
     pub fn stop_for_subscription(&self, generation: u64, stopped: Stopped) {
-        let slot = self
-            .stopped
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let slot = self.stopped_slot();
         // Read under the lock `subscribing` clears the slot under, after its increment.
         if self.subscription.load(Ordering::SeqCst) == generation {
             self.record_stop(slot, stopped);
@@ -327,13 +321,16 @@ impl Shared {
         }
     }
 
+    fn stopped_slot(&self) -> MutexGuard<'_, Option<Stopped>> {
+        self.stopped
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
     /// What was wrong with the last subscription (a missing topic, looked up again if still
     /// missing; a refused subscription) no longer stops the consumer. Access refused stays.
     fn resubscribed(&self) {
-        let mut slot = self
-            .stopped
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut slot = self.stopped_slot();
         if slot.as_ref().is_some_and(Stopped::cleared_by_subscribing) {
             *slot = None;
         }
@@ -342,9 +339,7 @@ impl Shared {
     /// What stopped the consumer on the Kafka side, as the public error: what a fetcher
     /// recorded, else credentials the brokers refused (any client's).
     pub fn stopped(&self) -> Option<crate::Error> {
-        self.stopped
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.stopped_slot()
             .as_ref()
             .map(Stopped::to_error)
             .or_else(|| {

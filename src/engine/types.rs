@@ -59,7 +59,7 @@ pub struct CatchupConfig {
 }
 
 /// What an application plugs into the clients catchup creates — the group member (`live`),
-/// the catch-up consumer (`catchup`), the side-log producer, reader and admin client — where
+/// the catch-up consumer (`catchup`), the side log's producer, reader, probe and admin client — where
 /// with plain rdkafka it would write a `ClientContext` of its own. Every method does nothing
 /// by default. They run on catchup's and librdkafka's threads: keep them short.
 pub trait ClientHooks: Send + Sync + 'static {

@@ -15,6 +15,14 @@ pub fn sink_lines(sink: &Path) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// The JSON lines `catchup run --sink -` wrote to its standard output, parsed.
+pub fn stdout_lines(output: &Output) -> Vec<serde_json::Value> {
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+        .collect()
+}
+
 /// Waits for `child` to exit, killing it and failing the test after `limit`.
 pub fn wait_with_deadline(mut child: Child, limit: Duration) -> Output {
     let deadline = Instant::now() + limit;

@@ -60,13 +60,19 @@ fn state_dir() -> PathBuf {
         })
 }
 
-/// The librdkafka properties of the test broker's SASL_SSL listener (bootstrap address,
-/// CA, SCRAM-SHA-512 user): `CATCHUP_SECURE_CONFIG`, else the file `scripts/kafka start`
-/// wrote (what `scripts/kafka secure` prints).
-pub fn secure_properties() -> Vec<(String, String)> {
-    let file = std::env::var_os("CATCHUP_SECURE_CONFIG")
+/// The librdkafka properties file of the test broker's SASL_SSL listener (bootstrap
+/// address, CA, SCRAM-SHA-512 user): `CATCHUP_SECURE_CONFIG`, else the file
+/// `scripts/kafka start` wrote (what `scripts/kafka secure` prints).
+pub fn secure_properties_file() -> PathBuf {
+    std::env::var_os("CATCHUP_SECURE_CONFIG")
         .map(PathBuf::from)
-        .unwrap_or_else(|| state_dir().join("sasl-ssl.properties"));
+        .unwrap_or_else(|| state_dir().join("sasl-ssl.properties"))
+}
+
+/// The rdkafka settings of a consumer in `group` on the SASL_SSL listener (those of
+/// [`secure_properties_file`]), with `overrides`.
+pub fn secure_client(group: &str, overrides: &[(&str, &str)]) -> ClientConfig {
+    let file = secure_properties_file();
     let text = std::fs::read_to_string(&file).unwrap_or_else(|e| {
         panic!(
             "no SASL_SSL listener for the tests ({}: {e}): start the broker with \
@@ -74,16 +80,24 @@ pub fn secure_properties() -> Vec<(String, String)> {
             file.display()
         )
     });
-    text.lines()
+    let mut config = ClientConfig::new();
+    for line in text
+        .lines()
         .map(str::trim)
         .filter(|line| !line.is_empty() && !line.starts_with('#'))
-        .map(|line| {
-            let (key, value) = line
-                .split_once('=')
-                .unwrap_or_else(|| panic!("{}: not KEY=VALUE: {line}", file.display()));
-            (key.trim().to_owned(), value.trim().to_owned())
-        })
-        .collect()
+    {
+        let (key, value) = line
+            .split_once('=')
+            .unwrap_or_else(|| panic!("{}: not KEY=VALUE: {line}", file.display()));
+        config.set(key.trim(), value.trim());
+    }
+    config
+        .set("group.id", group)
+        .set("auto.offset.reset", "earliest");
+    for (key, value) in overrides {
+        config.set(*key, *value);
+    }
+    config
 }
 
 /// A name no other test (in this or another process) uses: `prefix-pid-time-counter`.
