@@ -197,13 +197,23 @@ impl Buffer {
         // range is the start of the next). A chunk starting past the offset the chain has
         // reached is a hole — records the state counts as fetched are gone — and must never
         // be read over as if the offsets were empty.
+        //
+        // The read stops at the proven end, the `fetched_next` of the state it loaded: what
+        // lies beyond was appended after that load (or is not proven at all), and sled's
+        // iterator can show a later chunk of a batch appended meanwhile and hide an earlier
+        // one — a hole that would be read over silently (`docs/design.md`, "Reads stop at the
+        // proven end"). The next read sees those chunks under a newer state.
+        let proven_end = cursors.fetched_next;
         let mut reached = state.normalize(lane, from);
         for entry in self.db()?.range(start..=lane_end.to_vec()) {
             let (key, value) = entry.map_err(|err| self.sled_error(err))?;
             let first = keys::chunk_first(&key)
                 .and_then(|first| i64::try_from(first).ok())
                 .unwrap_or(i64::MAX);
-            if first > reached && reached < cursors.fetched_next {
+            if first >= proven_end {
+                break;
+            }
+            if first > reached {
                 return Err(self.damaged(format!(
                     "{lane} lane of topic id {} partition {}: offsets {reached}..{first} are missing",
                     part.topic_id, part.partition

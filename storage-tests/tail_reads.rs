@@ -1,0 +1,134 @@
+//! Reads at the tail of a lane while another thread appends to it, on a lane laid out again
+//! below thousands of chunks it once held (sled keeps separators of the deleted keys in its
+//! tree, which is what lets an iterator that started before an append see the append's later
+//! chunk and miss its earlier one). Every batch the reader takes must hold exactly the offsets
+//! appended in its range: none skipped, none twice, nothing past what was appended.
+//!
+//! `CATCHUP_TAIL_ROUNDS=N` sets the number of rounds (8 by default).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::thread;
+
+use catchup::store::{Buffer, BufferOptions, Fetched, Lane, PartitionLayout, Record, Timestamp};
+
+const TOPIC: &str = "tail";
+/// Chunks the lane held before it was laid out again.
+const OLD_CHUNKS: i64 = 20_000;
+/// Chunks per append, as a catch-up round of 2,000 messages makes of 32 KiB chunks.
+const BATCH_CHUNKS: i64 = 60;
+
+fn record(offset: i64) -> Record {
+    Record {
+        offset,
+        timestamp: Timestamp::CreateTime(offset),
+        key: None,
+        payload: Some(offset.to_be_bytes().to_vec()),
+        headers: Vec::new(),
+    }
+}
+
+/// Appends `offsets` as a fetcher would: continuing from where the lane stands, under its
+/// current layout.
+fn append(buffer: &Buffer, offsets: std::ops::Range<i64>) {
+    let layout = buffer
+        .layout_id(TOPIC, 0)
+        .expect("layout id")
+        .expect("laid out");
+    let records: Vec<Record> = offsets.clone().map(record).collect();
+    buffer
+        .append(
+            Lane::Live,
+            TOPIC,
+            0,
+            Fetched {
+                layout,
+                continues_from: offsets.start,
+                records: &records,
+                next: offsets.end,
+            },
+        )
+        .expect("append");
+}
+
+#[test]
+fn tail_reads_hold_exactly_the_offsets_appended() {
+    let rounds: u32 = std::env::var("CATCHUP_TAIL_ROUNDS")
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(8);
+    let dir = tempfile::tempdir().expect("tempdir");
+    // One record per chunk: every append writes BATCH_CHUNKS keys.
+    let options = BufferOptions {
+        chunk_target_bytes: 1,
+        ..BufferOptions::default()
+    };
+    let buffer = Arc::new(Buffer::open(dir.path().join("buf"), options).expect("open"));
+    let (mut tail_reads, mut reads_with_records) = (0u64, 0u64);
+    for round in 0..rounds {
+        // The lane once held chunks far above where it is laid out again; each round lays
+        // it out a little higher, so new appends cross separators of every earlier round.
+        let base = i64::from(round) * 1_000;
+        buffer
+            .reset_partition(TOPIC, 0, PartitionLayout::plain(base))
+            .expect("lay out");
+        let old_end = base + OLD_CHUNKS;
+        for start in (base..old_end).step_by(1_000) {
+            append(&buffer, start..(start + 1_000).min(old_end));
+        }
+        buffer
+            .reset_partition(TOPIC, 0, PartitionLayout::plain(base))
+            .expect("lay out again");
+
+        // The writer stays at most one batch ahead of the reader, so that the reader's reads
+        // keep running into the batch being appended.
+        let done = Arc::new(AtomicBool::new(false));
+        let read_next = Arc::new(AtomicI64::new(base));
+        let writer = {
+            let (buffer, done, read_next) = (
+                Arc::clone(&buffer),
+                Arc::clone(&done),
+                Arc::clone(&read_next),
+            );
+            thread::spawn(move || {
+                for start in (base..old_end).step_by(BATCH_CHUNKS as usize) {
+                    while read_next.load(Ordering::Acquire) < start - BATCH_CHUNKS {
+                        thread::yield_now();
+                    }
+                    append(&buffer, start..(start + BATCH_CHUNKS).min(old_end));
+                }
+                done.store(true, Ordering::Release);
+            })
+        };
+        let mut next = base;
+        while next < old_end {
+            let finished = done.load(Ordering::Acquire);
+            let batch = buffer
+                .read(Lane::Live, TOPIC, 0, next, usize::MAX)
+                .expect("read");
+            tail_reads += 1;
+            let read: Vec<i64> = batch.records.iter().map(|r| r.offset).collect();
+            let expected: Vec<i64> = (next..batch.next).collect();
+            assert_eq!(
+                read, expected,
+                "round {round}: a read from {next} must hold exactly the offsets up to {}",
+                batch.next
+            );
+            if !read.is_empty() {
+                reads_with_records += 1;
+            }
+            assert!(
+                batch.next > next || !finished,
+                "round {round}: the writer is done and the read from {next} stayed there"
+            );
+            next = batch.next;
+            read_next.store(next, Ordering::Release);
+        }
+        writer.join().expect("writer");
+        assert_eq!(next, old_end);
+    }
+    eprintln!(
+        "{rounds} rounds of {OLD_CHUNKS} chunks laid out again: {tail_reads} tail reads, \
+         {reads_with_records} with records, no offset skipped"
+    );
+}
