@@ -47,6 +47,9 @@ pub(crate) enum ErrorClass {
     /// The brokers refused the client's credentials (SASL), or no OAUTHBEARER token could
     /// be had: librdkafka retries for ever; the consumer stops if it lasts (`plan::Refusal`).
     AuthenticationFailed,
+    /// A signal of the fetch path that the fetchers act on themselves: an end of partition
+    /// (the catch-up consumer asks for them), an offset out of range. Not an error to log.
+    FetchSignal,
     /// Anything else.
     Other,
 }
@@ -66,6 +69,10 @@ pub(crate) fn classify_client_error(error: &KafkaError) -> ErrorClass {
         Some(Code::Authentication | Code::SaslAuthenticationFailed) => {
             ErrorClass::AuthenticationFailed
         }
+        Some(Code::PartitionEOF | Code::AutoOffsetReset | Code::OffsetOutOfRange) => {
+            ErrorClass::FetchSignal
+        }
+        _ if matches!(error, KafkaError::PartitionEOF(_)) => ErrorClass::FetchSignal,
         _ => ErrorClass::Other,
     }
 }
@@ -199,7 +206,7 @@ impl BrokerHealth {
                     tracing::debug!(client = role, %error, reason, "still unreachable");
                 }
             }
-            ErrorClass::UnknownTopic => {
+            ErrorClass::UnknownTopic | ErrorClass::FetchSignal => {
                 tracing::debug!(client = role, %error, reason, "librdkafka")
             }
             ErrorClass::Other => tracing::error!(client = role, %error, reason, "librdkafka"),
@@ -355,11 +362,19 @@ mod tests {
                 ErrorClass::AuthenticationFailed,
             ),
             (Code::Authentication, ErrorClass::AuthenticationFailed),
+            (Code::PartitionEOF, ErrorClass::FetchSignal),
+            (Code::AutoOffsetReset, ErrorClass::FetchSignal),
+            (Code::OffsetOutOfRange, ErrorClass::FetchSignal),
             (Code::Fatal, ErrorClass::Other),
         ] {
             let error = KafkaError::Global(code);
             assert_eq!(classify_client_error(&error), class, "{code:?}");
         }
+        // What the catch-up consumer's partition queues report at each end of partition.
+        assert_eq!(
+            classify_client_error(&KafkaError::PartitionEOF(3)),
+            ErrorClass::FetchSignal
+        );
     }
 
     #[test]
