@@ -635,9 +635,10 @@ impl LiveState {
     }
 
     /// Drops the buffered records of every topic among `partitions` that was deleted and
-    /// recreated since they were fetched (Kafka's topic id changed; finding F8): the new
-    /// topic's offsets restart with other data. Without topic ids (an old broker, a failed
-    /// request) the check is skipped; a topic never recorded before is recorded.
+    /// recreated since they were fetched (Kafka's topic id changed): the new topic's offsets
+    /// restart with other data. Without topic ids (an old broker, a failed request) nothing
+    /// buffered of the partitions being assigned is reused; a topic never recorded before is
+    /// recorded.
     fn check_incarnations(&self, consumer: &BaseConsumer<LiveContext>, partitions: &[PartitionId]) {
         let returning: Vec<PartitionId> = {
             let mut kept = self.kept();
@@ -672,15 +673,16 @@ impl LiveState {
                 Default::default()
             }
         };
-        // Records kept across a revoke in this process, of a topic whose incarnation cannot
-        // be told now: the topic may have been recreated meanwhile, with the same offsets
-        // holding other data. Refetching costs only time.
-        for (topic, partition) in returning.iter().filter(|(t, _)| !ids.contains_key(t)) {
+        // Records of a topic whose incarnation cannot be told now — kept across a revoke in
+        // this process, or left by an earlier process — may be of a topic deleted and
+        // recreated meanwhile, the same offsets holding other data. Refetching costs only time.
+        for (topic, partition) in crate::plan::incarnation_unknown(partitions, &topics, &ids) {
             match self.shared.buffer.discard_partition(topic, *partition) {
-                Ok(_) => self.shared.emit(Event::LocalDiscarded {
+                Ok(false) => {}
+                Ok(true) => self.shared.emit(Event::LocalDiscarded {
                     topic: topic.clone(),
                     partition: *partition,
-                    reason: "kept since its revoke, and the topic's id (its incarnation) cannot be read now".into(),
+                    reason: "the topic's id (its incarnation) cannot be read now, so nothing proves the buffered records are of the topic as it is".into(),
                 }),
                 Err(err) => self.shared.emit(Event::Error {
                     message: err.to_string(),

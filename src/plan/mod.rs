@@ -5,6 +5,7 @@
 
 mod acks;
 mod commit;
+mod incarnation;
 mod lag;
 mod reconcile;
 mod refusal;
@@ -16,6 +17,7 @@ mod unowned;
 
 pub use acks::AckTracker;
 pub use commit::{CommitPlan, Progress, plan_commit};
+pub use incarnation::incarnation_unknown;
 pub use lag::{SideStatus, TrueLag, true_lag};
 pub use reconcile::{
     Committed, Decision, Inputs, LocalAction, MainLogCommit, OffsetReset, PlanEvent, SideValue,
