@@ -26,6 +26,10 @@ const POLL_BATCH: usize = 2000;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a partition whose position lies past the log end waits before it is fetched again.
 const OUT_OF_RANGE_BACKOFF: Duration = Duration::from_secs(1);
+/// The first wait after the catch-up consumer could not be created; it doubles up to
+/// `CREATE_BACKOFF_MAX` while creation keeps failing.
+const CREATE_BACKOFF: Duration = Duration::from_secs(1);
+const CREATE_BACKOFF_MAX: Duration = Duration::from_secs(30);
 
 /// Requests to the catch-up thread.
 pub(crate) enum CatchupCommand {
@@ -103,6 +107,7 @@ impl CatchupFetcher {
                     config,
                     shared,
                     consumer: None,
+                    create_retry: None,
                     tracked: HashMap::new(),
                     budget: Budget::new("catch-up", Lane::Catchup, budget),
                 }
@@ -117,6 +122,9 @@ struct Fetcher {
     config: ClientConfig,
     shared: Arc<Shared>,
     consumer: Option<Arc<BaseConsumer<RoleContext>>>,
+    /// After a failed creation of the consumer: when to try again, and the wait after that.
+    /// The partitions stay tracked meanwhile (a dropped `Add` is never sent again).
+    create_retry: Option<(Instant, Duration)>,
     tracked: HashMap<PartitionId, Tracked>,
     budget: Budget,
 }
@@ -127,15 +135,24 @@ impl Fetcher {
         let shared = self.shared.clone();
         let _stop_on_panic = shared.stop_on_panic("catch-up");
         loop {
-            let command = if self.tracked.is_empty() {
+            let idle = if self.tracked.is_empty() {
                 self.consumer = None; // none left: leave the brokers alone
-                match commands.recv_timeout(Duration::from_secs(1)) {
+                self.create_retry = None;
+                Some(Duration::from_secs(1))
+            } else if self.consumer.is_none() {
+                // Waiting to create the consumer again: only commands can change anything.
+                let retry_at = self.create_retry.map(|(at, _)| at);
+                retry_at.map(|at| at.saturating_duration_since(Instant::now()))
+            } else {
+                None
+            };
+            let command = match idle {
+                Some(wait) if !wait.is_zero() => match commands.recv_timeout(wait) {
                     Ok(command) => Some(command),
                     Err(RecvTimeoutError::Timeout) => None,
                     Err(RecvTimeoutError::Disconnected) => return,
-                }
-            } else {
-                commands.try_recv().ok()
+                },
+                _ => commands.try_recv().ok(),
             };
             if let Some(command) = command {
                 match command {
@@ -182,37 +199,73 @@ impl Fetcher {
         if tracked.complete_at(tracked.cursor.stored_next()) {
             return;
         }
-        if self.consumer.is_none() {
-            let context = RoleContext::new(self.shared.health.clone(), "catchup");
-            // Each partition gets a queue of its own: the prefetch share is divided among
-            // those the group member holds once its assignment is reconciled (any of them
-            // may be split; the consumer keeps its settings while it lives).
-            let mut config = self.config.clone();
-            let partitions = self.shared.partitions().len().max(
-                self.shared
-                    .assigning
-                    .load(std::sync::atomic::Ordering::Relaxed),
-            );
-            let budget = self.shared.config.buffer_budget_bytes;
-            super::prefetch::apply(&mut config, &super::prefetch::catchup(budget, partitions));
-            tracing::debug!(
-                partitions,
-                queue_kib = config.get("queued.max.messages.kbytes"),
-                "creating the catch-up consumer"
-            );
-            match super::create_consumer(&config, context) {
-                Ok(consumer) => self.consumer = Some(Arc::new(consumer)),
-                Err(err) => return self.error(format!("creating the catch-up consumer: {err}")),
-            }
+        // Without a consumer the partition waits, tracked, for the next attempt to create it.
+        if self.ensure_consumer() {
+            self.attach(&key, &mut tracked);
         }
+        self.tracked.insert(key, tracked);
+    }
+
+    /// Gives a tracked partition its own queue and assigns it at the buffer's position.
+    fn attach(&self, key: &PartitionId, tracked: &mut Tracked) {
         tracked.queue = self
             .consumer
             .as_ref()
             .and_then(|c| c.split_partition_queue(&key.0, key.1));
-        if !self.assign_at(&key, tracked.cursor.stored_next()) {
+        if !self.assign_at(key, tracked.cursor.stored_next()) {
             tracked.cursor.break_chain(); // repositioned (assigned) next round
         }
-        self.tracked.insert(key, tracked);
+    }
+
+    /// Creates the catch-up consumer unless it exists, or a failed creation is still backing
+    /// off; a consumer created for partitions already tracked attaches them. Whether there is
+    /// a consumer now.
+    fn ensure_consumer(&mut self) -> bool {
+        if self.consumer.is_some() {
+            return true;
+        }
+        if self.create_retry.is_some_and(|(at, _)| Instant::now() < at) {
+            return false;
+        }
+        let context = RoleContext::new(self.shared.health.clone(), "catchup");
+        // Each partition gets a queue of its own: the prefetch share is divided among
+        // those the group member holds once its assignment is reconciled (any of them
+        // may be split; the consumer keeps its settings while it lives).
+        let mut config = self.config.clone();
+        let partitions = self.shared.partitions().len().max(
+            self.shared
+                .assigning
+                .load(std::sync::atomic::Ordering::Relaxed),
+        );
+        let budget = self.shared.config.buffer_budget_bytes;
+        super::prefetch::apply(&mut config, &super::prefetch::catchup(budget, partitions));
+        tracing::debug!(
+            partitions,
+            queue_kib = config.get("queued.max.messages.kbytes"),
+            "creating the catch-up consumer"
+        );
+        match super::create_consumer(&config, context) {
+            Ok(consumer) => {
+                self.consumer = Some(Arc::new(consumer));
+                self.create_retry = None;
+            }
+            Err(err) => {
+                let wait = self.create_retry.map_or(CREATE_BACKOFF, |(_, wait)| wait);
+                self.create_retry =
+                    Some((Instant::now() + wait, (wait * 2).min(CREATE_BACKOFF_MAX)));
+                self.error(format!(
+                    "creating the catch-up consumer: {err}; its partitions wait, retrying in {} s",
+                    wait.as_secs()
+                ));
+                return false;
+            }
+        }
+        let mut waiting = std::mem::take(&mut self.tracked);
+        for (key, tracked) in &mut waiting {
+            self.attach(key, tracked);
+        }
+        self.tracked = waiting;
+        true
     }
 
     /// Assigns the partition at `position`; reports and returns `false` on failure.
@@ -255,6 +308,9 @@ impl Fetcher {
     /// One round: poll every partition queue, feed the cursors, read the positions, append
     /// what is proven, handle truncation, reposition broken chains, apply the budget.
     fn fetch(&mut self) -> Result<(), String> {
+        if !self.ensure_consumer() {
+            return Ok(());
+        }
         let Some(consumer) = self.consumer.clone() else {
             return Ok(());
         };
@@ -518,5 +574,84 @@ fn partition_error(err: &RdError) -> Option<Polled> {
         PollErrorKind::Transient => None,
         PollErrorKind::OutOfRange => Some(Polled::OutOfRange),
         PollErrorKind::BreaksChain => Some(Polled::BreaksChain(err.to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::types::CatchupConfig;
+    use crate::kafka::BrokerHealth;
+    use crate::store::{Buffer, BufferOptions};
+
+    /// A catch-up consumer that cannot be created keeps its partitions tracked and is created
+    /// again later: an `Add` is sent once, and a dropped one would stall the partition for
+    /// good (`Ordered` never delivers it, no mode merges it).
+    #[test]
+    fn partitions_wait_for_a_consumer_that_could_not_be_created() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let buffer =
+            Buffer::open(dir.path().join("buf"), BufferOptions::default()).expect("buffer");
+        let shared = Arc::new(Shared::new(
+            Arc::new(buffer),
+            CatchupConfig::new(dir.path()),
+            "group".into(),
+            Arc::new(BrokerHealth::new("group", None)),
+        ));
+        let mut events = shared.subscribe_events();
+        let mut config = ClientConfig::new();
+        config
+            .set("bootstrap.servers", "127.0.0.1:1")
+            .set("group.id", "group.catchup")
+            // librdkafka refuses it: creation fails, as with a rotated certificate file.
+            .set("session.timeout.ms", "not a number");
+        let mut fetcher = Fetcher {
+            config,
+            shared,
+            consumer: None,
+            create_retry: None,
+            tracked: HashMap::new(),
+            budget: Budget::new("catch-up", Lane::Catchup, 1 << 20),
+        };
+        let key: PartitionId = ("orders".into(), 3);
+        fetcher.add(
+            key.clone(),
+            Tracked {
+                ranges: vec![OffsetRange {
+                    start: 70,
+                    end: 120,
+                }],
+                cursor: FetchCursor::new(LayoutId(1), 70),
+                queue: None,
+                hold_until: None,
+            },
+        );
+        assert!(fetcher.consumer.is_none());
+        assert!(
+            fetcher.tracked.contains_key(&key),
+            "the partition waits for the consumer"
+        );
+        let reported = std::iter::from_fn(|| events.try_recv().ok()).any(|event| {
+            matches!(event, Event::Error { message } if message.contains("creating the catch-up consumer"))
+        });
+        assert!(reported, "the failure is reported");
+        // Backing off: a round does not try again before its time.
+        assert!(fetcher.fetch().is_ok());
+        assert!(fetcher.consumer.is_none());
+
+        // The settings work again and the next attempt is due.
+        fetcher.config.set("session.timeout.ms", "45000");
+        fetcher.create_retry = fetcher.create_retry.map(|(_, wait)| (Instant::now(), wait));
+        assert!(fetcher.fetch().is_ok());
+        let consumer = fetcher.consumer.clone().expect("created on the retry");
+        let assignment = consumer.assignment().expect("assignment");
+        assert!(
+            assignment
+                .elements()
+                .iter()
+                .any(|e| (e.topic(), e.partition()) == ("orders", 3)),
+            "assigned once created: {assignment:?}"
+        );
+        assert!(fetcher.tracked[&key].queue.is_some(), "its own queue");
     }
 }
