@@ -61,6 +61,8 @@ pub(crate) struct PartitionRuntime {
     /// Failed attempts to reposition the live lane since the last success (to report the
     /// first one, not every round).
     pub reposition_failures: u32,
+    /// The live lane's wait after its position was found past the log end.
+    pub live_hold: crate::fetch::Hold,
     /// When the partition was assigned, until its first live record is delivered.
     awaiting_fresh_since: Option<std::time::Instant>,
 }
@@ -95,6 +97,7 @@ impl PartitionRuntime {
             counted_from: [state.catchup.fetched_next, state.live.fetched_next],
             live_cursor: FetchCursor::new(layout_id, state.live.fetched_next),
             reposition_failures: 0,
+            live_hold: Default::default(),
             awaiting_fresh_since: Some(std::time::Instant::now()),
         }
     }

@@ -19,13 +19,14 @@ use super::{Budget, RoleContext, for_role, to_record};
 use crate::engine::telemetry;
 use crate::engine::types::Event;
 use crate::engine::{PartitionId, Shared};
-use crate::fetch::{AppendResult, FetchCursor, PendingAppend, PollErrorKind, classify_poll_error};
+use crate::fetch::{
+    AppendResult, FetchCursor, Hold, PendingAppend, PollErrorKind, Standing, classify_poll_error,
+    standing,
+};
 use crate::store::{Lane, LayoutId, OffsetRange, Record, StoreError};
 
 const POLL_BATCH: usize = 2000;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long a partition whose position lies past the log end waits before it is fetched again.
-const OUT_OF_RANGE_BACKOFF: Duration = Duration::from_secs(1);
 /// The first wait after the catch-up consumer could not be created; it doubles up to
 /// `CREATE_BACKOFF_MAX` while creation keeps failing.
 const CREATE_BACKOFF: Duration = Duration::from_secs(1);
@@ -57,8 +58,8 @@ struct Tracked {
     cursor: FetchCursor,
     /// The partition's own queue; it holds the consumer, so it goes with the partition.
     queue: Option<Queue>,
-    /// No repositioning before this (the log currently ends below the position).
-    hold_until: Option<Instant>,
+    /// No repositioning while it holds (the log ended below the position).
+    hold: Hold,
 }
 
 /// A tracked partition's own queue: its end-of-partition event names it unambiguously
@@ -168,7 +169,7 @@ impl Fetcher {
                             ranges,
                             cursor: FetchCursor::new(layout, position),
                             queue: None,
-                            hold_until: None,
+                            hold: Hold::default(),
                         },
                     ),
                     CatchupCommand::Remove { partitions, done } => {
@@ -514,7 +515,7 @@ impl Fetcher {
         let targets: Vec<(PartitionId, i64)> = self
             .tracked
             .iter()
-            .filter(|(_, t)| t.hold_until.is_none_or(|until| now >= until))
+            .filter(|(_, t)| !t.hold.holds(now))
             .filter_map(|(key, t)| Some((key.clone(), t.cursor.reposition()?)))
             .collect();
         for (key, at) in targets {
@@ -522,7 +523,6 @@ impl Fetcher {
             if self.assign_at(&key, at) {
                 if let Some(tracked) = self.tracked.get_mut(&key) {
                     tracked.cursor.repositioned(at);
-                    tracked.hold_until = None;
                 }
             }
         }
@@ -530,7 +530,8 @@ impl Fetcher {
 
     /// After an out-of-range error: retention removed offsets the lane still needed — report
     /// it and continue at the log start; or the log ends below the position (truncated by an
-    /// unclean election) — wait for it to grow back before fetching there again.
+    /// unclean election) — hold it (1 s, doubling to 30 s) for the log to grow back; or the
+    /// position is inside the log — the error was another partition's.
     fn skip_truncated(&mut self, consumer: &BaseConsumer<RoleContext>, key: &PartitionId) {
         let Some(tracked) = self.tracked.get_mut(key) else {
             return;
@@ -538,19 +539,26 @@ impl Fetcher {
         let Some(at) = tracked.cursor.reposition() else {
             return;
         };
-        let low = match consumer.fetch_watermarks(&key.0, key.1, REQUEST_TIMEOUT) {
-            Ok((low, _)) => low,
+        let (low, high) = match consumer.fetch_watermarks(&key.0, key.1, REQUEST_TIMEOUT) {
+            Ok(watermarks) => watermarks,
             Err(err) => {
-                tracked.hold_until = Some(Instant::now() + OUT_OF_RANGE_BACKOFF);
+                tracked.hold.hold(Instant::now());
                 return self.error(format!("catch-up watermarks of {}/{}: {err}", key.0, key.1));
             }
         };
-        if at >= low {
-            tracked.hold_until = Some(Instant::now() + OUT_OF_RANGE_BACKOFF);
-            return self.error(format!(
-                "catch-up of {}/{}: position {at} is past the log end; retrying",
-                key.0, key.1
-            ));
+        match standing(at, low, high) {
+            Standing::PastLogEnd => {
+                let wait = tracked.hold.hold(Instant::now());
+                return self.error(format!(
+                    "catch-up of {}/{}: position {at} is past the log end {high}; fetching there again in {} s",
+                    key.0,
+                    key.1,
+                    wait.as_secs()
+                ));
+            }
+            // The error was another partition's, or the log grew back: repositioned now.
+            Standing::InsideLog => return tracked.hold.release(),
+            Standing::BelowLogStart => tracked.hold.release(),
         }
         let Some(append) = tracked.cursor.log_starts_at(low) else {
             return;
@@ -623,7 +631,7 @@ mod tests {
                 }],
                 cursor: FetchCursor::new(LayoutId(1), 70),
                 queue: None,
-                hold_until: None,
+                hold: Hold::default(),
             },
         );
         assert!(fetcher.consumer.is_none());

@@ -21,7 +21,8 @@ use crate::engine::telemetry;
 use crate::engine::types::{Event, Mode};
 use crate::engine::{PartitionId, PartitionRuntime, PendingCommit, Shared, Stopped};
 use crate::fetch::{
-    AppendResult, FatalKind, PendingAppend, PollErrorKind, classify_poll_error, fatal_kind,
+    AppendResult, FatalKind, PendingAppend, PollErrorKind, Standing, classify_poll_error,
+    fatal_kind, standing,
 };
 use crate::plan::{
     CommitPlan, Committed, Inputs, LocalAction, OffsetReset, PlanEvent, SideValue, SideWrite,
@@ -1283,7 +1284,7 @@ fn run(
             }
             last_probe = Instant::now();
         }
-        if let Some((kind, message)) = poll_into_buffer(&consumer, &shared) {
+        if let Some((kind, message)) = poll_into_buffer(&consumer, &shared, &budget) {
             state.on_fatal_error(&consumer, kind, message);
         }
         budget.apply(&shared, &consumer, |_| true);
@@ -1314,6 +1315,7 @@ fn commit_due(
 fn poll_into_buffer(
     consumer: &BaseConsumer<LiveContext>,
     shared: &Shared,
+    budget: &Budget,
 ) -> Option<(FatalKind, String)> {
     let round = poll_round(consumer, shared);
     let fatal = round.fatal.clone();
@@ -1361,7 +1363,7 @@ fn poll_into_buffer(
     if round.out_of_range {
         skip_truncated(consumer, shared);
     }
-    reposition(consumer, shared);
+    reposition(consumer, shared, budget);
     if stored {
         shared
             .live_appends
@@ -1468,70 +1470,83 @@ fn append_live(shared: &Shared, key: &PartitionId, append: &PendingAppend) -> Ap
     AppendResult::from_store(&result).unwrap_or(AppendResult::Failed)
 }
 
-/// Moves the consumer back to the buffer's position on every partition whose chain broke.
-/// A seek that fails is retried next round; until then that partition's records are dropped.
-fn reposition(consumer: &BaseConsumer<LiveContext>, shared: &Shared) {
+/// Moves the consumer back to the buffer's position on every partition whose chain broke
+/// and that is not held (its position lay past the log end). A seek that fails is retried
+/// next round; until then that partition's records are dropped.
+fn reposition(consumer: &BaseConsumer<LiveContext>, shared: &Shared, budget: &Budget) {
+    let now = Instant::now();
     let targets: Vec<(PartitionId, i64)> = shared
         .partitions()
         .iter()
+        .filter(|(_, runtime)| !runtime.live_hold.holds(now))
         .filter_map(|(key, runtime)| Some((key.clone(), runtime.live_cursor.reposition()?)))
         .collect();
+    let cooperative = matches!(
+        consumer.rebalance_protocol(),
+        RebalanceProtocol::Cooperative
+    );
+    let mut refused = Vec::new();
     for (key, at) in targets {
         let moved = consumer
             .seek(&key.0, key.1, Offset::Offset(at), SEEK_TIMEOUT)
-            .map_err(|err| err.to_string())
-            .or_else(|seek| {
-                reassign_at(consumer, &key, at)
-                    .map_err(|reassign| format!("seek: {seek}; reassign: {reassign}"))
-            });
-        let mut runtimes = shared.partitions();
-        let Some(runtime) = runtimes.get_mut(&key) else {
-            continue;
+            .map_err(|err| err.to_string());
+        let moved = match moved {
+            Err(seek) if cooperative => reassign_at(consumer, &key, at)
+                .map_err(|reassign| format!("seek: {seek}; reassign: {reassign}")),
+            Err(seek) => {
+                // Eager: only a new assignment of everything moves it (below).
+                refused.push((key, at, seek));
+                continue;
+            }
+            Ok(()) => Ok(()),
         };
-        match moved {
-            Ok(()) => {
-                tracing::debug!(
-                    topic = key.0,
-                    partition = key.1,
-                    at,
-                    "live lane repositioned"
-                );
-                runtime.live_cursor.repositioned(at);
-                runtime.reposition_failures = 0;
+        repositioned(shared, &key, at, moved);
+    }
+    if !refused.is_empty() {
+        reassign_all(consumer, shared, budget, refused);
+    }
+}
+
+/// Records the outcome of moving the live lane of `key` to `at`.
+fn repositioned(shared: &Shared, key: &PartitionId, at: i64, moved: Result<(), String>) {
+    let mut runtimes = shared.partitions();
+    let Some(runtime) = runtimes.get_mut(key) else {
+        return;
+    };
+    match moved {
+        Ok(()) => {
+            tracing::debug!(
+                topic = key.0,
+                partition = key.1,
+                at,
+                "live lane repositioned"
+            );
+            runtime.live_cursor.repositioned(at);
+            runtime.reposition_failures = 0;
+        }
+        Err(err) => {
+            // Retried every round; said on the first failure and every 100th after.
+            if runtime.reposition_failures % 100 == 0 {
+                shared.emit(Event::Error {
+                    message: format!(
+                        "live lane of {}/{}: moving back to {at} failed ({err}); retrying",
+                        key.0, key.1
+                    ),
+                });
             }
-            Err(err) => {
-                // Retried every round; said on the first failure and every 100th after.
-                if runtime.reposition_failures % 100 == 0 {
-                    shared.emit(Event::Error {
-                        message: format!(
-                            "live lane of {}/{}: moving back to {at} failed ({err}); retrying",
-                            key.0, key.1
-                        ),
-                    });
-                }
-                runtime.reposition_failures += 1;
-            }
+            runtime.reposition_failures += 1;
         }
     }
 }
 
 /// A partition stopped by an out-of-range error cannot be sought (librdkafka refuses a seek
 /// outside an active fetch): with an incremental protocol, unassign and assign it again at
-/// `at`. An eager assignment cannot be changed one partition at a time; the next rebalance
-/// assigns it from the reconciled position.
+/// `at`.
 fn reassign_at(
     consumer: &BaseConsumer<LiveContext>,
     (topic, partition): &PartitionId,
     at: i64,
 ) -> Result<(), rdkafka::error::KafkaError> {
-    if !matches!(
-        consumer.rebalance_protocol(),
-        RebalanceProtocol::Cooperative
-    ) {
-        return Err(rdkafka::error::KafkaError::Seek(
-            "eager assignment: waiting for the next rebalance".into(),
-        ));
-    }
     let mut only = TopicPartitionList::new();
     only.add_partition(topic, *partition);
     consumer.incremental_unassign(&only)?;
@@ -1540,19 +1555,109 @@ fn reassign_at(
     consumer.incremental_assign(&at_offset)
 }
 
-/// After an out-of-range error: for every broken partition whose position retention has
-/// passed, report the truncation (DESIGN §5, last row) and record the deleted offsets as
-/// covered — they no longer exist in the log — so the lane continues at the log start.
+/// Under an eager protocol a partition stopped by an out-of-range error is moved by assigning
+/// the whole assignment again: librdkafka refuses the incremental forms outside a rebalance,
+/// and a group that stays stable never rebalances. Every partition with a runtime restarts at
+/// its buffer's position (its chain starts over: nothing polled before counts); one not
+/// reconciled yet stays paused at the log end until it is. Pauses are those of the budget.
+fn reassign_all(
+    consumer: &BaseConsumer<LiveContext>,
+    shared: &Shared,
+    budget: &Budget,
+    refused: Vec<(PartitionId, i64, String)>,
+) {
+    let assignment = consumer.assignment();
+    let mut everything = TopicPartitionList::new();
+    let (mut paused, mut resumed) = (TopicPartitionList::new(), TopicPartitionList::new());
+    let mut starts = Vec::new();
+    let listed = assignment
+        .as_ref()
+        .map_err(|err| err.to_string())
+        .and_then(|assignment| {
+            let runtimes = shared.partitions();
+            for element in assignment.elements() {
+                let key = (element.topic().to_owned(), element.partition());
+                let (offset, pause) = match runtimes.get(&key) {
+                    Some(runtime) => {
+                        let at = runtime
+                            .live_cursor
+                            .reposition()
+                            .unwrap_or(runtime.live_cursor.stored_next());
+                        starts.push((key.clone(), at));
+                        (Offset::Offset(at), budget.is_paused(&key))
+                    }
+                    None => (Offset::End, true),
+                };
+                everything
+                    .add_partition_offset(&key.0, key.1, offset)
+                    .map_err(|err| err.to_string())?;
+                let list = if pause { &mut paused } else { &mut resumed };
+                list.add_partition(&key.0, key.1);
+            }
+            Ok(())
+        });
+    let assigned =
+        listed.and_then(|()| consumer.assign(&everything).map_err(|err| err.to_string()));
+    match assigned {
+        Ok(()) => {
+            tracing::info!(
+                partitions = everything.count(),
+                "live lane: assigned the whole assignment again to move a partition stopped out of range (eager protocol)"
+            );
+            for (key, at) in starts {
+                let mut runtimes = shared.partitions();
+                if let Some(runtime) = runtimes.get_mut(&key) {
+                    runtime.live_cursor.break_chain();
+                    runtime.live_cursor.repositioned(at);
+                    runtime.reposition_failures = 0;
+                }
+            }
+            for (list, pause) in [(&paused, true), (&resumed, false)] {
+                let result = if list.count() == 0 {
+                    Ok(())
+                } else if pause {
+                    consumer.pause(list)
+                } else {
+                    consumer.resume(list)
+                };
+                if let Err(err) = result {
+                    shared.emit(Event::Error {
+                        message: format!(
+                            "live lane: pausing or resuming after a new assignment: {err}"
+                        ),
+                    });
+                }
+            }
+        }
+        Err(err) => {
+            for (key, at, seek) in refused {
+                repositioned(
+                    shared,
+                    &key,
+                    at,
+                    Err(format!("seek: {seek}; assign: {err}")),
+                );
+            }
+        }
+    }
+}
+
+/// After an out-of-range error: where each broken partition's position stands in its log.
+/// Retention passed it: report the truncation (DESIGN §5, last row) and record the deleted
+/// offsets as covered — they no longer exist in the log — so the lane continues at the log
+/// start. The log ends below it: hold the partition (1 s, doubling to 30 s) instead of
+/// fetching there again every round. Inside the log: the error was another partition's.
 fn skip_truncated(consumer: &BaseConsumer<LiveContext>, shared: &Shared) {
-    let broken: Vec<PartitionId> = shared
+    let now = Instant::now();
+    let broken: Vec<(PartitionId, i64)> = shared
         .partitions()
         .iter()
-        .filter(|(_, runtime)| runtime.live_cursor.reposition().is_some())
-        .map(|(key, _)| key.clone())
+        .filter(|(_, runtime)| !runtime.live_hold.holds(now))
+        .filter_map(|(key, runtime)| Some((key.clone(), runtime.live_cursor.reposition()?)))
         .collect();
-    for key in broken {
-        let low = match consumer.fetch_watermarks(&key.0, key.1, REQUEST_TIMEOUT) {
-            Ok((low, _)) => low,
+    for (key, at) in broken {
+        let (low, high) = match consumer.fetch_watermarks(&key.0, key.1, REQUEST_TIMEOUT) {
+            Ok(watermarks) => watermarks,
             Err(err) => {
                 shared.emit(Event::Error {
                     message: format!(
@@ -1563,11 +1668,36 @@ fn skip_truncated(consumer: &BaseConsumer<LiveContext>, shared: &Shared) {
                 continue;
             }
         };
-        let Some(append) = shared
-            .partitions()
-            .get_mut(&key)
-            .and_then(|runtime| runtime.live_cursor.log_starts_at(low))
-        else {
+        let append = {
+            let mut runtimes = shared.partitions();
+            let Some(runtime) = runtimes.get_mut(&key) else {
+                continue;
+            };
+            match standing(at, low, high) {
+                Standing::BelowLogStart => {
+                    runtime.live_hold.release();
+                    runtime.live_cursor.log_starts_at(low)
+                }
+                Standing::PastLogEnd => {
+                    let wait = runtime.live_hold.hold(Instant::now());
+                    drop(runtimes);
+                    shared.emit(Event::Error {
+                        message: format!(
+                            "live lane of {}/{}: position {at} is past the log end {high}; fetching there again in {} s",
+                            key.0,
+                            key.1,
+                            wait.as_secs()
+                        ),
+                    });
+                    continue;
+                }
+                Standing::InsideLog => {
+                    runtime.live_hold.release();
+                    None
+                }
+            }
+        };
+        let Some(append) = append else {
             continue;
         };
         shared.emit(Event::Truncated {
