@@ -16,17 +16,18 @@ use rdkafka::message::BorrowedMessage;
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientConfig, ClientContext, Message, Offset, TopicPartitionList};
 
+use super::side_log::SideLogWrite;
 use super::{Budget, CatchupCommand, KafkaError, SideLog, to_record};
 use crate::engine::telemetry;
 use crate::engine::types::{Event, Mode};
-use crate::engine::{PartitionId, PartitionRuntime, PendingCommit, Shared, Stopped};
+use crate::engine::{PartitionId, PartitionRuntime, Shared, Stopped};
 use crate::fetch::{
     AppendResult, FatalKind, PendingAppend, PollErrorKind, Standing, classify_poll_error,
     fatal_kind, standing,
 };
 use crate::plan::{
-    CommitPlan, Committed, Inputs, LocalAction, OffsetReset, PlanEvent, SideValue, SideWrite,
-    SplitSecret, SplitToken, UnownedAction, reconcile, unowned_action,
+    CommitWrites, Committed, Inputs, LocalAction, MainLogCommit, OffsetReset, PlanEvent, SideValue,
+    SideWrite, SplitSecret, SplitToken, UnownedAction, reconcile, unowned_action,
 };
 use crate::store::{Lane, PartitionState, Record, StoreError};
 
@@ -976,66 +977,91 @@ impl LiveState {
 
     /// Commits what is processed, for `only` or every partition. Errors are reported as
     /// events and retried at the next commit.
+    /// One commit cycle (of every partition, or of `only`): the main-log writes of all
+    /// partitions in one OffsetCommit, then the side-log writes of those whose main-log
+    /// write succeeded (or had none) sent together, then what Kafka now holds recorded in
+    /// the buffer. The first error is returned; every one is reported.
     fn commit(
         &self,
         consumer: &BaseConsumer<LiveContext>,
         only: Option<&[PartitionId]>,
     ) -> Result<(), KafkaError> {
-        let mut first_error = None;
         if only.is_none() {
             // What was processed so far is covered now: the early-commit count restarts.
             self.shared.take_processed_since_commit();
         }
-        for pending in self.shared.pending_commits(only) {
-            tracing::debug!(partition = ?pending.partition, plan = ?pending.plan, "commit");
-            match self.apply_commit(consumer, &pending) {
-                Ok(()) => {
-                    if let Err(err) = self.shared.commit_applied(&pending) {
-                        if err.is_io_failure() {
-                            self.shared.write_failed(&err);
-                        }
-                        self.shared.emit(Event::Error {
-                            message: err.to_string(),
-                        });
-                    }
+        let pending = self.shared.pending_commits(only);
+        if pending.is_empty() {
+            return Ok(());
+        }
+        let writes: Vec<CommitWrites> = pending
+            .iter()
+            .map(|pending| {
+                tracing::debug!(partition = ?pending.partition, plan = ?pending.plan, "commit");
+                pending.plan.writes(pending.token.as_ref())
+            })
+            .collect();
+        let mains: Vec<(&PartitionId, &MainLogCommit)> = pending
+            .iter()
+            .zip(&writes)
+            .filter_map(|(pending, writes)| Some((&pending.partition, writes.main.as_ref()?)))
+            .collect();
+        let main_result = commit_main_all(consumer, &mains);
+        let main_ok = main_result.is_ok();
+        let main_done = |writes: &CommitWrites| writes.main.is_none() || main_ok;
+        let sides: Vec<(usize, SideLogWrite<'_>)> = pending
+            .iter()
+            .zip(&writes)
+            .enumerate()
+            .filter(|(_, (_, writes))| main_done(writes))
+            .filter_map(|(index, (pending, writes))| {
+                let (topic, partition) = (pending.partition.0.as_str(), pending.partition.1);
+                let entry = match &writes.side {
+                    SideWrite::Keep => return None,
+                    SideWrite::Tombstone => None,
+                    SideWrite::Write(entry) => Some((entry, &pending.token.as_ref()?.secret)),
+                };
+                Some((index, (topic, partition, entry)))
+            })
+            .collect();
+        let side_entries: Vec<_> = sides.iter().map(|(_, entry)| *entry).collect();
+        let mut side_results: Vec<(usize, Result<(), KafkaError>)> = sides
+            .iter()
+            .map(|(index, _)| *index)
+            .zip(self.side_log.write_all(&side_entries))
+            .collect();
+        let mut first_error = None;
+        if let Err(err) = main_result {
+            self.shared.emit(Event::Error {
+                message: err.to_string(),
+            });
+            first_error = Some(err);
+        }
+        for (index, (pending, writes)) in pending.iter().zip(&writes).enumerate() {
+            let side_failed = match side_results.iter().position(|(at, _)| *at == index) {
+                Some(at) => side_results.swap_remove(at).1.err(),
+                None => None,
+            };
+            if let Some(err) = side_failed {
+                self.shared.emit(Event::Error {
+                    message: err.to_string(),
+                });
+                first_error.get_or_insert(err);
+                continue;
+            }
+            if !main_done(writes) {
+                continue;
+            }
+            if let Err(err) = self.shared.commit_applied(pending) {
+                if err.is_io_failure() {
+                    self.shared.write_failed(&err);
                 }
-                Err(err) => {
-                    self.shared.emit(Event::Error {
-                        message: err.to_string(),
-                    });
-                    first_error.get_or_insert(err);
-                }
+                self.shared.emit(Event::Error {
+                    message: err.to_string(),
+                });
             }
         }
         first_error.map_or(Ok(()), Err)
-    }
-
-    fn apply_commit(
-        &self,
-        consumer: &BaseConsumer<LiveContext>,
-        pending: &PendingCommit,
-    ) -> Result<(), KafkaError> {
-        let (topic, partition) = (&pending.partition.0, pending.partition.1);
-        match &pending.plan {
-            CommitPlan::Nothing => Ok(()),
-            CommitPlan::Plain { offset } => commit_main(consumer, topic, partition, *offset, ""),
-            CommitPlan::Split { main, side } => {
-                if let (Some(main), Some(token)) = (main, pending.token) {
-                    commit_main(consumer, topic, partition, *main, &token.encode())?;
-                }
-                if let (Some(side), Some(token)) = (side, pending.token) {
-                    self.side_log
-                        .write(topic, partition, Some((side, &token.secret)))?;
-                }
-                Ok(())
-            }
-            // Main log first, then the tombstone: a crash in between is healed on assignment
-            // (no token, so the side entry is stale).
-            CommitPlan::Merge { offset } => {
-                commit_main(consumer, topic, partition, *offset, "")?;
-                self.side_log.write(topic, partition, None)
-            }
-        }
     }
 }
 
@@ -1046,15 +1072,39 @@ fn commit_main(
     offset: i64,
     metadata: &str,
 ) -> Result<(), KafkaError> {
-    let mut tpl = TopicPartitionList::new();
-    tpl.add_partition_offset(topic, partition, Offset::Offset(offset))
-        .map_err(|e| KafkaError::client("building a commit", e))?;
-    if let Some(mut element) = tpl.find_partition(topic, partition) {
-        element.set_metadata(metadata);
+    let key = (topic.to_owned(), partition);
+    let commit = MainLogCommit {
+        offset,
+        metadata: metadata.to_owned(),
+    };
+    commit_main_all(consumer, &[(&key, &commit)])
+}
+
+/// Commits every partition's offset and metadata in one OffsetCommit request.
+fn commit_main_all(
+    consumer: &BaseConsumer<LiveContext>,
+    commits: &[(&PartitionId, &MainLogCommit)],
+) -> Result<(), KafkaError> {
+    if commits.is_empty() {
+        return Ok(());
     }
+    let mut tpl = TopicPartitionList::new();
+    for ((topic, partition), commit) in commits {
+        tpl.add_partition_offset(topic, *partition, Offset::Offset(commit.offset))
+            .map_err(|e| KafkaError::client("building a commit", e))?;
+        if let Some(mut element) = tpl.find_partition(topic, *partition) {
+            element.set_metadata(&commit.metadata);
+        }
+    }
+    let what = match commits {
+        [((topic, partition), commit)] => {
+            format!("committing {topic}/{partition} at {}", commit.offset)
+        }
+        _ => format!("committing {} partitions", commits.len()),
+    };
     consumer
         .commit(&tpl, CommitMode::Sync)
-        .map_err(|e| KafkaError::client(&format!("committing {topic}/{partition} at {offset}"), e))
+        .map_err(|e| KafkaError::client(&what, e))
 }
 
 fn plan_event(topic: &str, partition: i32, event: &PlanEvent) -> Event {

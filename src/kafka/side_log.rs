@@ -201,18 +201,46 @@ impl SideLog {
         partition: i32,
         entry: Option<(&SideEntry, &SplitSecret)>,
     ) -> Result<(), KafkaError> {
-        let key = self.key(topic, partition);
-        let value = entry.map(|(entry, secret)| entry.seal(&key, secret));
-        let mut record = FutureRecord::to(&self.topic).key(&key);
-        if let Some(value) = &value {
-            record = record.payload(value);
-        }
-        let delivery = futures::executor::block_on(self.producer.send(record, SIDE_TIMEOUT));
-        delivery
-            .map(|_| ())
-            .map_err(|(e, _)| KafkaError::side(&self.topic, format!("writing {key} failed: {e}")))
+        self.write_all(&[(topic, partition, entry)])
+            .pop()
+            .unwrap_or(Ok(()))
+    }
+
+    /// Writes several entries at once (see [`write`](Self::write)): all are sent before any
+    /// is awaited, so a commit cycle costs one round trip of the side log, not one per
+    /// partition. One result per entry, in order.
+    pub fn write_all(&self, entries: &[SideLogWrite<'_>]) -> Vec<Result<(), KafkaError>> {
+        let sealed: Vec<(String, Option<String>)> = entries
+            .iter()
+            .map(|(topic, partition, entry)| {
+                let key = self.key(topic, *partition);
+                let value = entry.map(|(entry, secret)| entry.seal(&key, secret));
+                (key, value)
+            })
+            .collect();
+        let sends = sealed.iter().map(|(key, value)| {
+            let mut record = FutureRecord::to(&self.topic).key(key);
+            if let Some(value) = value {
+                record = record.payload(value);
+            }
+            self.producer.send(record, SIDE_TIMEOUT)
+        });
+        let deliveries = futures::executor::block_on(futures::future::join_all(sends));
+        deliveries
+            .into_iter()
+            .zip(&sealed)
+            .map(|(delivery, (key, _))| {
+                delivery.map(|_| ()).map_err(|(e, _)| {
+                    KafkaError::side(&self.topic, format!("writing {key} failed: {e}"))
+                })
+            })
+            .collect()
     }
 }
+
+/// One side-log write: the partition, and its entry with the split's secret (`None`: a
+/// tombstone).
+pub(crate) type SideLogWrite<'a> = (&'a str, i32, Option<(&'a SideEntry, &'a SplitSecret)>);
 
 /// The user's settings for catchup's other consumers (the catch-up consumer, the side-log
 /// reader): everything — connection, security, tuning, `client.id`, `debug` — but what

@@ -1,6 +1,6 @@
 //! What to write to Kafka for a partition's processed offsets (DESIGN §2, invariants 3, 4).
 
-use super::{SideEntry, SplitToken, clip_ranges};
+use super::{MainLogCommit, SideEntry, SideWrite, SplitToken, clip_ranges};
 use crate::store::PartitionLayout;
 
 /// Where a partition's progress stands.
@@ -83,6 +83,51 @@ pub fn plan_commit(progress: &Progress<'_>) -> CommitPlan {
         CommitPlan::Nothing
     } else {
         CommitPlan::Split { main, side }
+    }
+}
+
+/// The writes of one partition's commit, in the order they reach Kafka: the main log, then
+/// the side log — the side log only once the main-log write succeeded, so that a member the
+/// group fenced off never claims live progress it could not commit (and a merge's tombstone
+/// never precedes the merge). A cycle sends the main-log writes of all its partitions as one
+/// request, then the side-log writes together.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommitWrites {
+    /// The group's offset and its metadata.
+    pub main: Option<MainLogCommit>,
+    /// What becomes of the side entry.
+    pub side: SideWrite,
+}
+
+impl CommitPlan {
+    /// The writes that carry out this plan under the split `token` in effect (a split's
+    /// writes need it: no token, nothing to write).
+    pub fn writes(&self, token: Option<&SplitToken>) -> CommitWrites {
+        let plain = |offset: i64| MainLogCommit {
+            offset,
+            metadata: String::new(),
+        };
+        match (self, token) {
+            (CommitPlan::Plain { offset }, _) => CommitWrites {
+                main: Some(plain(*offset)),
+                side: SideWrite::Keep,
+            },
+            (CommitPlan::Split { main, side }, Some(token)) => CommitWrites {
+                main: main.map(|offset| MainLogCommit {
+                    offset,
+                    metadata: token.encode(),
+                }),
+                side: side.clone().map_or(SideWrite::Keep, SideWrite::Write),
+            },
+            (CommitPlan::Merge { offset }, _) => CommitWrites {
+                main: Some(plain(*offset)),
+                side: SideWrite::Tombstone,
+            },
+            (CommitPlan::Nothing | CommitPlan::Split { .. }, _) => CommitWrites {
+                main: None,
+                side: SideWrite::Keep,
+            },
+        }
     }
 }
 
@@ -218,5 +263,68 @@ mod tests {
                 "{plan:?}"
             );
         }
+    }
+
+    #[test]
+    fn writes_of_each_plan() {
+        let (token, side, _) = split();
+        let main = |offset: i64, metadata: &str| {
+            Some(MainLogCommit {
+                offset,
+                metadata: metadata.to_owned(),
+            })
+        };
+        let cases = [
+            (
+                CommitPlan::Nothing,
+                main(0, "").filter(|_| false),
+                SideWrite::Keep,
+            ),
+            (
+                CommitPlan::Plain { offset: 9 },
+                main(9, ""),
+                SideWrite::Keep,
+            ),
+            (
+                CommitPlan::Split {
+                    main: Some(80),
+                    side: Some(side.clone()),
+                },
+                main(80, &token.encode()),
+                SideWrite::Write(side.clone()),
+            ),
+            (
+                CommitPlan::Split {
+                    main: None,
+                    side: Some(side.clone()),
+                },
+                None,
+                SideWrite::Write(side.clone()),
+            ),
+            (
+                CommitPlan::Merge { offset: 130 },
+                main(130, ""),
+                SideWrite::Tombstone,
+            ),
+        ];
+        for (plan, main, side) in cases {
+            assert_eq!(
+                plan.writes(Some(&token)),
+                CommitWrites { main, side },
+                "{plan:?}"
+            );
+        }
+        // A split plan without its token writes nothing.
+        let untokened = CommitPlan::Split {
+            main: Some(80),
+            side: Some(side),
+        };
+        assert_eq!(
+            untokened.writes(None),
+            CommitWrites {
+                main: None,
+                side: SideWrite::Keep
+            }
+        );
     }
 }

@@ -16,7 +16,7 @@ mod token;
 mod unowned;
 
 pub use acks::AckTracker;
-pub use commit::{CommitPlan, Progress, plan_commit};
+pub use commit::{CommitPlan, CommitWrites, Progress, plan_commit};
 pub use incarnation::incarnation_unknown;
 pub use lag::{SideStatus, TrueLag, true_lag};
 pub use reconcile::{

@@ -1,0 +1,110 @@
+//! A commit cycle asks the group coordinator once, whatever the number of partitions: one
+//! OffsetCommit carrying every partition's offset and metadata, not one request per
+//! partition one after the other (each a round trip, inside the rebalance callback too).
+//! Counted from librdkafka's own statistics of the group member.
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use catchup::{ClientHooks, Mode};
+use support::{Kafka, test_config, unique};
+
+const PARTITIONS: i32 = 8;
+const PER_PARTITION: usize = 50;
+const WAIT: Duration = Duration::from_secs(60);
+
+/// The group member's statistics: how many were seen, and the OffsetCommit requests the
+/// last one counted (over every broker).
+#[derive(Default)]
+struct Requests(Mutex<(u64, i64)>);
+
+impl Requests {
+    fn get(&self) -> (u64, i64) {
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The OffsetCommit count of a statistics report emitted after this call.
+    async fn next_count(&self) -> i64 {
+        let (seen, _) = self.get();
+        let deadline = Instant::now() + WAIT;
+        // Two reports on: the first may have been on its way already.
+        while self.get().0 < seen + 2 {
+            assert!(
+                Instant::now() < deadline,
+                "no statistics from the group member"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.get().1
+    }
+}
+
+impl ClientHooks for Requests {
+    fn statistics(&self, role: &str, json: &[u8]) {
+        if role != "live" {
+            return;
+        }
+        let Ok(statistics) = serde_json::from_slice::<catchup::rdkafka::Statistics>(json) else {
+            return;
+        };
+        let commits = statistics
+            .brokers
+            .values()
+            .filter_map(|broker| broker.req.get("OffsetCommit"))
+            .sum();
+        let mut slot = self
+            .0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        *slot = (slot.0 + 1, commits);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_offset_commit_per_cycle_for_eight_partitions() {
+    let kafka = Kafka::connect();
+    let topic = unique("commit-requests");
+    kafka.create_topic(&topic, PARTITIONS).await;
+    for partition in 0..PARTITIONS {
+        kafka.produce_to(&topic, partition, 0, PER_PARTITION).await;
+    }
+    let group = unique("commit-requests-group");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let requests = Arc::new(Requests::default());
+    let config = catchup::CatchupConfig {
+        hooks: Some(requests.clone()),
+        // Only the commit below: no periodic one in between.
+        commit_interval: Duration::from_secs(3600),
+        ..test_config(dir.path(), Mode::Ordered, u64::MAX)
+    };
+    let mut client = kafka.consumer_config(&group);
+    client.set("statistics.interval.ms", "100");
+    let consumer = catchup::CatchupConsumer::new(&client, config).expect("catchup consumer");
+    consumer.subscribe(&[&topic]).expect("subscribe");
+    for _ in 0..PARTITIONS as usize * PER_PARTITION {
+        let delivery = tokio::time::timeout(WAIT, consumer.recv())
+            .await
+            .expect("a delivery")
+            .expect("recv");
+        consumer.ack(&delivery);
+    }
+
+    let before = requests.next_count().await;
+    consumer.commit().await.expect("commit");
+    let after = requests.next_count().await;
+    eprintln!(
+        "one commit cycle of {PARTITIONS} partitions: {} OffsetCommit requests",
+        after - before
+    );
+    assert_eq!(after - before, 1, "OffsetCommit requests in one cycle");
+    assert_eq!(
+        kafka.committed(&group, &topic, PARTITIONS),
+        vec![Some(PER_PARTITION as i64); PARTITIONS as usize]
+    );
+    consumer.close().await.expect("close");
+}
