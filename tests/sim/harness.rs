@@ -883,24 +883,31 @@ impl Sim {
                 .map(|_| ())
                 .map_err(|e| err("record_committed", e))
         };
+        // The writes in the production order (`CommitPlan::writes`), a crash possible
+        // between the main-log and the side-log write.
+        let writes = plan.writes(self.token.as_ref());
+        if let Some(main) = &writes.main {
+            self.write_main(main.offset, main.metadata.clone())?;
+            if writes.side != SideWrite::Keep && self.crashes_here() {
+                return self.crash();
+            }
+        }
+        match &writes.side {
+            SideWrite::Keep => {}
+            SideWrite::Write(side) => {
+                let token = self.token.ok_or("a side write without a token")?;
+                self.write_side(Some(side.seal(&key, &token.secret).into_bytes()))?;
+            }
+            SideWrite::Tombstone => self.write_side(None)?,
+        }
+        // What the engine records once Kafka holds the writes (`Shared::commit_applied`).
         match plan {
             CommitPlan::Nothing => {}
             CommitPlan::Plain { offset } => {
-                self.write_main(offset, String::new())?;
                 self.main_committed = offset;
                 record(self, Lane::Live, offset)?;
             }
             CommitPlan::Split { main, side } => {
-                let token = self.token.ok_or("a split commit without a token")?;
-                if let Some(main) = main {
-                    self.write_main(main, token.encode())?;
-                    if side.is_some() && self.crashes_here() {
-                        return self.crash();
-                    }
-                }
-                if let Some(side) = &side {
-                    self.write_side(Some(side.seal(&key, &token.secret).into_bytes()))?;
-                }
                 if let Some(main) = main {
                     self.main_committed = main;
                     record(self, Lane::Catchup, main)?;
@@ -911,11 +918,6 @@ impl Sim {
                 }
             }
             CommitPlan::Merge { offset } => {
-                self.write_main(offset, String::new())?;
-                if self.crashes_here() {
-                    return self.crash();
-                }
-                self.write_side(None)?;
                 self.merges += 1;
                 self.main_committed = offset;
                 self.token = None;
