@@ -1,5 +1,7 @@
 //! The umbrella error of the public API.
 
+use std::time::Duration;
+
 use crate::kafka::KafkaError;
 use crate::store::StoreError;
 
@@ -60,8 +62,16 @@ pub enum Error {
     #[error("the consumer was closed")]
     Closed,
     /// A setting is missing or wrong — a subscription rdkafka refused among them, reported by
-    /// `recv` until the next `subscribe` — or a request to the consumer's threads did not
-    /// finish in time.
+    /// `recv` until the next `subscribe`.
     #[error("configuration: {0}")]
     Config(String),
+    /// A request to the consumer's threads (a commit, the backlog, closing) did not finish
+    /// in time: the brokers may be unreachable. Nothing was lost; a commit may still land.
+    #[error("{what} did not finish within {} s (are the brokers reachable?)", .after.as_secs())]
+    Timeout {
+        /// What did not finish.
+        what: String,
+        /// How long it was given.
+        after: Duration,
+    },
 }

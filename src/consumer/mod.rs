@@ -32,6 +32,8 @@ use crate::store::{Buffer, BufferOptions, Lane, StoreError};
 /// How long a request to the live thread (commit, backlog, close) may take: a commit waits
 /// on the brokers.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+/// The least `close` waits for the threads after the live thread answered.
+const CLOSE_JOIN_AT_LEAST: Duration = Duration::from_secs(10);
 
 /// Records read from the buffer per refill of the delivery queue (split fairly over the
 /// partitions, at least `engine::MIN_READ` each).
@@ -177,10 +179,10 @@ impl CatchupConsumer {
         match tokio::time::timeout(REQUEST_TIMEOUT, answer).await {
             Ok(Ok(result)) => Ok(result?),
             Ok(Err(_)) => Err(KafkaError::Stopped("live fetcher").into()),
-            Err(_) => Err(Error::Config(format!(
-                "{what} did not finish within {} s (are the brokers reachable?)",
-                REQUEST_TIMEOUT.as_secs()
-            ))),
+            Err(_) => Err(Error::Timeout {
+                what: what.to_owned(),
+                after: REQUEST_TIMEOUT,
+            }),
         }
     }
 
@@ -391,6 +393,10 @@ impl CatchupConsumer {
     /// new consumer can open it at once). Takes `&self`, so a consumer shared between tasks
     /// (`Arc`) can be closed from any of them; afterwards `recv` returns [`Error::Closed`],
     /// and closing again does nothing.
+    ///
+    /// Returns within about two minutes whatever the brokers do: a thread still waiting on
+    /// them then is left behind with [`Error::Timeout`], and the buffer directory stays
+    /// locked until the process ends (nothing is lost: the next start resumes from Kafka).
     pub async fn close(&self) -> Result<(), Error> {
         let mut done = self.close_done.lock().await;
         if *done {
@@ -399,13 +405,27 @@ impl CatchupConsumer {
         self.closed
             .store(true, std::sync::atomic::Ordering::Relaxed);
         self.shared.notify.notify_waiters();
+        let started = std::time::Instant::now();
         let result = self.request("closing", LiveCommand::Close).await;
         let _ = self.catchup.send(CatchupCommand::Shutdown);
         let threads = std::mem::take(&mut *self.threads());
-        let deadline = self.join_deadline(false);
-        tokio::task::spawn_blocking(move || join_within(threads, deadline))
+        // What is left of the two minutes, and never less than the threads need to leave
+        // once their brokers answered.
+        let deadline = self.join_deadline(false).unwrap_or(
+            REQUEST_TIMEOUT
+                .saturating_sub(started.elapsed())
+                .max(CLOSE_JOIN_AT_LEAST),
+        );
+        let joined = tokio::task::spawn_blocking(move || join_within(threads, Some(deadline)))
             .await
-            .map_err(|e| Error::Config(format!("joining threads failed: {e}")))?;
+            .unwrap_or(false);
+        if !joined {
+            *done = true;
+            return result.and(Err(Error::Timeout {
+                what: "stopping the consumer's threads".into(),
+                after: deadline,
+            }));
+        }
         // The buffer directory is free for the next consumer now, even while this handle
         // lives on (an `Arc` elsewhere) — unless a write failed: that sled handle is never
         // let go of (its flush can block for good).
@@ -445,7 +465,7 @@ impl Drop for CatchupConsumer {
         let _ = self.live.send(LiveCommand::Abandon);
         let _ = self.catchup.send(CatchupCommand::Shutdown);
         let threads = std::mem::take(&mut *self.threads());
-        join_within(threads, self.join_deadline(true));
+        let _ = join_within(threads, self.join_deadline(true));
     }
 }
 
@@ -457,7 +477,8 @@ impl CatchupConsumer {
     }
 
     /// How long closing or dropping waits for the threads. They hold the buffer, and a
-    /// consumer opened next on the same directory needs it, so: `close` until they end;
+    /// consumer opened next on the same directory needs it, so: `close` what is left of its
+    /// two minutes (`None` here);
     /// a drop (a crash, or a panic unwinding) at most 30 s, since a thread may wait on a
     /// broker that is gone (librdkafka's synchronous commit has no timeout); and either at
     /// most 10 s once a buffer write failed, when a thread may be blocked for good in sled.
@@ -471,11 +492,12 @@ impl CatchupConsumer {
 }
 
 /// Joins `threads`, waiting at most `deadline` in all (`None`: until they end): a thread
-/// blocked for good (in a wedged disk write) is left behind rather than hanging its caller.
-fn join_within(threads: Vec<JoinHandle<()>>, deadline: Option<Duration>) {
+/// blocked for good (in a wedged disk write, a broker that never answers) is left behind
+/// rather than hanging its caller. Whether every thread ended.
+fn join_within(threads: Vec<JoinHandle<()>>, deadline: Option<Duration>) -> bool {
     let Some(deadline) = deadline else {
         threads.into_iter().for_each(|thread| drop(thread.join()));
-        return;
+        return true;
     };
     let until = std::time::Instant::now() + deadline;
     let mut left = threads;
@@ -489,6 +511,7 @@ fn join_within(threads: Vec<JoinHandle<()>>, deadline: Option<Duration>) {
             std::thread::sleep(Duration::from_millis(10));
         }
     }
+    let all_ended = left.is_empty();
     for thread in left {
         let name = thread.thread().name().unwrap_or("unnamed").to_owned();
         tracing::error!(
@@ -496,5 +519,33 @@ fn join_within(threads: Vec<JoinHandle<()>>, deadline: Option<Duration>) {
             "a catchup thread did not stop within {} s; leaving it behind",
             deadline.as_secs()
         );
+    }
+    all_ended
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `close` has a real deadline: a thread that does not end in time is left behind and
+    /// said to be, instead of holding the caller for as long as a broker keeps it.
+    #[test]
+    fn joining_gives_up_on_a_thread_at_the_deadline() {
+        let (release, blocked) = std::sync::mpsc::channel::<()>();
+        let stuck = std::thread::spawn(move || {
+            let _ = blocked.recv();
+        });
+        let finished = std::thread::spawn(|| {});
+        let started = std::time::Instant::now();
+        assert!(!join_within(
+            vec![stuck, finished],
+            Some(Duration::from_millis(100))
+        ));
+        assert!(started.elapsed() < Duration::from_secs(5));
+        drop(release);
+
+        let quick = std::thread::spawn(|| {});
+        assert!(join_within(vec![quick], Some(Duration::from_secs(5))));
+        assert!(join_within(Vec::new(), None));
     }
 }

@@ -114,6 +114,13 @@ const TOPIC_CHECK_EVERY: Duration = Duration::from_secs(5);
 
 /// How long the topic-id lookup may take: it is a check on top, and runs inside the rebalance.
 const TOPIC_ID_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long reading one partition's watermarks may take while an assignment is reconciled:
+/// a partition whose leader does not answer waits (paused, retried from the live loop)
+/// instead of holding the rebalance callback, whose time counts against
+/// `max.poll.interval.ms`.
+const ASSIGN_WATERMARKS_TIMEOUT: Duration = Duration::from_secs(5);
+/// An assignment's watermarks are read this many partitions at a time.
+const WATERMARK_READERS: usize = 16;
 
 /// The live consumer's context: overrides the rebalance to assign at absolute offsets.
 pub(crate) struct LiveContext {
@@ -384,7 +391,8 @@ impl LiveState {
             }
         };
         let mut failed = Vec::new();
-        for (topic, partition) in partitions {
+        let watermarks = read_watermarks(consumer, partitions);
+        for ((topic, partition), watermarks) in partitions.iter().zip(watermarks) {
             let split = committed
                 .find_partition(topic, *partition)
                 .is_some_and(|e| SplitToken::decode(e.metadata()).is_some());
@@ -399,6 +407,7 @@ impl LiveState {
                     side_entries.as_ref(),
                     topic,
                     *partition,
+                    watermarks,
                 )
                 .and_then(|start| {
                     start_at(topic, *partition, start).map_err(|err| {
@@ -749,6 +758,7 @@ impl LiveState {
         side_entries: Option<&super::side_log::SideEntries>,
         topic: &str,
         partition: i32,
+        watermarks: rdkafka::error::KafkaResult<(i64, i64)>,
     ) -> Result<i64, crate::Error> {
         let _span = tracing::info_span!("assign", topic, partition).entered();
         let shared = &self.shared;
@@ -765,9 +775,7 @@ impl LiveState {
             }),
             _ => None,
         });
-        let (low, high) = consumer
-            .fetch_watermarks(topic, partition, REQUEST_TIMEOUT)
-            .map_err(|e| KafkaError::client("reading watermarks", e))?;
+        let (low, high) = watermarks.map_err(|e| KafkaError::client("reading watermarks", e))?;
         let side_key = self.side_log.key(topic, partition);
         let side = side_entries
             .and_then(|e| e.get(&(topic.to_owned(), partition)))
@@ -1063,6 +1071,37 @@ impl LiveState {
         }
         first_error.map_or(Ok(()), Err)
     }
+}
+
+/// The watermarks of `partitions`, read concurrently, each within
+/// [`ASSIGN_WATERMARKS_TIMEOUT`]: an assignment with offline partitions costs one timeout, not
+/// one per partition.
+fn read_watermarks(
+    consumer: &BaseConsumer<LiveContext>,
+    partitions: &[PartitionId],
+) -> Vec<rdkafka::error::KafkaResult<(i64, i64)>> {
+    let mut watermarks = Vec::with_capacity(partitions.len());
+    for group in partitions.chunks(WATERMARK_READERS) {
+        std::thread::scope(|scope| {
+            let readers: Vec<_> = group
+                .iter()
+                .map(|(topic, partition)| {
+                    scope.spawn(move || {
+                        consumer.fetch_watermarks(topic, *partition, ASSIGN_WATERMARKS_TIMEOUT)
+                    })
+                })
+                .collect();
+            for reader in readers {
+                // A reader that panicked reads nothing: the partition waits and is retried.
+                watermarks.push(
+                    reader
+                        .join()
+                        .unwrap_or(Err(rdkafka::error::KafkaError::Canceled)),
+                );
+            }
+        });
+    }
+    watermarks
 }
 
 fn commit_main(
