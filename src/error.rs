@@ -75,3 +75,24 @@ pub enum Error {
         after: Duration,
     },
 }
+
+impl From<crate::engine::Stopped> for Error {
+    fn from(stopped: crate::engine::Stopped) -> Self {
+        use crate::engine::Stopped;
+        match stopped {
+            Stopped::TopicMissing(topic) => Error::TopicMissing { topic },
+            Stopped::Refused(reason) => Error::Refused { reason },
+            Stopped::Subscription(reason) => Error::Config(reason),
+            Stopped::FetcherDied { fetcher, reason } => Error::FetcherDied { fetcher, reason },
+        }
+    }
+}
+
+impl From<crate::engine::BufferFailure> for Error {
+    fn from(failure: crate::engine::BufferFailure) -> Self {
+        Error::BufferFailed {
+            dir: failure.dir,
+            reason: failure.reason,
+        }
+    }
+}

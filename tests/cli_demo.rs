@@ -30,6 +30,18 @@ fn demo_compares_the_three_modes() {
         "{stdout}\n{}",
         String::from_utf8_lossy(&output.stderr)
     );
+    // A healthy run says nothing at ERROR (every end of partition of the catch-up consumer
+    // was once an ERROR line from librdkafka).
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let errors: Vec<&str> = stdout
+        .lines()
+        .chain(stderr.lines())
+        .filter(|line| line.contains("ERROR"))
+        .collect();
+    assert!(
+        errors.is_empty(),
+        "ERROR lines in a healthy run: {errors:#?}"
+    );
     for mode in ["off", "ordered", "concurrent"] {
         assert!(
             stdout.lines().any(|line| line.starts_with(mode)),

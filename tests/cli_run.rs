@@ -67,11 +67,12 @@ async fn run_processes_everything_into_the_sink_and_exits_when_idle() {
         .spawn()
         .expect("spawn");
     let output = wait_with_deadline(child, Duration::from_secs(90));
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.contains("ERROR")).collect();
+    assert!(
+        errors.is_empty(),
+        "ERROR lines in a healthy run: {errors:#?}"
     );
 
     let lines = sink_lines(&sink);

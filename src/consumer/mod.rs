@@ -226,7 +226,12 @@ impl CatchupConsumer {
         if self.closed.load(std::sync::atomic::Ordering::Relaxed) {
             return Err(Error::Closed);
         }
-        if let Some(failure) = self.shared.failure().or_else(|| self.shared.stopped()) {
+        let failure = self
+            .shared
+            .failure()
+            .map(Error::from)
+            .or_else(|| self.shared.stopped().map(Error::from));
+        if let Some(failure) = failure {
             return Err(failure);
         }
         let delivery = self.next_queued(reader)?;

@@ -4,9 +4,12 @@
 //! `types` holds the vocabulary both speak (configuration, deliveries, events), re-exported
 //! by [`crate::consumer`].
 
+mod health;
 pub(crate) mod telemetry;
 pub(crate) mod types;
 mod writable;
+
+pub(crate) use health::BrokerHealth;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -166,7 +169,7 @@ pub(crate) struct Shared {
     /// How many times the application subscribed (`subscribing`).
     subscription: AtomicU64,
     /// Whether the brokers can be reached, as every client reports it.
-    pub health: Arc<crate::kafka::BrokerHealth>,
+    pub health: Arc<BrokerHealth>,
 }
 
 impl Stopped {
@@ -174,34 +177,35 @@ impl Stopped {
     fn cleared_by_subscribing(&self) -> bool {
         matches!(self, Stopped::TopicMissing(_) | Stopped::Subscription(_))
     }
-
-    fn to_error(&self) -> crate::Error {
-        match self {
-            Stopped::TopicMissing(topic) => crate::Error::TopicMissing {
-                topic: topic.clone(),
-            },
-            Stopped::Refused(reason) => crate::Error::Refused {
-                reason: reason.clone(),
-            },
-            Stopped::Subscription(reason) => crate::Error::Config(reason.clone()),
-            Stopped::FetcherDied { fetcher, reason } => crate::Error::FetcherDied {
-                fetcher,
-                reason: reason.clone(),
-            },
-        }
-    }
 }
 
-/// A condition on the Kafka side the consumer cannot get past by polling on.
+/// A write to the buffer failed: the consumer stops fetching (the public API reports it as
+/// `Error::BufferFailed`).
 #[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct BufferFailure {
+    /// The buffer directory.
+    pub dir: std::path::PathBuf,
+    /// The failed write.
+    pub reason: String,
+}
+
+/// A condition on the Kafka side the consumer cannot get past by polling on (the public API
+/// maps each to its `Error`, with the same words).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum Stopped {
     /// A subscribed topic the cluster does not know.
+    #[error("topic {0} does not exist")]
     TopicMissing(String),
     /// Authentication or authorization failed.
+    #[error("the cluster refused access: {0}")]
     Refused(String),
     /// rdkafka refused the subscription (a malformed pattern, say).
+    #[error("configuration: {0}")]
     Subscription(String),
     /// A fetcher thread ended by a panic (a bug): its lane gets no more records.
+    #[error(
+        "the {fetcher} fetcher stopped unexpectedly ({reason}); nothing processed is lost — close the consumer and start it again"
+    )]
     FetcherDied {
         /// Which one.
         fetcher: &'static str,
@@ -236,7 +240,7 @@ impl Shared {
         buffer: Arc<Buffer>,
         config: CatchupConfig,
         group: String,
-        health: Arc<crate::kafka::BrokerHealth>,
+        health: Arc<BrokerHealth>,
     ) -> Self {
         let (events, _) = broadcast::channel(4096);
         health.attach(events.clone());
@@ -299,12 +303,11 @@ impl Shared {
         if slot.is_some() && !replaces {
             return;
         }
-        let error = stopped.to_error();
         // Returned by `recv`, where the application decides what to say: logged here only
         // for whoever debugs.
-        tracing::debug!("{error}");
+        tracing::debug!("{stopped}");
         self.emit(Event::Error {
-            message: error.to_string(),
+            message: stopped.to_string(),
         });
         *slot = Some(stopped);
         drop(slot);
@@ -339,17 +342,12 @@ impl Shared {
         }
     }
 
-    /// What stopped the consumer on the Kafka side, as the public error: what a fetcher
-    /// recorded, else credentials the brokers refused (any client's).
-    pub fn stopped(&self) -> Option<crate::Error> {
+    /// What stopped the consumer on the Kafka side: what a fetcher recorded, else
+    /// credentials the brokers refused (any client's).
+    pub fn stopped(&self) -> Option<Stopped> {
         self.stopped_slot()
-            .as_ref()
-            .map(Stopped::to_error)
-            .or_else(|| {
-                self.health
-                    .refused()
-                    .map(|reason| crate::Error::Refused { reason })
-            })
+            .clone()
+            .or_else(|| self.health.refused().map(Stopped::Refused))
     }
 
     /// Whether a fetcher may append now: no write has failed and the filesystem is above
@@ -429,14 +427,12 @@ impl Shared {
         }
     }
 
-    /// The write failure that stopped the consumer, as the public error.
-    pub fn failure(&self) -> Option<crate::Error> {
-        self.writability
-            .failure()
-            .map(|reason| crate::Error::BufferFailed {
-                dir: self.buffer.dir().to_path_buf(),
-                reason: reason.to_owned(),
-            })
+    /// The write failure that stopped the consumer.
+    pub fn failure(&self) -> Option<BufferFailure> {
+        self.writability.failure().map(|reason| BufferFailure {
+            dir: self.buffer.dir().to_path_buf(),
+            reason: reason.to_owned(),
+        })
     }
 
     pub fn partitions(&self) -> MutexGuard<'_, BTreeMap<PartitionId, PartitionRuntime>> {
@@ -865,7 +861,7 @@ mod tests {
             Arc::new(buffer),
             CatchupConfig::new(dir),
             "group".into(),
-            Arc::new(crate::kafka::BrokerHealth::new("group", None)),
+            Arc::new(BrokerHealth::new("group", None)),
         )
     }
 
@@ -875,26 +871,20 @@ mod tests {
         let shared = shared(dir.path());
         let first = shared.subscribing();
         shared.stop_for_subscription(first, Stopped::TopicMissing("orders".into()));
-        assert!(matches!(
-            shared.stopped(),
-            Some(crate::Error::TopicMissing { .. })
-        ));
+        assert!(matches!(shared.stopped(), Some(Stopped::TopicMissing(_))));
         // The application subscribes again while the live thread still checks the first.
         let second = shared.subscribing();
         assert!(shared.stopped().is_none(), "cleared by subscribing");
         shared.stop_for_subscription(first, Stopped::TopicMissing("orders".into()));
         assert!(shared.stopped().is_none(), "the first subscription's news");
         shared.stop_for_subscription(second, Stopped::Subscription("refused".into()));
-        assert!(matches!(shared.stopped(), Some(crate::Error::Config(_))));
+        assert!(matches!(shared.stopped(), Some(Stopped::Subscription(_))));
         // Access refused is not the subscription's: subscribing again keeps it.
         let third = shared.subscribing();
         shared.stop_with(Stopped::Refused("denied".into()));
         shared.subscribing();
         shared.stop_for_subscription(third, Stopped::TopicMissing("orders".into()));
-        assert!(matches!(
-            shared.stopped(),
-            Some(crate::Error::Refused { .. })
-        ));
+        assert!(matches!(shared.stopped(), Some(Stopped::Refused(_))));
     }
 
     #[test]
@@ -919,7 +909,7 @@ mod tests {
         assert!(body(shared.clone(), true).is_err());
         shared.resubscribed();
         match shared.stopped() {
-            Some(crate::Error::FetcherDied { fetcher, .. }) => assert_eq!(fetcher, "catch-up"),
+            Some(Stopped::FetcherDied { fetcher, .. }) => assert_eq!(fetcher, "catch-up"),
             other => panic!("expected FetcherDied, got {other:?}"),
         }
         let messages: Vec<String> = std::iter::from_fn(|| events.try_recv().ok())

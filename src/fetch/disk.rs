@@ -13,6 +13,8 @@
 //! unprocessed in the buffer, writing resumes even below the floor, and stops again one
 //! margin lower; it never resumes below half the floor — the hard limit.
 
+pub use crate::store::DiskSpace;
+
 /// The configured floor: the larger of a byte count and a share of the filesystem.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DiskFloor {
@@ -45,15 +47,6 @@ impl DiskFloor {
         let share = (total as f64 * percent / 100.0) as u64;
         self.min_free_bytes.max(share)
     }
-}
-
-/// What the filesystem holding the buffer reports.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DiskSpace {
-    /// Bytes an unprivileged writer may still use.
-    pub available: u64,
-    /// Size of the filesystem.
-    pub total: u64,
 }
 
 /// A change of the low-space state, to apply and report once.

@@ -2,9 +2,7 @@
 //! the last connection that failed) and one INFO when they are back — not an ERROR at every retry of each of the clients —
 //! with events and a counter; librdkafka's log lines at levels that match what they mean.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
-use std::time::Instant;
+use std::sync::Arc;
 
 use rdkafka::ClientConfig;
 use rdkafka::client::{ClientContext, OAuthToken};
@@ -12,28 +10,8 @@ use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::consumer::{BaseConsumer, ConsumerContext};
 use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
-use tokio::sync::broadcast;
 
-use crate::engine::types::{ClientHooks, Event};
-use crate::plan::{REFUSAL_GRACE, Refusal};
-
-/// Whether the brokers can be reached, as every client of one consumer reports it.
-#[derive(Debug)]
-pub(crate) struct BrokerHealth {
-    unreachable: AtomicBool,
-    /// The consumer's group, the label of its metrics.
-    group: String,
-    /// The last connection failure: it names the broker, which "all brokers are down" does
-    /// not.
-    last_failure: std::sync::Mutex<Option<String>>,
-    events: OnceLock<broadcast::Sender<Event>>,
-    /// The application's hooks, told by every client.
-    hooks: Option<Arc<dyn ClientHooks>>,
-    /// Authentication failures any client reported: lasting ones stop the consumer.
-    refusal: std::sync::Mutex<Refusal>,
-    /// Whether `refusal` has anything to say (read for every record handed out).
-    refusing: AtomicBool,
-}
+use crate::engine::BrokerHealth;
 
 /// How a client-wide error is reported.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,74 +55,8 @@ pub(crate) fn classify_client_error(error: &KafkaError) -> ErrorClass {
     }
 }
 
+/// The rdkafka side of the health: what librdkafka reports, classified.
 impl BrokerHealth {
-    /// The health of the clients of the consumer in `group`.
-    pub fn new(group: &str, hooks: Option<Arc<dyn ClientHooks>>) -> Self {
-        Self {
-            unreachable: AtomicBool::new(false),
-            group: group.to_owned(),
-            last_failure: std::sync::Mutex::new(None),
-            events: OnceLock::new(),
-            hooks,
-            refusal: std::sync::Mutex::new(Refusal::default()),
-            refusing: AtomicBool::new(false),
-        }
-    }
-
-    /// The application's hooks, if it gave any.
-    pub fn hooks(&self) -> Option<&dyn ClientHooks> {
-        self.hooks.as_deref()
-    }
-
-    /// Where transitions are announced.
-    pub fn attach(&self, events: broadcast::Sender<Event>) {
-        let _ = self.events.set(events);
-    }
-
-    /// Whether the last word was that the brokers cannot be reached.
-    pub fn is_unreachable(&self) -> bool {
-        self.unreachable.load(Ordering::Relaxed)
-    }
-
-    /// A request succeeded: the brokers are reachable (INFO and an event when they were not).
-    pub fn reached(&self) {
-        if self.unreachable.swap(false, Ordering::Relaxed) {
-            tracing::info!("the brokers are reachable again");
-            self.emit(Event::BrokersReachable);
-        }
-    }
-
-    /// Why the consumer's credentials are refused, once the refusal is final (it lasted
-    /// `REFUSAL_GRACE` with no request getting through).
-    pub fn refused(&self) -> Option<String> {
-        if !self.refusing.load(Ordering::Relaxed) {
-            return None;
-        }
-        self.refusal().check(Instant::now())
-    }
-
-    /// Whether authentication failures are being seen: a request that gets through
-    /// ([`accepted`](Self::accepted)) would end them.
-    pub fn is_refusing(&self) -> bool {
-        self.refusing.load(Ordering::Relaxed)
-    }
-
-    /// A request got through: the credentials are accepted (a final refusal stays).
-    pub fn accepted(&self) {
-        let mut refusal = self.refusal();
-        if refusal.succeeded() {
-            self.refusing.store(refusal.failing(), Ordering::Relaxed);
-            drop(refusal);
-            tracing::info!("the brokers accept the credentials again");
-        }
-    }
-
-    fn refusal(&self) -> std::sync::MutexGuard<'_, Refusal> {
-        self.refusal
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
     /// An OAUTHBEARER token for the client playing `role`, from the application's hooks.
     pub fn oauth_token(
         &self,
@@ -157,54 +69,20 @@ impl BrokerHealth {
         }
     }
 
-    /// librdkafka's statistics from the client playing `role`: to the application's hooks.
-    pub fn on_statistics(&self, role: &str, statistics: &[u8]) {
-        if let Some(hooks) = self.hooks() {
-            hooks.statistics(role, statistics);
-        }
-    }
-
     /// A client-wide error of the client playing `role`.
     pub fn on_error(&self, role: &str, error: KafkaError, reason: &str) {
         match classify_client_error(&error) {
             ErrorClass::AuthenticationFailed => {
-                let mut refusal = self.refusal();
-                let begins = refusal.failed(Instant::now(), reason);
-                self.refusing.store(true, Ordering::Relaxed);
-                drop(refusal);
-                if begins {
-                    tracing::warn!(
-                        client = role,
-                        "{reason}; retrying — the consumer stops if this lasts {} s",
-                        REFUSAL_GRACE.as_secs()
-                    );
-                    self.emit(Event::Error {
-                        message: format!("authentication failed: {reason}"),
-                    });
-                } else {
-                    tracing::debug!(client = role, %error, reason, "librdkafka");
-                }
+                tracing::debug!(client = role, %error, reason, "librdkafka");
+                self.authentication_failed(role, reason);
             }
             ErrorClass::ConnectionFailed => {
-                crate::engine::telemetry::broker_error(&self.group);
                 tracing::debug!(client = role, %error, reason, "librdkafka");
-                *self.last_failure() = Some(reason.to_owned());
+                self.connection_failed(reason);
             }
             ErrorClass::AllDown => {
-                crate::engine::telemetry::broker_error(&self.group);
-                if !self.unreachable.swap(true, Ordering::Relaxed) {
-                    let reason = self
-                        .last_failure()
-                        .clone()
-                        .unwrap_or_else(|| reason.to_owned());
-                    tracing::warn!(
-                        client = role,
-                        "the brokers cannot be reached ({reason}); retrying"
-                    );
-                    self.emit(Event::BrokersUnreachable { reason });
-                } else {
-                    tracing::debug!(client = role, %error, reason, "still unreachable");
-                }
+                tracing::debug!(client = role, %error, reason, "librdkafka");
+                self.all_down(role, reason);
             }
             ErrorClass::UnknownTopic | ErrorClass::FetchSignal => {
                 tracing::debug!(client = role, %error, reason, "librdkafka")
@@ -225,18 +103,6 @@ impl BrokerHealth {
             Level::Warning => tracing::warn!(client = role, facility, "{message}"),
             Level::Notice | Level::Info => tracing::info!(client = role, facility, "{message}"),
             Level::Debug => tracing::debug!(client = role, facility, "{message}"),
-        }
-    }
-
-    fn last_failure(&self) -> std::sync::MutexGuard<'_, Option<String>> {
-        self.last_failure
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    fn emit(&self, event: Event) {
-        if let Some(events) = self.events.get() {
-            let _ = events.send(event);
         }
     }
 }
@@ -347,6 +213,8 @@ pub(crate) fn for_role(config: &ClientConfig, role: &str) -> ClientConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::types::Event;
+    use tokio::sync::broadcast;
 
     #[test]
     fn client_errors_table() {

@@ -9,10 +9,11 @@ mod prefetch;
 mod side_log;
 mod topic_id;
 
+pub(crate) use crate::engine::BrokerHealth;
 pub(crate) use budget::Budget;
 pub(crate) use catchup_fetcher::{CatchupCommand, CatchupFetcher};
 pub(crate) use context::{
-    BrokerHealth, RoleContext, check_token_settings, create_consumer, for_role, tokens_from_hooks,
+    RoleContext, check_token_settings, create_consumer, for_role, tokens_from_hooks,
 };
 pub(crate) use live::{LiveCommand, LiveFetcher, Reply};
 pub(crate) use side_log::{SideLog, for_other_consumers, read_side_entries};

@@ -41,6 +41,7 @@ mod keys;
 mod read;
 mod record;
 mod snapshot;
+mod space;
 mod state;
 mod verify;
 mod write;
@@ -63,6 +64,7 @@ pub use compact::{COPY_OVERHEAD, COPY_RATIO, Compaction};
 pub use read::{BufferStats, LaneStats, PartitionStats, ReadBatch};
 pub use record::{Header, Record, Timestamp};
 pub use snapshot::Snapshot;
+pub use space::{DiskSpace, free_space};
 pub use state::{LaneState, OffsetRange, PartitionLayout, PartitionState};
 pub use verify::{Finding, MAX_FINDINGS};
 pub use write::{AppendOutcome, Fetched};
@@ -752,7 +754,7 @@ impl Buffer {
     }
 
     /// Free and total bytes of the filesystem holding the buffer (`statvfs`).
-    pub fn free_space(&self) -> Result<crate::fetch::DiskSpace, StoreError> {
+    pub fn free_space(&self) -> Result<DiskSpace, StoreError> {
         free_space(&self.dir).map_err(|source| StoreError::Io {
             dir: self.dir.clone(),
             action: "reading the filesystem's free space".into(),
@@ -1219,24 +1221,3 @@ const UNTRUSTED: &str = "UNTRUSTED";
 /// The file that marks a directory as a catchup buffer (see [`Buffer::is_marked`]).
 const MARKER: &str = "CATCHUP_BUFFER";
 const MARKER_TEXT: &str = "A catchup buffer: a cache of Kafka records. When sled cannot recover it, catchup deletes its sled files (db, conf, blobs, snap.*) and refetches from Kafka.\n";
-
-/// Free (for an unprivileged writer) and total bytes of the filesystem holding `path`.
-pub fn free_space(path: &Path) -> std::io::Result<crate::fetch::DiskSpace> {
-    use std::os::unix::ffi::OsStrExt;
-    let path = std::ffi::CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "NUL in path"))?;
-    let mut stats = std::mem::MaybeUninit::<libc::statvfs>::uninit();
-    // SAFETY: `path` is a valid C string and `stats` a writable statvfs; on success the call
-    // has initialised it.
-    let stats = unsafe {
-        if libc::statvfs(path.as_ptr(), stats.as_mut_ptr()) != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        stats.assume_init()
-    };
-    let block = stats.f_frsize as u64;
-    Ok(crate::fetch::DiskSpace {
-        available: (stats.f_bavail as u64).saturating_mul(block),
-        total: (stats.f_blocks as u64).saturating_mul(block),
-    })
-}

@@ -1,0 +1,164 @@
+//! What catchup's clients tell about the brokers, as state the fetchers, the reader and the
+//! public API share: whether the brokers can be reached, whether the credentials are refused,
+//! and the application's hooks. The rdkafka side (`kafka::context`) classifies what librdkafka
+//! reports and calls the transitions here; one WARN when no broker can be reached, one INFO
+//! when they are back, not an ERROR at every retry of each client.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+use tokio::sync::broadcast;
+
+use super::telemetry;
+use super::types::{ClientHooks, Event};
+use crate::plan::{REFUSAL_GRACE, Refusal};
+
+/// Whether the brokers can be reached, as every client of one consumer reports it.
+#[derive(Debug)]
+pub(crate) struct BrokerHealth {
+    unreachable: AtomicBool,
+    /// The consumer's group, the label of its metrics.
+    group: String,
+    /// The last connection failure: it names the broker, which "all brokers are down" does
+    /// not.
+    last_failure: std::sync::Mutex<Option<String>>,
+    events: OnceLock<broadcast::Sender<Event>>,
+    /// The application's hooks, told by every client.
+    hooks: Option<Arc<dyn ClientHooks>>,
+    /// Authentication failures any client reported: lasting ones stop the consumer.
+    refusal: std::sync::Mutex<Refusal>,
+    /// Whether `refusal` has anything to say (read for every record handed out).
+    refusing: AtomicBool,
+}
+
+impl BrokerHealth {
+    /// The health of the clients of the consumer in `group`.
+    pub fn new(group: &str, hooks: Option<Arc<dyn ClientHooks>>) -> Self {
+        Self {
+            unreachable: AtomicBool::new(false),
+            group: group.to_owned(),
+            last_failure: std::sync::Mutex::new(None),
+            events: OnceLock::new(),
+            hooks,
+            refusal: std::sync::Mutex::new(Refusal::default()),
+            refusing: AtomicBool::new(false),
+        }
+    }
+
+    /// The application's hooks, if it gave any.
+    pub fn hooks(&self) -> Option<&dyn ClientHooks> {
+        self.hooks.as_deref()
+    }
+
+    /// Where transitions are announced.
+    pub fn attach(&self, events: broadcast::Sender<Event>) {
+        let _ = self.events.set(events);
+    }
+
+    /// Whether the last word was that the brokers cannot be reached.
+    pub fn is_unreachable(&self) -> bool {
+        self.unreachable.load(Ordering::Relaxed)
+    }
+
+    /// A request succeeded: the brokers are reachable (INFO and an event when they were not).
+    pub fn reached(&self) {
+        if self.unreachable.swap(false, Ordering::Relaxed) {
+            tracing::info!("the brokers are reachable again");
+            self.emit(Event::BrokersReachable);
+        }
+    }
+
+    /// Why the consumer's credentials are refused, once the refusal is final (it lasted
+    /// `REFUSAL_GRACE` with no request getting through).
+    pub fn refused(&self) -> Option<String> {
+        if !self.refusing.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.refusal().check(Instant::now())
+    }
+
+    /// Whether authentication failures are being seen: a request that gets through
+    /// ([`accepted`](Self::accepted)) would end them.
+    pub fn is_refusing(&self) -> bool {
+        self.refusing.load(Ordering::Relaxed)
+    }
+
+    /// A request got through: the credentials are accepted (a final refusal stays).
+    pub fn accepted(&self) {
+        let mut refusal = self.refusal();
+        if refusal.succeeded() {
+            self.refusing.store(refusal.failing(), Ordering::Relaxed);
+            drop(refusal);
+            tracing::info!("the brokers accept the credentials again");
+        }
+    }
+
+    fn refusal(&self) -> std::sync::MutexGuard<'_, Refusal> {
+        self.refusal
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// librdkafka's statistics from the client playing `role`: to the application's hooks.
+    pub fn on_statistics(&self, role: &str, statistics: &[u8]) {
+        if let Some(hooks) = self.hooks() {
+            hooks.statistics(role, statistics);
+        }
+    }
+
+    fn last_failure(&self) -> std::sync::MutexGuard<'_, Option<String>> {
+        self.last_failure
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn emit(&self, event: Event) {
+        if let Some(events) = self.events.get() {
+            let _ = events.send(event);
+        }
+    }
+
+    /// A client reported that authentication failed: one WARN and an event when a run of
+    /// failures begins; the consumer stops if it lasts (`plan::Refusal`).
+    pub fn authentication_failed(&self, role: &str, reason: &str) {
+        let mut refusal = self.refusal();
+        let begins = refusal.failed(Instant::now(), reason);
+        self.refusing.store(true, Ordering::Relaxed);
+        drop(refusal);
+        if begins {
+            tracing::warn!(
+                client = role,
+                "{reason}; retrying — the consumer stops if this lasts {} s",
+                REFUSAL_GRACE.as_secs()
+            );
+            self.emit(Event::Error {
+                message: format!("authentication failed: {reason}"),
+            });
+        }
+    }
+
+    /// A connection to one broker failed (others may answer): remembered, since it names the
+    /// broker and "all brokers are down" does not.
+    pub fn connection_failed(&self, reason: &str) {
+        telemetry::broker_error(&self.group);
+        *self.last_failure() = Some(reason.to_owned());
+    }
+
+    /// No broker can be reached: one WARN and an event naming the last failed connection,
+    /// until a request gets through again ([`reached`](Self::reached)).
+    pub fn all_down(&self, role: &str, reason: &str) {
+        telemetry::broker_error(&self.group);
+        if !self.unreachable.swap(true, Ordering::Relaxed) {
+            let reason = self
+                .last_failure()
+                .clone()
+                .unwrap_or_else(|| reason.to_owned());
+            tracing::warn!(
+                client = role,
+                "the brokers cannot be reached ({reason}); retrying"
+            );
+            self.emit(Event::BrokersUnreachable { reason });
+        }
+    }
+}
