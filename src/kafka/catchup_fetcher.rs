@@ -15,7 +15,7 @@ use rdkafka::error::KafkaError as RdError;
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
 use super::side_log::for_other_consumers;
-use super::{Budget, RoleContext, for_role, to_record};
+use super::{Budget, KafkaError, RoleContext, for_role, to_record};
 use crate::engine::telemetry;
 use crate::engine::types::Event;
 use crate::engine::{PartitionId, Shared};
@@ -91,7 +91,7 @@ impl CatchupFetcher {
     pub fn spawn(
         client: &ClientConfig,
         shared: Arc<Shared>,
-    ) -> Result<(Sender<CatchupCommand>, JoinHandle<()>), crate::Error> {
+    ) -> Result<(Sender<CatchupCommand>, JoinHandle<()>), KafkaError> {
         let mut config = for_role(&for_other_consumers(client), "catchup");
         config
             .set("group.id", format!("{}.catchup", shared.group))
@@ -114,7 +114,10 @@ impl CatchupFetcher {
                 }
                 .run(receiver)
             })
-            .map_err(|e| crate::Error::Config(format!("cannot start the catch-up thread: {e}")))?;
+            .map_err(|error| KafkaError::Spawn {
+                thread: "catch-up",
+                error,
+            })?;
         Ok((commands, thread))
     }
 }

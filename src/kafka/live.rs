@@ -411,11 +411,11 @@ impl LiveState {
                 )
                 .and_then(|start| {
                     start_at(topic, *partition, start).map_err(|err| {
-                        crate::Error::Config(format!("setting the start offset {start}: {err}"))
+                        KafkaError::client(&format!("setting the start offset {start}"), err).into()
                     })
                 });
             if let Err(err) = result {
-                if let crate::Error::Store(store) = &err {
+                if let AssignError::Store(store) = &err {
                     if store.is_io_failure() {
                         // The buffer cannot be written: retrying cannot help (see write_failed).
                         self.shared.write_failed(store);
@@ -759,7 +759,7 @@ impl LiveState {
         topic: &str,
         partition: i32,
         watermarks: rdkafka::error::KafkaResult<(i64, i64)>,
-    ) -> Result<i64, crate::Error> {
+    ) -> Result<i64, AssignError> {
         let _span = tracing::info_span!("assign", topic, partition).entered();
         let shared = &self.shared;
         let element = committed.find_partition(topic, partition);
@@ -785,7 +785,7 @@ impl LiveState {
             });
         // Drawn for every decision; used only when it starts a split.
         let fresh_secret = SplitSecret::random().map_err(|e| {
-            crate::Error::Config(format!(
+            KafkaError::Assignment(format!(
                 "the operating system's random source failed ({e}); a split needs a secret"
             ))
         })?;
@@ -827,7 +827,7 @@ impl LiveState {
             SideWrite::Write(entry) => {
                 // Reconciliation writes an entry only with the token of the split it starts.
                 let token = decision.token.ok_or_else(|| {
-                    crate::Error::Config(format!(
+                    KafkaError::Assignment(format!(
                         "{topic}/{partition}: a side entry to write without a split token"
                     ))
                 })?;
@@ -879,7 +879,7 @@ impl LiveState {
             .buffer
             .partition_state(topic, partition)?
             .ok_or_else(|| {
-                crate::Error::Config(format!("{topic}/{partition} vanished from the buffer"))
+                KafkaError::Assignment(format!("{topic}/{partition} vanished from the buffer"))
             })?;
         let main_committed = decision.main_log.as_ref().map_or_else(
             || {
@@ -889,7 +889,7 @@ impl LiveState {
             |commit| commit.offset,
         );
         let layout_id = shared.buffer.layout_id(topic, partition)?.ok_or_else(|| {
-            crate::Error::Config(format!("{topic}/{partition} vanished from the buffer"))
+            KafkaError::Assignment(format!("{topic}/{partition} vanished from the buffer"))
         })?;
         let runtime = PartitionRuntime::new(
             shared.next_generation(),
@@ -1197,6 +1197,16 @@ fn plan_event(topic: &str, partition: i32, event: &PlanEvent) -> Event {
     }
 }
 
+/// Why a partition's assignment could not be carried out: the brokers, or the buffer (a
+/// failed write stops the consumer; anything else defers the partition).
+#[derive(Debug, thiserror::Error)]
+enum AssignError {
+    #[error(transparent)]
+    Kafka(#[from] KafkaError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
 /// The live fetcher thread and its consumer.
 pub(crate) struct LiveFetcher;
 
@@ -1207,7 +1217,7 @@ impl LiveFetcher {
         shared: Arc<Shared>,
         side_log: SideLog,
         catchup: Sender<CatchupCommand>,
-    ) -> Result<(Sender<LiveCommand>, JoinHandle<()>), crate::Error> {
+    ) -> Result<(Sender<LiveCommand>, JoinHandle<()>), KafkaError> {
         let mut config = client.clone();
         // Commits are ours alone, and never of the log end (DESIGN §6).
         config
@@ -1252,7 +1262,10 @@ impl LiveFetcher {
         let thread = std::thread::Builder::new()
             .name("catchup-live".into())
             .spawn(move || run(consumer, receiver, state))
-            .map_err(|e| crate::Error::Config(format!("cannot start the live thread: {e}")))?;
+            .map_err(|error| KafkaError::Spawn {
+                thread: "live",
+                error,
+            })?;
         Ok((commands, thread))
     }
 }

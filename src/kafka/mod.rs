@@ -45,6 +45,17 @@ pub enum KafkaError {
     /// A background thread is gone.
     #[error("the {0} thread has stopped")]
     Stopped(&'static str),
+    /// A thread of the consumer could not be started.
+    #[error("cannot start the {thread} thread: {error}")]
+    Spawn {
+        /// Which one.
+        thread: &'static str,
+        /// What the operating system said.
+        error: std::io::Error,
+    },
+    /// The assignment of a partition could not be carried out: what went wrong.
+    #[error("{0}")]
+    Assignment(String),
 }
 
 impl KafkaError {
