@@ -1,0 +1,157 @@
+//! The commit cycle: every partition's main-log write in one OffsetCommit, then the side-log
+//! writes together (`docs/design.md`, "A commit cycle").
+
+use super::*;
+
+impl LiveState {
+    /// Offsets of the assignment that the group has not committed yet: from each partition's
+    /// committed offset to its log end (a partition still waiting for reconciliation counts
+    /// as one, its size being unknown).
+    pub(super) fn backlog(&self, consumer: &BaseConsumer<LiveContext>) -> Result<u64, KafkaError> {
+        let committed: Vec<(PartitionId, i64)> = self
+            .shared
+            .partitions()
+            .iter()
+            .map(|(key, runtime)| (key.clone(), runtime.main_committed))
+            .collect();
+        let mut backlog = self.unreconciled().len() as u64;
+        for ((topic, partition), main_committed) in committed {
+            let (_, high) = consumer
+                .fetch_watermarks(&topic, partition, REQUEST_TIMEOUT)
+                .map_err(|e| {
+                    KafkaError::client(&format!("reading the log end of {topic}/{partition}"), e)
+                })?;
+            backlog += (high - main_committed).max(0) as u64;
+        }
+        Ok(backlog)
+    }
+
+    /// One commit cycle (of every partition, or of `only`): the main-log writes of all
+    /// partitions in one OffsetCommit, then the side-log writes of those whose main-log
+    /// write succeeded (or had none) sent together, then what Kafka now holds recorded in
+    /// the buffer. The first error is returned; every one is reported.
+    pub(super) fn commit(
+        &self,
+        consumer: &BaseConsumer<LiveContext>,
+        only: Option<&[PartitionId]>,
+    ) -> Result<(), KafkaError> {
+        if only.is_none() {
+            // What was processed so far is covered now: the early-commit count restarts.
+            self.shared.take_processed_since_commit();
+        }
+        let pending = self.shared.pending_commits(only);
+        if pending.is_empty() {
+            return Ok(());
+        }
+        let writes: Vec<CommitWrites> = pending
+            .iter()
+            .map(|pending| {
+                tracing::debug!(partition = ?pending.partition, plan = ?pending.plan, "commit");
+                pending.plan.writes(pending.token.as_ref())
+            })
+            .collect();
+        let mains: Vec<(&PartitionId, &MainLogCommit)> = pending
+            .iter()
+            .zip(&writes)
+            .filter_map(|(pending, writes)| Some((&pending.partition, writes.main.as_ref()?)))
+            .collect();
+        let main_result = commit_main_all(consumer, &mains);
+        let main_ok = main_result.is_ok();
+        let main_done = |writes: &CommitWrites| writes.main.is_none() || main_ok;
+        let sides: Vec<(usize, SideLogWrite<'_>)> = pending
+            .iter()
+            .zip(&writes)
+            .enumerate()
+            .filter(|(_, (_, writes))| main_done(writes))
+            .filter_map(|(index, (pending, writes))| {
+                let (topic, partition) = (pending.partition.0.as_str(), pending.partition.1);
+                let entry = match &writes.side {
+                    SideWrite::Keep => return None,
+                    SideWrite::Tombstone => None,
+                    SideWrite::Write(entry) => Some((entry, &pending.token.as_ref()?.secret)),
+                };
+                Some((index, (topic, partition, entry)))
+            })
+            .collect();
+        let side_entries: Vec<_> = sides.iter().map(|(_, entry)| *entry).collect();
+        let mut side_results: Vec<(usize, Result<(), KafkaError>)> = sides
+            .iter()
+            .map(|(index, _)| *index)
+            .zip(self.side_log.write_all(&side_entries))
+            .collect();
+        let mut first_error = None;
+        if let Err(err) = main_result {
+            self.shared.emit(Event::Error {
+                message: err.to_string(),
+            });
+            first_error = Some(err);
+        }
+        for (index, (pending, writes)) in pending.iter().zip(&writes).enumerate() {
+            let side_failed = match side_results.iter().position(|(at, _)| *at == index) {
+                Some(at) => side_results.swap_remove(at).1.err(),
+                None => None,
+            };
+            if let Some(err) = side_failed {
+                self.shared.emit(Event::Error {
+                    message: err.to_string(),
+                });
+                first_error.get_or_insert(err);
+                continue;
+            }
+            if !main_done(writes) {
+                continue;
+            }
+            if let Err(err) = self.shared.commit_applied(pending) {
+                if err.is_io_failure() {
+                    self.shared.write_failed(&err);
+                }
+                self.shared.emit(Event::Error {
+                    message: err.to_string(),
+                });
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+}
+
+pub(super) fn commit_main(
+    consumer: &BaseConsumer<LiveContext>,
+    topic: &str,
+    partition: i32,
+    offset: i64,
+    metadata: &str,
+) -> Result<(), KafkaError> {
+    let key = (topic.to_owned(), partition);
+    let commit = MainLogCommit {
+        offset,
+        metadata: metadata.to_owned(),
+    };
+    commit_main_all(consumer, &[(&key, &commit)])
+}
+
+/// Commits every partition's offset and metadata in one OffsetCommit request.
+pub(super) fn commit_main_all(
+    consumer: &BaseConsumer<LiveContext>,
+    commits: &[(&PartitionId, &MainLogCommit)],
+) -> Result<(), KafkaError> {
+    if commits.is_empty() {
+        return Ok(());
+    }
+    let mut tpl = TopicPartitionList::new();
+    for ((topic, partition), commit) in commits {
+        tpl.add_partition_offset(topic, *partition, Offset::Offset(commit.offset))
+            .map_err(|e| KafkaError::client("building a commit", e))?;
+        if let Some(mut element) = tpl.find_partition(topic, *partition) {
+            element.set_metadata(&commit.metadata);
+        }
+    }
+    let what = match commits {
+        [((topic, partition), commit)] => {
+            format!("committing {topic}/{partition} at {}", commit.offset)
+        }
+        _ => format!("committing {} partitions", commits.len()),
+    };
+    consumer
+        .commit(&tpl, CommitMode::Sync)
+        .map_err(|e| KafkaError::client(&what, e))
+}

@@ -1,0 +1,492 @@
+//! The live fetcher: the group member. Its rebalance context reconciles every assigned
+//! partition (`assign`) and assigns it at absolute offsets; its thread fetches the live lane
+//! into the buffer (`poll`), commits processed offsets (`commit`) — the only client that
+//! commits (invariant 4) — and keeps the buffer in order (`upkeep`).
+
+mod assign;
+mod commit;
+mod poll;
+mod upkeep;
+
+use commit::commit_main;
+use poll::poll_into_buffer;
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender};
+use rdkafka::consumer::{
+    BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, RebalanceProtocol,
+};
+use rdkafka::message::BorrowedMessage;
+use rdkafka::types::RDKafkaRespErr;
+use rdkafka::{ClientConfig, ClientContext, Message, Offset, TopicPartitionList};
+
+use super::side_log::SideLogWrite;
+use super::{Budget, CatchupCommand, KafkaError, SideLog, to_record};
+use crate::engine::telemetry;
+use crate::engine::types::{Event, Mode};
+use crate::engine::{PartitionId, PartitionRuntime, Shared, Stopped};
+use crate::fetch::{
+    AppendResult, FatalKind, PendingAppend, PollErrorKind, Standing, classify_poll_error,
+    fatal_kind, standing,
+};
+use crate::plan::{
+    CommitWrites, Committed, Inputs, LocalAction, MainLogCommit, OffsetReset, PlanEvent, SideValue,
+    SideWrite, SplitSecret, SplitToken, UnownedAction, reconcile, unowned_action,
+};
+use crate::store::{Lane, PartitionState, Record, StoreError};
+
+/// Timeout of one broker request made during a rebalance or a commit.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long repositioning one partition of the live lane may take.
+const SEEK_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often the reconciliation of a partition that failed is tried again.
+const RECONCILE_RETRY: Duration = Duration::from_secs(1);
+/// The longest wait between two reconciliation attempts that keep failing.
+const RECONCILE_RETRY_MAX: Duration = Duration::from_secs(30);
+/// How often the buffered records of partitions not assigned here are checked against the
+/// group's commits (and after every assignment).
+const PRUNE_EVERY: Duration = Duration::from_secs(10);
+/// How long that check may wait for the committed offsets.
+const PRUNE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Most messages taken from one poll round before they are appended.
+const POLL_BATCH: usize = 2000;
+/// Commits brought forward by the amount processed come at most this often.
+const MIN_COMMIT_SPACING: Duration = Duration::from_millis(100);
+
+/// Requests to the live thread.
+pub(crate) enum LiveCommand {
+    /// A new subscription (its topics, its generation); a failure stops the consumer until
+    /// the next one (`recv` says it).
+    Subscribe(Vec<String>, u64),
+    Commit(Reply<()>),
+    /// Offsets between the group's committed offsets and the log ends of the assignment.
+    Backlog(Reply<u64>),
+    /// Commit, leave the group (revoking everything), stop.
+    Close(Reply<()>),
+    /// Stop without committing or cleaning up: what a crash would leave.
+    Abandon,
+}
+
+/// Where the live thread answers a request: a tokio oneshot, so that the asking task awaits
+/// it without holding a thread (sending from the live thread does not block).
+pub(crate) type Reply<T> = tokio::sync::oneshot::Sender<Result<T, KafkaError>>;
+
+/// What the rebalance callback needs.
+pub(crate) struct LiveState {
+    shared: Arc<Shared>,
+    side_log: SideLog,
+    catchup: Sender<CatchupCommand>,
+    reset: OffsetReset,
+    abandoned: AtomicBool,
+    /// Assigned partitions whose reconciliation failed (committed offsets or the side log
+    /// unreadable, a write refused): paused, with no runtime, retried from the live loop
+    /// (findings F6, F13).
+    unreconciled: Mutex<BTreeSet<PartitionId>>,
+    /// Topics whose incarnation this process has checked: once while assigned is enough; a
+    /// revoke forgets its topics (records kept meanwhile are checked when they return) and a
+    /// restart checks again.
+    incarnations_checked: Mutex<BTreeSet<String>>,
+    /// Partitions revoked in this process whose records stayed in the buffer: when one comes
+    /// back, its topic's incarnation is checked again before anything is reused.
+    kept: Mutex<BTreeSet<PartitionId>>,
+    /// A buffer compaction running on its own thread (its copy takes seconds on a large
+    /// buffer; the live lane keeps polling meanwhile).
+    compacting: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The subscription in force.
+    subscribed: Mutex<Subscription>,
+}
+
+/// The subscription the group member holds.
+#[derive(Default)]
+struct Subscription {
+    /// Its topics (or patterns).
+    topics: Vec<String>,
+    /// Which `subscribe` call made it (`Shared::subscribing`): what is reported of it is
+    /// dropped once the application subscribed again.
+    generation: u64,
+    /// When a topic reported unknown was last looked up.
+    last_check: Option<Instant>,
+}
+
+/// How often, and how long, the live thread asks for metadata while the brokers are
+/// unreachable, to tell when they are back.
+const PROBE_EVERY: Duration = Duration::from_secs(2);
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// How often a subscribed topic reported unknown is looked up in the cluster's metadata.
+const TOPIC_CHECK_EVERY: Duration = Duration::from_secs(5);
+
+/// How long the topic-id lookup may take: it is a check on top, and runs inside the rebalance.
+const TOPIC_ID_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long reading one partition's watermarks may take while an assignment is reconciled:
+/// a partition whose leader does not answer waits (paused, retried from the live loop)
+/// instead of holding the rebalance callback, whose time counts against
+/// `max.poll.interval.ms`.
+const ASSIGN_WATERMARKS_TIMEOUT: Duration = Duration::from_secs(5);
+/// An assignment's watermarks are read this many partitions at a time.
+const WATERMARK_READERS: usize = 16;
+
+/// The live consumer's context: overrides the rebalance to assign at absolute offsets.
+pub(crate) struct LiveContext {
+    state: Arc<LiveState>,
+}
+
+impl ClientContext for LiveContext {
+    /// Tokens come from the application's hooks (see `ClientHooks::oauth_token`).
+    const ENABLE_REFRESH_OAUTH_TOKEN: bool = true;
+
+    fn generate_oauth_token(
+        &self,
+        oauthbearer_config: Option<&str>,
+    ) -> Result<rdkafka::client::OAuthToken, Box<dyn std::error::Error>> {
+        self.state
+            .shared
+            .health
+            .oauth_token("live", oauthbearer_config)
+    }
+
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, facility: &str, message: &str) {
+        self.state
+            .shared
+            .health
+            .on_log("live", level, facility, message);
+    }
+
+    /// librdkafka's client-wide errors, through the consumer's broker health: brokers that
+    /// cannot be reached are one WARN per change (the clients retry), an unknown subscribed
+    /// topic is confirmed and reported through `recv` (see `on_fatal_error`).
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        self.state.shared.health.on_error("live", error, reason);
+    }
+
+    /// Statistics go to the application's hooks, and are not logged (see `RoleContext`).
+    fn stats_raw(&self, statistics: &[u8]) {
+        self.state.shared.health.on_statistics("live", statistics);
+    }
+}
+
+impl ConsumerContext for LiveContext {
+    fn rebalance(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        err: RDKafkaRespErr,
+        tpl: &mut TopicPartitionList,
+    ) {
+        let cooperative = matches!(
+            consumer.rebalance_protocol(),
+            RebalanceProtocol::Cooperative
+        );
+        let result = match err {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
+                let deferred = self.state.on_assign(consumer, tpl);
+                let assigned = if cooperative {
+                    consumer.incremental_assign(tpl)
+                } else {
+                    consumer.assign(tpl)
+                };
+                // Not reconciled: nothing may be fetched for them until a retry succeeds.
+                assigned.and_then(|()| match deferred.count() {
+                    0 => Ok(()),
+                    _ => consumer.pause(&deferred),
+                })
+            }
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
+                self.state.on_revoke(consumer, tpl);
+                if cooperative {
+                    consumer.incremental_unassign(tpl)
+                } else {
+                    consumer.unassign()
+                }
+            }
+            other => {
+                self.state.shared.emit(Event::Error {
+                    message: format!("rebalance error: {other:?}"),
+                });
+                if cooperative {
+                    Ok(())
+                } else {
+                    consumer.unassign()
+                }
+            }
+        };
+        if let Err(err) = result {
+            self.state.shared.emit(Event::Error {
+                message: format!("applying the assignment failed: {err}"),
+            });
+        }
+    }
+
+    fn pre_rebalance(&self, _: &BaseConsumer<Self>, _: &Rebalance<'_>) {}
+}
+
+fn partitions_of(tpl: &TopicPartitionList) -> Vec<PartitionId> {
+    tpl.elements()
+        .iter()
+        .map(|e| (e.topic().to_owned(), e.partition()))
+        .collect()
+}
+
+impl LiveState {
+    fn kept(&self) -> MutexGuard<'_, BTreeSet<PartitionId>> {
+        self.kept
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn compacting(&self) -> MutexGuard<'_, Option<std::thread::JoinHandle<()>>> {
+        self.compacting
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn subscribed(&self) -> MutexGuard<'_, Subscription> {
+        self.subscribed
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn unreconciled(&self) -> MutexGuard<'_, BTreeSet<PartitionId>> {
+        self.unreconciled
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// The live fetcher thread and its consumer.
+pub(crate) struct LiveFetcher;
+
+impl LiveFetcher {
+    /// Creates the group member and starts its thread.
+    pub fn spawn(
+        client: &ClientConfig,
+        shared: Arc<Shared>,
+        side_log: SideLog,
+        catchup: Sender<CatchupCommand>,
+    ) -> Result<(Sender<LiveCommand>, JoinHandle<()>), KafkaError> {
+        let mut config = client.clone();
+        // Commits are ours alone, and never of the log end (DESIGN §6).
+        config
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false");
+        if config.get("partition.assignment.strategy").is_none()
+            && config.get("group.protocol") != Some("consumer")
+        {
+            config.set("partition.assignment.strategy", "cooperative-sticky");
+        }
+        // Where a group without a commit starts is decided at assignment (reconciliation),
+        // from the user's setting with librdkafka's default (the log end). Past that the
+        // client must never jump by itself: a reset would skip records silently (F9), so an
+        // out-of-range position is an error the fetcher handles, with an event.
+        let reset = match config.get("auto.offset.reset") {
+            Some("earliest") | Some("smallest") | Some("beginning") => OffsetReset::Earliest,
+            _ => OffsetReset::Latest,
+        };
+        config.set("auto.offset.reset", "error");
+        super::prefetch::apply(
+            &mut config,
+            &super::prefetch::member(shared.config.buffer_budget_bytes),
+        );
+        let state = Arc::new(LiveState {
+            shared: shared.clone(),
+            side_log,
+            catchup,
+            reset,
+            abandoned: AtomicBool::new(false),
+            unreconciled: Mutex::new(BTreeSet::new()),
+            incarnations_checked: Mutex::new(BTreeSet::new()),
+            kept: Mutex::new(BTreeSet::new()),
+            compacting: Mutex::new(None),
+            subscribed: Mutex::new(Subscription::default()),
+        });
+        let consumer: BaseConsumer<LiveContext> = config
+            .create_with_context(LiveContext {
+                state: state.clone(),
+            })
+            .map_err(|e| KafkaError::client("creating the group consumer", e))?;
+        let (commands, receiver) = crossbeam_channel::unbounded();
+        let thread = std::thread::Builder::new()
+            .name("catchup-live".into())
+            .spawn(move || run(consumer, receiver, state))
+            .map_err(|error| KafkaError::Spawn {
+                thread: "live",
+                error,
+            })?;
+        Ok((commands, thread))
+    }
+}
+
+fn run(
+    consumer: BaseConsumer<LiveContext>,
+    commands: Receiver<LiveCommand>,
+    state: Arc<LiveState>,
+) {
+    let shared = state.shared.clone();
+    let _stop_on_panic = shared.stop_on_panic("live");
+    let interval = shared.config.commit_interval;
+    let mut last_commit = Instant::now();
+    let mut last_commit_took = Duration::ZERO;
+    let mut last_retry = Instant::now();
+    let mut retry_every = RECONCILE_RETRY;
+    let mut last_prune = Instant::now();
+    let mut last_probe = Instant::now();
+    let mut pruned_at_assignment = 0;
+    let mut budget = Budget::new("live", Lane::Live, shared.config.buffer_budget_bytes);
+    loop {
+        while let Ok(command) = commands.try_recv() {
+            match command {
+                LiveCommand::Subscribe(topics, generation) => {
+                    // (What was wrong with the last subscription was cleared by the caller.)
+                    let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+                    match consumer.subscribe(&names) {
+                        Ok(()) => {
+                            *state.subscribed() = Subscription {
+                                topics,
+                                generation,
+                                last_check: None,
+                            };
+                        }
+                        // librdkafka keeps the previous subscription: so does `subscribed`.
+                        Err(error) => shared.stop_for_subscription(
+                            generation,
+                            Stopped::Subscription(format!(
+                                "subscribing to {}: {error}",
+                                topics.join(", ")
+                            )),
+                        ),
+                    }
+                }
+                LiveCommand::Commit(reply) => {
+                    let _ = reply.send(state.commit(&consumer, None));
+                }
+                LiveCommand::Backlog(reply) => {
+                    let _ = reply.send(state.backlog(&consumer));
+                }
+                LiveCommand::Close(reply) => {
+                    state.finish_compaction();
+                    let result = state.commit(&consumer, None);
+                    consumer.unsubscribe();
+                    // Serve the revocation this triggers before the consumer goes.
+                    let deadline = Instant::now() + REQUEST_TIMEOUT;
+                    while consumer.assignment().is_ok_and(|a| a.count() > 0)
+                        && Instant::now() < deadline
+                    {
+                        let _ = consumer.poll(Duration::from_millis(50));
+                    }
+                    drop(consumer);
+                    let _ = reply.send(result);
+                    return;
+                }
+                LiveCommand::Abandon => {
+                    state.finish_compaction();
+                    state.abandoned.store(true, Ordering::Relaxed);
+                    return;
+                }
+            }
+        }
+        if commit_due(
+            last_commit.elapsed(),
+            last_commit_took,
+            interval,
+            shared.processed_since_commit(),
+            shared.config.buffer_budget_bytes,
+        ) {
+            let started = Instant::now();
+            let _ = state.commit(&consumer, None);
+            last_commit = Instant::now();
+            last_commit_took = last_commit - started;
+        }
+        let assignments = shared.assignments.load(Ordering::Relaxed);
+        if last_prune.elapsed() >= PRUNE_EVERY || assignments != pruned_at_assignment {
+            state.prune_unowned(&consumer);
+            state.compact_if_bloated();
+            last_prune = Instant::now();
+            pruned_at_assignment = assignments;
+        }
+        let damaged = shared.take_damaged();
+        if !damaged.is_empty() {
+            state.refetch_damaged(&consumer, &damaged);
+            damaged.iter().for_each(|key| budget.forget(key));
+        }
+        // Damaged partitions are reconciled again at once, not after a backoff that other
+        // partitions ran up.
+        if !damaged.is_empty() || last_retry.elapsed() >= retry_every {
+            // Each attempt asks the brokers (up to 30 s per request while they are down):
+            // back off while it keeps failing so the live lane keeps fetching and committing.
+            retry_every = if state.retry_unreconciled(&consumer) {
+                RECONCILE_RETRY
+            } else {
+                (retry_every * 2).min(RECONCILE_RETRY_MAX)
+            };
+            last_retry = Instant::now();
+        }
+        // Unreachable brokers say nothing when they come back, nor refusing ones when they
+        // accept the credentials again: ask, every 2 s meanwhile (a round trip: messages
+        // polled may have been fetched before the brokers went away).
+        if (shared.health.is_unreachable() || shared.health.is_refusing())
+            && last_probe.elapsed() >= PROBE_EVERY
+        {
+            if consumer.fetch_metadata(None, PROBE_TIMEOUT).is_ok() {
+                shared.health.reached();
+                shared.health.accepted();
+            }
+            last_probe = Instant::now();
+        }
+        if let Some((kind, message)) = poll_into_buffer(&consumer, &shared, &budget) {
+            state.on_fatal_error(&consumer, kind, message);
+        }
+        budget.apply(&shared, &consumer, |_| true);
+    }
+}
+
+/// Whether to commit now: every `interval`, and sooner once an eighth of the byte budget was
+/// processed since the last commit. The buffer deletes processed records only once their
+/// commit is in Kafka, and sled keeps them in memory until then: at hundreds of MB/s a
+/// one-second interval held over 400 MiB (1 KiB records). An early commit waits at least
+/// [`MIN_COMMIT_SPACING`] and as long as the last one took (a commit asks the brokers once
+/// per partition), so early commits take at most half of the live thread's time.
+fn commit_due(
+    since_last: Duration,
+    last_took: Duration,
+    interval: Duration,
+    processed: u64,
+    budget: u64,
+) -> bool {
+    let spacing = MIN_COMMIT_SPACING.max(last_took);
+    since_last >= interval || (since_last >= spacing && processed > 0 && processed >= budget / 8)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commits_come_every_interval_or_sooner_after_an_eighth_of_the_budget() {
+        let ms = Duration::from_millis;
+        let second = Duration::from_secs(1);
+        let budget = 256 << 20;
+        for (since_last, processed, due) in [
+            (ms(999), 0, false),
+            (ms(1000), 0, true),
+            // 32 MiB processed: sooner, but not more often than every 100 ms.
+            (ms(150), 32 << 20, true),
+            (ms(50), 32 << 20, false),
+            (ms(150), (32 << 20) - 1, false),
+        ] {
+            assert_eq!(
+                commit_due(since_last, ms(5), second, processed, budget),
+                due,
+                "{since_last:?} after the last commit, {processed} bytes processed"
+            );
+        }
+        // A commit that took 300 ms is followed by an early one 300 ms later at the soonest.
+        assert!(!commit_due(ms(299), ms(300), second, 32 << 20, budget));
+        assert!(commit_due(ms(300), ms(300), second, 32 << 20, budget));
+        // A budget too small to divide commits every interval, not every 100 ms for nothing.
+        assert!(!commit_due(ms(500), ms(1), second, 0, 7));
+    }
+}

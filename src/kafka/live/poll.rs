@@ -1,0 +1,416 @@
+//! One poll round of the live lane: messages and positions fed to the partitions' cursors,
+//! the appends they prove, out-of-range positions judged, broken chains repositioned
+//! (`docs/design.md`, "Out of range").
+
+use super::*;
+
+/// One poll round of the live lane: up to `POLL_BATCH` messages fed to the partitions'
+/// cursors, the appends they prove, and the repositioning of every partition whose chain of
+/// proof broke (DESIGN invariant 8).
+/// Returns an error of the round the consumer cannot get past by polling on.
+pub(super) fn poll_into_buffer(
+    consumer: &BaseConsumer<LiveContext>,
+    shared: &Shared,
+    budget: &Budget,
+) -> Option<(FatalKind, String)> {
+    let round = poll_round(consumer, shared);
+    let fatal = round.fatal.clone();
+    // Positions move past offsets without records (transaction markers, compaction); each
+    // cursor decides whether its generation's position can be trusted.
+    let positions = consumer.position().ok();
+    let appends: Vec<(PartitionId, PendingAppend)> = {
+        let mut partitions = shared.partitions();
+        for (key, records) in round.messages {
+            // Not (or no longer) ours: a rebalance in this round took it away.
+            if let Some(runtime) = partitions.get_mut(&key) {
+                for record in records {
+                    runtime.live_cursor.message(record);
+                }
+            }
+        }
+        for element in positions.iter().flat_map(|list| list.elements()) {
+            let key = (element.topic().to_owned(), element.partition());
+            if let (Offset::Offset(position), Some(runtime)) =
+                (element.offset(), partitions.get_mut(&key))
+            {
+                runtime.live_cursor.position(position);
+            }
+        }
+        partitions
+            .iter_mut()
+            .filter_map(|(key, runtime)| {
+                if round.chain_broken {
+                    runtime.live_cursor.break_chain();
+                }
+                runtime.live_cursor.take_append().map(|a| (key.clone(), a))
+            })
+            .collect()
+    };
+    let mut stored = false;
+    for (key, append) in appends {
+        let answer = append_live(shared, &key, &append);
+        stored |= matches!(answer, AppendResult::Stored { .. });
+        if let Some(runtime) = shared.partitions().get_mut(&key) {
+            if runtime.live_cursor.layout() == append.layout {
+                runtime.live_cursor.appended(answer);
+            }
+        }
+    }
+    if round.out_of_range {
+        skip_truncated(consumer, shared);
+    }
+    reposition(consumer, shared, budget);
+    if stored {
+        shared
+            .live_appends
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        shared.notify.notify_waiters();
+    }
+    fatal
+}
+
+/// What one round of `poll` brought.
+#[derive(Default)]
+pub(super) struct LiveRound {
+    /// Polled records in runs of one partition, in the order polled.
+    messages: Vec<(PartitionId, Vec<Record>)>,
+    /// An error that may have skipped messages ended the round.
+    chain_broken: bool,
+    /// That error was an out-of-range position.
+    out_of_range: bool,
+    /// That error is one polling on does not get past (an unknown topic, access refused).
+    fatal: Option<(FatalKind, String)>,
+}
+
+impl LiveRound {
+    /// Adds a polled message to the run of its partition (messages come in runs of one
+    /// partition: one topic name per run, not per message).
+    pub(super) fn push(&mut self, message: &BorrowedMessage<'_>) {
+        let record = to_record(message);
+        match self.messages.last_mut() {
+            Some(((topic, partition), run))
+                if *partition == message.partition() && topic == message.topic() =>
+            {
+                run.push(record)
+            }
+            _ => self.messages.push((
+                (message.topic().to_owned(), message.partition()),
+                vec![record],
+            )),
+        }
+    }
+}
+
+pub(super) fn poll_round(consumer: &BaseConsumer<LiveContext>, shared: &Shared) -> LiveRound {
+    let mut round = LiveRound::default();
+    let mut timeout = Duration::from_millis(50);
+    for _ in 0..POLL_BATCH {
+        match consumer.poll(timeout) {
+            None => break,
+            Some(Ok(message)) => round.push(&message),
+            // An error is not the end of what was polled (DESIGN §6): what came before it
+            // stays in the round.
+            Some(Err(err)) => match classify_poll_error(&err) {
+                PollErrorKind::EndOfPartition => {}
+                PollErrorKind::Transient => {
+                    tracing::debug!(%err, "live fetch: transient client error");
+                    break;
+                }
+                PollErrorKind::OutOfRange => {
+                    tracing::warn!(%err, "live fetch: position out of range");
+                    round.chain_broken = true;
+                    round.out_of_range = true;
+                    break;
+                }
+                PollErrorKind::BreaksChain => {
+                    round.fatal = fatal_kind(&err).map(|kind| (kind, err.to_string()));
+                    // The client does not say which partition: every chain ends here.
+                    shared.emit(Event::Error {
+                        message: format!(
+                            "live fetch: {err}; refetching from the buffer's positions"
+                        ),
+                    });
+                    round.chain_broken = true;
+                    break;
+                }
+            },
+        }
+        timeout = Duration::ZERO;
+    }
+    round
+}
+
+/// Appends one partition's proven batch; `None` when the partition was re-laid out meanwhile
+/// (its new runtime has a cursor of its own).
+pub(super) fn append_live(
+    shared: &Shared,
+    key: &PartitionId,
+    append: &PendingAppend,
+) -> AppendResult {
+    if !shared.may_write() {
+        // Below the free-space floor (or after a failed write): refetch later.
+        return AppendResult::Failed;
+    }
+    let result = shared
+        .buffer
+        .append(Lane::Live, &key.0, key.1, append.as_fetched());
+    match &result {
+        Ok(outcome) => {
+            telemetry::records_fetched(&shared.group, "live", outcome.stored as u64);
+            shared.add_buffered(key, Lane::Live, outcome.stored_bytes);
+        }
+        Err(StoreError::StaleLayout { .. }) => {}
+        Err(err) if err.is_io_failure() => shared.write_failed(err),
+        Err(err) => shared.emit(Event::Error {
+            message: format!("live append of {}/{}: {err}", key.0, key.1),
+        }),
+    }
+    // Only a cursor naming this layout is told (see the callers): a stale one is stale
+    // itself and must not wait for an answer forever.
+    AppendResult::from_store(&result).unwrap_or(AppendResult::Failed)
+}
+
+/// Moves the consumer back to the buffer's position on every partition whose chain broke
+/// and that is not held (its position lay past the log end). A seek that fails is retried
+/// next round; until then that partition's records are dropped.
+pub(super) fn reposition(consumer: &BaseConsumer<LiveContext>, shared: &Shared, budget: &Budget) {
+    let now = Instant::now();
+    let targets: Vec<(PartitionId, i64)> = shared
+        .partitions()
+        .iter()
+        .filter(|(_, runtime)| !runtime.live_hold.holds(now))
+        .filter_map(|(key, runtime)| Some((key.clone(), runtime.live_cursor.reposition()?)))
+        .collect();
+    let cooperative = matches!(
+        consumer.rebalance_protocol(),
+        RebalanceProtocol::Cooperative
+    );
+    let mut refused = Vec::new();
+    for (key, at) in targets {
+        let moved = consumer
+            .seek(&key.0, key.1, Offset::Offset(at), SEEK_TIMEOUT)
+            .map_err(|err| err.to_string());
+        let moved = match moved {
+            Err(seek) if cooperative => reassign_at(consumer, &key, at)
+                .map_err(|reassign| format!("seek: {seek}; reassign: {reassign}")),
+            Err(seek) => {
+                // Eager: only a new assignment of everything moves it (below).
+                refused.push((key, at, seek));
+                continue;
+            }
+            Ok(()) => Ok(()),
+        };
+        repositioned(shared, &key, at, moved);
+    }
+    if !refused.is_empty() {
+        reassign_all(consumer, shared, budget, refused);
+    }
+}
+
+/// Records the outcome of moving the live lane of `key` to `at`.
+pub(super) fn repositioned(shared: &Shared, key: &PartitionId, at: i64, moved: Result<(), String>) {
+    let mut runtimes = shared.partitions();
+    let Some(runtime) = runtimes.get_mut(key) else {
+        return;
+    };
+    match moved {
+        Ok(()) => {
+            tracing::debug!(
+                topic = key.0,
+                partition = key.1,
+                at,
+                "live lane repositioned"
+            );
+            runtime.live_cursor.repositioned(at);
+            runtime.reposition_failures = 0;
+        }
+        Err(err) => {
+            // Retried every round; said on the first failure and every 100th after.
+            if runtime.reposition_failures % 100 == 0 {
+                shared.emit(Event::Error {
+                    message: format!(
+                        "live lane of {}/{}: moving back to {at} failed ({err}); retrying",
+                        key.0, key.1
+                    ),
+                });
+            }
+            runtime.reposition_failures += 1;
+        }
+    }
+}
+
+/// A partition stopped by an out-of-range error cannot be sought (librdkafka refuses a seek
+/// outside an active fetch): with an incremental protocol, unassign and assign it again at
+/// `at`.
+pub(super) fn reassign_at(
+    consumer: &BaseConsumer<LiveContext>,
+    (topic, partition): &PartitionId,
+    at: i64,
+) -> Result<(), rdkafka::error::KafkaError> {
+    let mut only = TopicPartitionList::new();
+    only.add_partition(topic, *partition);
+    consumer.incremental_unassign(&only)?;
+    let mut at_offset = TopicPartitionList::new();
+    at_offset.add_partition_offset(topic, *partition, Offset::Offset(at))?;
+    consumer.incremental_assign(&at_offset)
+}
+
+/// Under an eager protocol a partition stopped by an out-of-range error is moved by assigning
+/// the whole assignment again: librdkafka refuses the incremental forms outside a rebalance,
+/// and a group that stays stable never rebalances. Every partition with a runtime restarts at
+/// its buffer's position (its chain starts over: nothing polled before counts); one not
+/// reconciled yet stays paused at the log end until it is. Pauses are those of the budget.
+pub(super) fn reassign_all(
+    consumer: &BaseConsumer<LiveContext>,
+    shared: &Shared,
+    budget: &Budget,
+    refused: Vec<(PartitionId, i64, String)>,
+) {
+    let assignment = consumer.assignment();
+    let mut everything = TopicPartitionList::new();
+    let (mut paused, mut resumed) = (TopicPartitionList::new(), TopicPartitionList::new());
+    let mut starts = Vec::new();
+    let listed = assignment
+        .as_ref()
+        .map_err(|err| err.to_string())
+        .and_then(|assignment| {
+            let runtimes = shared.partitions();
+            for element in assignment.elements() {
+                let key = (element.topic().to_owned(), element.partition());
+                let (offset, pause) = match runtimes.get(&key) {
+                    Some(runtime) => {
+                        let at = runtime
+                            .live_cursor
+                            .reposition()
+                            .unwrap_or(runtime.live_cursor.stored_next());
+                        starts.push((key.clone(), at));
+                        (Offset::Offset(at), budget.is_paused(&key))
+                    }
+                    None => (Offset::End, true),
+                };
+                everything
+                    .add_partition_offset(&key.0, key.1, offset)
+                    .map_err(|err| err.to_string())?;
+                let list = if pause { &mut paused } else { &mut resumed };
+                list.add_partition(&key.0, key.1);
+            }
+            Ok(())
+        });
+    let assigned =
+        listed.and_then(|()| consumer.assign(&everything).map_err(|err| err.to_string()));
+    match assigned {
+        Ok(()) => {
+            tracing::info!(
+                partitions = everything.count(),
+                "live lane: assigned the whole assignment again to move a partition stopped out of range (eager protocol)"
+            );
+            for (key, at) in starts {
+                let mut runtimes = shared.partitions();
+                if let Some(runtime) = runtimes.get_mut(&key) {
+                    runtime.live_cursor.break_chain();
+                    runtime.live_cursor.repositioned(at);
+                    runtime.reposition_failures = 0;
+                }
+            }
+            for (list, pause) in [(&paused, true), (&resumed, false)] {
+                let result = if list.count() == 0 {
+                    Ok(())
+                } else if pause {
+                    consumer.pause(list)
+                } else {
+                    consumer.resume(list)
+                };
+                if let Err(err) = result {
+                    shared.emit(Event::Error {
+                        message: format!(
+                            "live lane: pausing or resuming after a new assignment: {err}"
+                        ),
+                    });
+                }
+            }
+        }
+        Err(err) => {
+            for (key, at, seek) in refused {
+                repositioned(
+                    shared,
+                    &key,
+                    at,
+                    Err(format!("seek: {seek}; assign: {err}")),
+                );
+            }
+        }
+    }
+}
+
+/// After an out-of-range error: where each broken partition's position stands in its log.
+/// Retention passed it: report the truncation (DESIGN §5, last row) and record the deleted
+/// offsets as covered — they no longer exist in the log — so the lane continues at the log
+/// start. The log ends below it: hold the partition (1 s, doubling to 30 s) instead of
+/// fetching there again every round. Inside the log: the error was another partition's.
+pub(super) fn skip_truncated(consumer: &BaseConsumer<LiveContext>, shared: &Shared) {
+    let now = Instant::now();
+    let broken: Vec<(PartitionId, i64)> = shared
+        .partitions()
+        .iter()
+        .filter(|(_, runtime)| !runtime.live_hold.holds(now))
+        .filter_map(|(key, runtime)| Some((key.clone(), runtime.live_cursor.reposition()?)))
+        .collect();
+    for (key, at) in broken {
+        let (low, high) = match consumer.fetch_watermarks(&key.0, key.1, REQUEST_TIMEOUT) {
+            Ok(watermarks) => watermarks,
+            Err(err) => {
+                shared.emit(Event::Error {
+                    message: format!(
+                        "live lane of {}/{}: reading watermarks: {err}",
+                        key.0, key.1
+                    ),
+                });
+                continue;
+            }
+        };
+        let append = {
+            let mut runtimes = shared.partitions();
+            let Some(runtime) = runtimes.get_mut(&key) else {
+                continue;
+            };
+            match standing(at, low, high) {
+                Standing::BelowLogStart => {
+                    runtime.live_hold.release();
+                    runtime.live_cursor.log_starts_at(low)
+                }
+                Standing::PastLogEnd => {
+                    let wait = runtime.live_hold.hold(Instant::now());
+                    drop(runtimes);
+                    shared.emit(Event::Error {
+                        message: format!(
+                            "live lane of {}/{}: position {at} is past the log end {high}; fetching there again in {} s",
+                            key.0,
+                            key.1,
+                            wait.as_secs()
+                        ),
+                    });
+                    continue;
+                }
+                Standing::InsideLog => {
+                    runtime.live_hold.release();
+                    None
+                }
+            }
+        };
+        let Some(append) = append else {
+            continue;
+        };
+        shared.emit(Event::Truncated {
+            topic: key.0.clone(),
+            partition: key.1,
+            from: append.continues_from,
+            to: low,
+        });
+        let answer = append_live(shared, &key, &append);
+        if let Some(runtime) = shared.partitions().get_mut(&key) {
+            if runtime.live_cursor.layout() == append.layout {
+                runtime.live_cursor.appended(answer);
+            }
+        }
+    }
+}
