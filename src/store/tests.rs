@@ -1,6 +1,7 @@
 //! Behaviour of the buffer through its public operations, on a real sled database.
 
 use super::*;
+use open::largest_chunk_without_blobs;
 use std::collections::BTreeSet;
 
 fn record(offset: i64) -> Record {
