@@ -1,0 +1,158 @@
+//! What a commit cycle commits: each partition's plan from what its lanes processed, and
+//! what the runtime records once Kafka holds it.
+
+use super::*;
+
+impl Shared {
+    /// Bytes acknowledged since the last call, which a commit is about to cover.
+    pub fn take_processed_since_commit(&self) -> u64 {
+        self.processed_since_commit.swap(0, Ordering::Relaxed)
+    }
+
+    /// Bytes acknowledged since the last commit.
+    pub fn processed_since_commit(&self) -> u64 {
+        self.processed_since_commit.load(Ordering::Relaxed)
+    }
+
+    /// The commits due for `only` (or every assigned partition).
+    pub fn pending_commits(&self, only: Option<&[PartitionId]>) -> Vec<PendingCommit> {
+        let mut partitions = self.partitions();
+        let mut lag = [0i64; 2];
+        for (key, runtime) in partitions.iter_mut() {
+            let state = match self.buffer.partition_state(&key.0, key.1) {
+                Ok(Some(state)) => state,
+                Ok(None) => continue,
+                Err(err) => {
+                    self.emit(Event::Error {
+                        message: err.to_string(),
+                    });
+                    continue;
+                }
+            };
+            for lane in Lane::ALL {
+                let fetched_next = state.lane(lane).fetched_next;
+                self.skip_trailing_gap(
+                    key,
+                    lane,
+                    &mut runtime.acks[lane_index(lane)],
+                    fetched_next,
+                );
+                let processed = runtime.acks[lane_index(lane)].committable();
+                lag[lane_index(lane)] += (fetched_next - processed).max(0);
+            }
+        }
+        for lane in Lane::ALL {
+            // Offsets fetched into the buffer and not yet processed.
+            let bytes: u64 = partitions.values().map(|r| r.buffered(lane)).sum();
+            telemetry::lag(&self.group, lane.as_str(), lag[lane_index(lane)], bytes);
+        }
+        partitions
+            .iter()
+            .filter(|(key, _)| only.is_none_or(|only| only.contains(key)))
+            .filter_map(|(key, runtime)| {
+                let catchup_processed = runtime.acks[0].committable();
+                let plan = plan_commit(&Progress {
+                    token: runtime.token,
+                    side: runtime.side.as_ref(),
+                    layout: &runtime.layout,
+                    main_committed: runtime.main_committed,
+                    catchup_processed,
+                    live_processed: runtime.acks[1].committable(),
+                });
+                (plan != CommitPlan::Nothing).then(|| PendingCommit {
+                    partition: key.clone(),
+                    generation: runtime.generation,
+                    token: runtime.token,
+                    plan,
+                    catchup_processed,
+                })
+            })
+            .collect()
+    }
+
+    /// Offsets past the last delivered record that hold no record (transaction markers,
+    /// compaction) count as processed once everything delivered is acknowledged — even when
+    /// the reader has not been asked for more since.
+    pub(super) fn skip_trailing_gap(
+        &self,
+        key: &PartitionId,
+        lane: Lane,
+        acks: &mut AckTracker,
+        fetched_next: i64,
+    ) {
+        let from = acks.delivered_next();
+        // Only a lane read through everything it delivered, with fetched offsets beyond, can
+        // have such a gap; anything else needs no read.
+        if acks.unacked() > 0 || from >= fetched_next {
+            return;
+        }
+        match self.buffer.read(lane, &key.0, key.1, from, 1) {
+            Ok(batch) if batch.records.is_empty() && batch.next > from => {
+                acks.read_through(batch.next)
+            }
+            Ok(_) => {}
+            Err(err) => self.emit(Event::Error {
+                message: err.to_string(),
+            }),
+        }
+    }
+
+    /// Records a commit that Kafka now holds, and lets the buffer delete what it covers.
+    pub fn commit_applied(&self, commit: &PendingCommit) -> Result<(), StoreError> {
+        let (topic, partition) = &commit.partition;
+        let mut partitions = self.partitions();
+        let Some(runtime) = partitions.get_mut(&commit.partition) else {
+            return Ok(());
+        };
+        if runtime.generation != commit.generation {
+            return Ok(());
+        }
+        match &commit.plan {
+            CommitPlan::Nothing => {}
+            CommitPlan::Plain { offset } => {
+                runtime.main_committed = *offset;
+                self.buffer
+                    .record_committed(Lane::Live, topic, *partition, *offset)?;
+            }
+            CommitPlan::Split { main, side } => {
+                if let Some(main) = main {
+                    runtime.main_committed = *main;
+                    self.buffer
+                        .record_committed(Lane::Catchup, topic, *partition, *main)?;
+                }
+                if let Some(side) = side {
+                    runtime.side = Some(side.clone());
+                    self.buffer
+                        .record_committed(Lane::Live, topic, *partition, side.live_next)?;
+                }
+            }
+            CommitPlan::Merge { offset } => {
+                runtime.main_committed = *offset;
+                runtime.token = None;
+                runtime.side = None;
+                self.buffer.record_committed(
+                    Lane::Catchup,
+                    topic,
+                    *partition,
+                    commit.catchup_processed,
+                )?;
+                self.buffer
+                    .record_committed(Lane::Live, topic, *partition, *offset)?;
+                drop(partitions);
+                tracing::info!(
+                    topic,
+                    partition,
+                    offset,
+                    "split merged into the group's offsets"
+                );
+                telemetry::merged(&self.group);
+                self.emit(Event::Merged {
+                    topic: topic.clone(),
+                    partition: *partition,
+                    offset: *offset,
+                });
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,202 @@
+//! The reader's side of the runtime: refilling deliveries from the buffer in the mode's
+//! order, handing them out, acknowledging them, and partitions found damaged on a read.
+
+use super::*;
+
+impl Shared {
+    /// Reads up to about `max` deliverable records from the buffer. `Ordered` and `Off` fill
+    /// `queues[0]` in delivery order; `Concurrent` fills `queues[0]` with catch-up records
+    /// and `queues[1]` with live ones, reading only `lanes`.
+    pub fn fill(
+        &self,
+        queues: &mut [VecDeque<Delivery>; 2],
+        max: usize,
+        lanes: &[Lane],
+    ) -> Result<(), StoreError> {
+        let mut partitions = self.partitions();
+        let count = partitions.len();
+        if count == 0 {
+            return Ok(());
+        }
+        let start = self.next_start.fetch_add(1, Ordering::Relaxed) as usize % count;
+        let keys: Vec<PartitionId> = partitions.keys().cloned().collect();
+        let per_partition = (max / count).max(MIN_READ);
+        let mut filled = 0;
+        for index in 0..count {
+            let key = &keys[(start + index) % count];
+            let Some(runtime) = partitions.get_mut(key) else {
+                continue;
+            };
+            let delivered = match self.read_partition(key, runtime, lanes, per_partition) {
+                Ok(delivered) => delivered,
+                Err(StoreError::Damaged { reason, .. }) => {
+                    partitions.remove(key);
+                    self.damaged_on_read(key, reason);
+                    continue;
+                }
+                Err(err) => return Err(err),
+            };
+            if !runtime.drained
+                && runtime.acks[0].delivered_next() >= runtime.layout.catchup_end().unwrap_or(0)
+            {
+                runtime.drained = true;
+                self.emit(Event::CatchupDrained {
+                    topic: key.0.clone(),
+                    partition: key.1,
+                });
+            }
+            for (queue, deliveries) in delivered {
+                filled += deliveries.len();
+                queues[queue].extend(deliveries);
+            }
+            if filled >= max {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads one partition's next records as (queue, deliveries) pairs. A `Damaged` error
+    /// concerns this partition only.
+    pub(super) fn read_partition(
+        &self,
+        key: &PartitionId,
+        runtime: &mut PartitionRuntime,
+        lanes: &[Lane],
+        per_partition: usize,
+    ) -> Result<Vec<(usize, Vec<Delivery>)>, StoreError> {
+        let mut delivered = Vec::new();
+        match self.config.mode {
+            Mode::Ordered | Mode::Off => {
+                let batch =
+                    self.buffer
+                        .read_ordered(&key.0, key.1, runtime.ordered_next, per_partition)?;
+                runtime.ordered_next = batch.next;
+                delivered.push((
+                    0,
+                    self.deliver(key, runtime, batch.lane, batch.records, batch.next),
+                ));
+            }
+            Mode::Concurrent => {
+                for &lane in lanes {
+                    let from = runtime.lane_next[lane_index(lane)];
+                    let batch = self.buffer.read(lane, &key.0, key.1, from, per_partition)?;
+                    runtime.lane_next[lane_index(lane)] = batch.next;
+                    delivered.push((
+                        lane_index(lane),
+                        self.deliver(key, runtime, lane, batch.records, batch.next),
+                    ));
+                }
+            }
+        }
+        Ok(delivered)
+    }
+
+    /// Takes a partition whose buffered records failed verification off the reader: its
+    /// queued deliveries are dropped, its acknowledgements ignored, and the live thread
+    /// discards its records and reconciles it again from Kafka's committed offsets.
+    pub(super) fn damaged_on_read(&self, key: &PartitionId, reason: String) {
+        tracing::warn!(
+            topic = key.0,
+            partition = key.1,
+            "buffered records failed verification ({reason}); discarding them and refetching from the committed offset"
+        );
+        self.damaged
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(key.clone());
+        self.revocations.fetch_add(1, Ordering::Relaxed);
+        self.emit(Event::LocalDiscarded {
+            topic: key.0.clone(),
+            partition: key.1,
+            reason: format!("damaged: {reason}"),
+        });
+    }
+
+    /// Drops `partitions` from those waiting to be refetched as damaged (revoked meanwhile).
+    pub fn forget_damaged(&self, partitions: &[PartitionId]) {
+        let mut damaged = self
+            .damaged
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        for key in partitions {
+            damaged.remove(key);
+        }
+    }
+
+    /// The partitions taken off the reader as damaged since the last call.
+    pub fn take_damaged(&self) -> BTreeSet<PartitionId> {
+        std::mem::take(
+            &mut *self
+                .damaged
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        )
+    }
+
+    pub(super) fn deliver(
+        &self,
+        key: &PartitionId,
+        runtime: &mut PartitionRuntime,
+        lane: Lane,
+        records: Vec<crate::store::Record>,
+        next: i64,
+    ) -> Vec<Delivery> {
+        let delivery_lane = runtime.delivery_lane(lane);
+        if lane == Lane::Live && !records.is_empty() {
+            if let Some(since) = runtime.awaiting_fresh_since.take() {
+                telemetry::time_to_first_fresh(&self.group, since.elapsed().as_secs_f64());
+            }
+        }
+        telemetry::records_delivered(&self.group, lane.as_str(), records.len() as u64);
+        let acks = &mut runtime.acks[lane_index(lane)];
+        let mut out = Vec::with_capacity(records.len());
+        for record in records {
+            acks.delivered(record.offset, record.payload_bytes());
+            out.push(Delivery {
+                topic: key.0.clone(),
+                partition: key.1,
+                offset: record.offset,
+                key: record.key,
+                payload: record.payload,
+                headers: types::DeliveryHeaders(record.headers),
+                timestamp: record.timestamp,
+                lane: delivery_lane,
+                generation: runtime.generation,
+            });
+        }
+        acks.read_through(next);
+        out
+    }
+
+    /// Whether `delivery` belongs to a current assignment of its partition.
+    pub fn is_current(&self, delivery: &Delivery) -> bool {
+        let partitions = self.partitions();
+        partitions
+            .get(&(delivery.topic.clone(), delivery.partition))
+            .is_some_and(|runtime| runtime.generation == delivery.generation)
+    }
+
+    /// Marks a delivery processed. Deliveries of a revoked assignment are ignored.
+    pub fn ack(&self, delivery: &Delivery) {
+        let mut partitions = self.partitions();
+        if let Some(runtime) = partitions.get_mut(&(delivery.topic.clone(), delivery.partition)) {
+            if runtime.generation == delivery.generation {
+                let lane = lane_index(store_lane(delivery.lane));
+                let freed = runtime.acks[lane].ack(delivery.offset) as i64;
+                if delivery.offset >= runtime.counted_from[lane] {
+                    runtime.buffered_bytes[lane] -= freed;
+                }
+                self.processed_since_commit
+                    .fetch_add(freed.max(0) as u64, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+pub(super) fn store_lane(lane: DeliveryLane) -> Lane {
+    match lane {
+        DeliveryLane::Catchup => Lane::Catchup,
+        DeliveryLane::Live | DeliveryLane::Plain => Lane::Live,
+    }
+}
