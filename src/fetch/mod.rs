@@ -14,10 +14,12 @@ mod budget;
 mod cursor;
 mod disk;
 mod hold;
+mod lane;
 mod poll_error;
 
 pub use budget::{PauseChange, PausePolicy};
 pub use cursor::{AppendResult, FetchCursor, PendingAppend};
 pub use disk::{DiskChange, DiskFloor, DiskGuard, DiskSpace};
 pub use hold::{HOLD_FIRST, HOLD_MAX, Hold, Standing, standing};
+pub use lane::{AfterOutOfRange, LanePartition, Polled};
 pub use poll_error::{FatalKind, PollErrorKind, classify_poll_error, fatal_kind};

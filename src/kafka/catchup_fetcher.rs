@@ -20,10 +20,10 @@ use crate::engine::telemetry;
 use crate::engine::types::Event;
 use crate::engine::{PartitionId, Shared};
 use crate::fetch::{
-    AppendResult, FetchCursor, Hold, PendingAppend, PollErrorKind, Standing, classify_poll_error,
-    standing,
+    AfterOutOfRange, AppendResult, LanePartition, PendingAppend, PollErrorKind, Polled,
+    classify_poll_error,
 };
-use crate::store::{Lane, LayoutId, OffsetRange, Record, StoreError};
+use crate::store::{Lane, LayoutId, OffsetRange, StoreError};
 
 const POLL_BATCH: usize = 2000;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -53,35 +53,15 @@ pub(crate) enum CatchupCommand {
 }
 
 struct Tracked {
-    ranges: Vec<OffsetRange>,
-    /// What the fetcher has proven since it last positioned the consumer here.
-    cursor: FetchCursor,
+    /// The partition's catch-up lane: its chain of proof, ranges, holds.
+    lane: LanePartition,
     /// The partition's own queue; it holds the consumer, so it goes with the partition.
     queue: Option<Queue>,
-    /// No repositioning while it holds (the log ended below the position).
-    hold: Hold,
 }
 
 /// A tracked partition's own queue: its end-of-partition event names it unambiguously
 /// (rdkafka's `PartitionEOF` carries only the partition number).
 type Queue = PartitionQueue<RoleContext>;
-
-impl Tracked {
-    /// Whether every range is fetched once the lane stands at `fetched_next`.
-    fn complete_at(&self, fetched_next: i64) -> bool {
-        self.ranges.last().is_none_or(|r| fetched_next >= r.end)
-    }
-}
-
-/// What polling brought for one partition, in order.
-#[derive(Clone)]
-enum Polled {
-    /// A run of messages, in the order polled.
-    Messages(Vec<Record>),
-    EndOfPartition,
-    OutOfRange,
-    BreaksChain(String),
-}
 
 /// The catch-up fetcher thread.
 pub(crate) struct CatchupFetcher;
@@ -169,10 +149,8 @@ impl Fetcher {
                     } => self.add(
                         (topic, partition),
                         Tracked {
-                            ranges,
-                            cursor: FetchCursor::new(layout, position),
+                            lane: LanePartition::catchup(layout, position, ranges),
                             queue: None,
-                            hold: Hold::default(),
                         },
                     ),
                     CatchupCommand::Remove { partitions, done } => {
@@ -200,7 +178,7 @@ impl Fetcher {
     }
 
     fn add(&mut self, key: PartitionId, mut tracked: Tracked) {
-        if tracked.complete_at(tracked.cursor.stored_next()) {
+        if tracked.lane.is_fetched() {
             return;
         }
         // Without a consumer the partition waits, tracked, for the next attempt to create it.
@@ -216,8 +194,10 @@ impl Fetcher {
             .consumer
             .as_ref()
             .and_then(|c| c.split_partition_queue(&key.0, key.1));
-        if !self.assign_at(key, tracked.cursor.stored_next()) {
-            tracked.cursor.break_chain(); // repositioned (assigned) next round
+        let at = tracked.lane.cursor().stored_next();
+        if let Err(err) = self.assign_at(key, at) {
+            self.error(err);
+            tracked.lane.break_chain(); // repositioned (assigned) next round
         }
     }
 
@@ -272,22 +252,20 @@ impl Fetcher {
         true
     }
 
-    /// Assigns the partition at `position`; reports and returns `false` on failure.
-    fn assign_at(&self, key: &PartitionId, position: i64) -> bool {
-        let Some(consumer) = &self.consumer else {
-            return false;
-        };
+    /// Assigns the partition at `position`.
+    fn assign_at(&self, key: &PartitionId, position: i64) -> Result<(), String> {
         let (topic, partition) = key;
-        let mut tpl = TopicPartitionList::new();
-        let result = tpl
-            .add_partition_offset(topic, *partition, Offset::Offset(position))
-            .and_then(|_| consumer.incremental_assign(&tpl));
-        if let Err(err) = result {
-            self.error(format!(
-                "catch-up assign of {topic}/{partition} at {position}: {err}"
+        let Some(consumer) = &self.consumer else {
+            return Err(format!(
+                "catch-up assign of {topic}/{partition}: no consumer"
             ));
-            return false;
-        }
+        };
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(topic, *partition, Offset::Offset(position))
+            .and_then(|_| consumer.incremental_assign(&tpl))
+            .map_err(|err| {
+                format!("catch-up assign of {topic}/{partition} at {position}: {err}")
+            })?;
         // librdkafka keeps an application pause across unassign and assign: make the
         // partition's pause state the budget's, whatever it was before.
         let _ = if self.budget.is_paused(key) {
@@ -295,7 +273,7 @@ impl Fetcher {
         } else {
             consumer.resume(&tpl)
         };
-        true
+        Ok(())
     }
 
     fn unassign(&self, (topic, partition): &PartitionId) {
@@ -323,35 +301,13 @@ impl Fetcher {
             // Nothing anywhere: serve callbacks and wait a little on the main queue.
             self.poll_main(&consumer, Duration::from_millis(20), &mut polled);
         }
-        let mut out_of_range = Vec::new();
-        for (key, event) in polled {
-            let Some(tracked) = self.tracked.get_mut(&key) else {
-                continue;
-            };
-            match event {
-                Polled::Messages(records) => {
-                    for record in records {
-                        tracked.cursor.message(record);
-                    }
-                }
-                Polled::EndOfPartition => tracked.cursor.end_of_partition(),
-                Polled::OutOfRange => {
-                    tracked.cursor.break_chain();
-                    out_of_range.push(key);
-                }
-                Polled::BreaksChain(message) => {
-                    tracked.cursor.break_chain();
-                    self.shared.emit(Event::Error {
-                        message: format!(
-                            "catch-up fetch of {}/{}: {message}; refetching from the buffer's position",
-                            key.0, key.1
-                        ),
-                    });
-                }
+        for (key, polled) in polled {
+            if let Some(tracked) = self.tracked.get_mut(&key) {
+                tracked.lane.handle_polled(polled);
             }
         }
         // Positions move past offsets without records (compaction, transaction markers);
-        // each cursor decides whether its generation's position can be trusted.
+        // each lane decides whether its generation's position can be trusted.
         let positions = consumer
             .position()
             .map_err(|e| format!("catch-up position: {e}"))?;
@@ -360,15 +316,15 @@ impl Fetcher {
             if let (Offset::Offset(position), Some(tracked)) =
                 (element.offset(), self.tracked.get_mut(&key))
             {
-                tracked.cursor.position(position);
+                tracked.lane.handle_position(position);
             }
         }
         let keys: Vec<PartitionId> = self.tracked.keys().cloned().collect();
         for key in &keys {
             self.append(key);
         }
-        for key in out_of_range {
-            self.skip_truncated(&consumer, &key);
+        for key in &keys {
+            self.judge_out_of_range(&consumer, key);
         }
         self.reposition();
         let tracked = &self.tracked;
@@ -395,7 +351,7 @@ impl Fetcher {
                     None => break,
                     Some(Ok(message)) => records.push(to_record(&message)),
                     Some(Err(err)) => {
-                        error = partition_error(&err);
+                        error = self.partition_error(Some(key), &err);
                         break;
                     }
                 }
@@ -426,8 +382,8 @@ impl Fetcher {
             Some(Err(err)) => {
                 // The main queue does not say which partition an error is about: every
                 // chain that could be affected ends.
-                if let Some(event @ (Polled::OutOfRange | Polled::BreaksChain(_))) =
-                    partition_error(&err)
+                if let Some(event @ (Polled::OutOfRange | Polled::BreaksChain)) =
+                    self.partition_error(None, &err)
                 {
                     polled.extend(self.tracked.keys().map(|key| (key.clone(), event.clone())));
                 }
@@ -441,7 +397,7 @@ impl Fetcher {
         let Some(append) = self
             .tracked
             .get_mut(key)
-            .and_then(|tracked| tracked.cursor.take_append())
+            .and_then(|tracked| tracked.lane.poll_append())
         else {
             return;
         };
@@ -487,14 +443,14 @@ impl Fetcher {
         }
     }
 
-    /// Tells the partition's cursor how its append went; a partition whose every range is
+    /// Tells the partition's lane how its append went; a partition whose every range is
     /// fetched leaves the fetcher.
     fn appended(&mut self, key: &PartitionId, answer: AppendResult) {
         let Some(tracked) = self.tracked.get_mut(key) else {
             return;
         };
-        tracked.cursor.appended(answer);
-        if tracked.complete_at(tracked.cursor.stored_next()) {
+        tracked.lane.handle_appended(answer);
+        if tracked.lane.is_fetched() {
             tracing::info!(
                 topic = key.0,
                 partition = key.1,
@@ -512,79 +468,91 @@ impl Fetcher {
 
     /// Moves the consumer to the buffer's position on every partition whose chain broke
     /// (after an error, a refused append, or a range that ended where the next does not
-    /// start): a new assignment, so nothing polled before it counts.
+    /// start) and that is not held: a new assignment, so nothing polled before it counts.
     fn reposition(&mut self) {
         let now = Instant::now();
         let targets: Vec<(PartitionId, i64)> = self
             .tracked
             .iter()
-            .filter(|(_, t)| !t.hold.holds(now))
-            .filter_map(|(key, t)| Some((key.clone(), t.cursor.reposition()?)))
+            .filter_map(|(key, t)| Some((key.clone(), t.lane.poll_move(now)?)))
             .collect();
         for (key, at) in targets {
             self.unassign(&key);
-            if self.assign_at(&key, at) {
-                if let Some(tracked) = self.tracked.get_mut(&key) {
-                    tracked.cursor.repositioned(at);
-                }
+            let moved = self.assign_at(&key, at);
+            let report = self
+                .tracked
+                .get_mut(&key)
+                .and_then(|tracked| tracked.lane.handle_moved(at, moved));
+            if let Some(reason) = report {
+                self.error(format!("{reason}; retrying"));
             }
         }
     }
 
-    /// After an out-of-range error: retention removed offsets the lane still needed — report
-    /// it and continue at the log start; or the log ends below the position (truncated by an
-    /// unclean election) — hold it (1 s, doubling to 30 s) for the log to grow back; or the
-    /// position is inside the log — the error was another partition's.
-    fn skip_truncated(&mut self, consumer: &BaseConsumer<RoleContext>, key: &PartitionId) {
+    /// After an out-of-range error, what the partition's position means once its watermarks
+    /// are read (`LanePartition::handle_watermarks`): retention removed offsets the lane still
+    /// needed — report it and continue at the log start; the log ends below the position —
+    /// wait for it to grow back; inside the log — the error was another partition's.
+    fn judge_out_of_range(&mut self, consumer: &BaseConsumer<RoleContext>, key: &PartitionId) {
+        let now = Instant::now();
+        if !self
+            .tracked
+            .get(key)
+            .is_some_and(|tracked| tracked.lane.poll_watermarks(now))
+        {
+            return;
+        }
+        let watermarks = consumer
+            .fetch_watermarks(&key.0, key.1, REQUEST_TIMEOUT)
+            .map_err(|err| err.to_string());
         let Some(tracked) = self.tracked.get_mut(key) else {
             return;
         };
-        let Some(at) = tracked.cursor.reposition() else {
-            return;
-        };
-        let (low, high) = match consumer.fetch_watermarks(&key.0, key.1, REQUEST_TIMEOUT) {
-            Ok(watermarks) => watermarks,
-            Err(err) => {
-                tracked.hold.hold(Instant::now());
-                return self.error(format!("catch-up watermarks of {}/{}: {err}", key.0, key.1));
+        match tracked.lane.handle_watermarks(watermarks, now) {
+            AfterOutOfRange::Truncated { from, to, append } => {
+                self.shared.emit(Event::Truncated {
+                    topic: key.0.clone(),
+                    partition: key.1,
+                    from,
+                    to,
+                });
+                self.store(key, &append);
             }
-        };
-        match standing(at, low, high) {
-            Standing::PastLogEnd => {
-                let wait = tracked.hold.hold(Instant::now());
-                return self.error(format!(
-                    "catch-up of {}/{}: position {at} is past the log end {high}; fetching there again in {} s",
-                    key.0,
-                    key.1,
-                    wait.as_secs()
-                ));
-            }
-            // The error was another partition's, or the log grew back: repositioned now.
-            Standing::InsideLog => return tracked.hold.release(),
-            Standing::BelowLogStart => tracked.hold.release(),
+            AfterOutOfRange::PastLogEnd { at, high, wait } => self.error(format!(
+                "catch-up of {}/{}: position {at} is past the log end {high}; fetching there again in {} s",
+                key.0,
+                key.1,
+                wait.as_secs()
+            )),
+            AfterOutOfRange::Unknown { reason, wait } => self.error(format!(
+                "catch-up watermarks of {}/{}: {reason}; trying again in {} s",
+                key.0,
+                key.1,
+                wait.as_secs()
+            )),
+            AfterOutOfRange::InsideLog => {}
         }
-        let Some(append) = tracked.cursor.log_starts_at(low) else {
-            return;
-        };
-        // What the catch-up lane lost ends at its last range; the rest is the live lane's.
-        let lane_end = tracked.ranges.last().map_or(low, |range| range.end);
-        self.shared.emit(Event::Truncated {
-            topic: key.0.clone(),
-            partition: key.1,
-            from: at,
-            to: low.min(lane_end),
-        });
-        self.store(key, &append);
     }
-}
 
-/// What an error polled from a partition queue means for that partition (`None`: nothing).
-fn partition_error(err: &RdError) -> Option<Polled> {
-    match classify_poll_error(err) {
-        PollErrorKind::EndOfPartition => Some(Polled::EndOfPartition),
-        PollErrorKind::Transient => None,
-        PollErrorKind::OutOfRange => Some(Polled::OutOfRange),
-        PollErrorKind::BreaksChain => Some(Polled::BreaksChain(err.to_string())),
+    /// What an error polled for `key` (`None`: the main queue, which names no partition)
+    /// means for the partitions it may be about (`None`: nothing). A chain it breaks is
+    /// reported.
+    fn partition_error(&self, key: Option<&PartitionId>, err: &RdError) -> Option<Polled> {
+        match classify_poll_error(err) {
+            PollErrorKind::EndOfPartition => Some(Polled::EndOfPartition),
+            PollErrorKind::Transient => None,
+            PollErrorKind::OutOfRange => Some(Polled::OutOfRange),
+            PollErrorKind::BreaksChain => {
+                let which = key.map_or_else(
+                    || "every partition".to_owned(),
+                    |(topic, partition)| format!("{topic}/{partition}"),
+                );
+                self.error(format!(
+                    "catch-up fetch of {which}: {err}; refetching from the buffer's position"
+                ));
+                Some(Polled::BreaksChain)
+            }
+        }
     }
 }
 
@@ -628,13 +596,15 @@ mod tests {
         fetcher.add(
             key.clone(),
             Tracked {
-                ranges: vec![OffsetRange {
-                    start: 70,
-                    end: 120,
-                }],
-                cursor: FetchCursor::new(LayoutId(1), 70),
+                lane: LanePartition::catchup(
+                    LayoutId(1),
+                    70,
+                    vec![OffsetRange {
+                        start: 70,
+                        end: 120,
+                    }],
+                ),
                 queue: None,
-                hold: Hold::default(),
             },
         );
         assert!(fetcher.consumer.is_none());
