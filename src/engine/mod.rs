@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::{Notify, broadcast};
 
-use crate::fetch::FetchCursor;
+use crate::fetch::LanePartition;
 use crate::plan::{AckTracker, CommitPlan, Progress, SideEntry, SplitToken, plan_commit};
 use crate::store::{Buffer, Lane, LayoutId, PartitionLayout, PartitionState, StoreError};
 use types::{CatchupConfig, Delivery, DeliveryLane, Event, Mode};
@@ -63,13 +63,8 @@ pub(crate) struct PartitionRuntime {
     /// Per lane, records below this were in the buffer before this assignment and were never
     /// counted: their acks free nothing from the counters.
     counted_from: [i64; 2],
-    /// The live fetcher's cursor on this partition (positioned at assignment).
-    pub live_cursor: FetchCursor,
-    /// Failed attempts to reposition the live lane since the last success (to report the
-    /// first one, not every round).
-    pub reposition_failures: u32,
-    /// The live lane's wait after its position was found past the log end.
-    pub live_hold: crate::fetch::Hold,
+    /// The live fetcher's lane of this partition (positioned at assignment).
+    pub live: LanePartition,
     /// When the partition was assigned, until its first live record is delivered.
     awaiting_fresh_since: Option<std::time::Instant>,
 }
@@ -102,9 +97,7 @@ impl PartitionRuntime {
             drained: catchup_done,
             buffered_bytes: [0, 0],
             counted_from: [state.catchup.fetched_next, state.live.fetched_next],
-            live_cursor: FetchCursor::new(layout_id, state.live.fetched_next),
-            reposition_failures: 0,
-            live_hold: Default::default(),
+            live: LanePartition::live(layout_id, state.live.fetched_next),
             awaiting_fresh_since: Some(std::time::Instant::now()),
         }
     }

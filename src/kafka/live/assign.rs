@@ -155,7 +155,7 @@ impl LiveState {
             let mut runtimes = self.shared.partitions();
             for key in &reconciled {
                 if let Some(runtime) = runtimes.get_mut(key) {
-                    runtime.live_cursor.break_chain();
+                    runtime.live.break_chain();
                 }
             }
         }

@@ -31,14 +31,14 @@ use crate::engine::telemetry;
 use crate::engine::types::{Event, Mode};
 use crate::engine::{PartitionId, PartitionRuntime, Shared, Stopped};
 use crate::fetch::{
-    AppendResult, FatalKind, PendingAppend, PollErrorKind, Standing, classify_poll_error,
-    fatal_kind, standing,
+    AfterOutOfRange, AppendResult, FatalKind, PendingAppend, PollErrorKind, Polled,
+    classify_poll_error, fatal_kind,
 };
 use crate::plan::{
     CommitWrites, Committed, Inputs, LocalAction, MainLogCommit, OffsetReset, PlanEvent, SideValue,
     SideWrite, SplitSecret, SplitToken, UnownedAction, reconcile, unowned_action,
 };
-use crate::store::{Lane, PartitionState, Record, StoreError};
+use crate::store::{Lane, LayoutId, PartitionState, Record, StoreError};
 
 /// Timeout of one broker request made during a rebalance or a commit.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);

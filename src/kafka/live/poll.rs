@@ -23,9 +23,7 @@ pub(super) fn poll_into_buffer(
         for (key, records) in round.messages {
             // Not (or no longer) ours: a rebalance in this round took it away.
             if let Some(runtime) = partitions.get_mut(&key) {
-                for record in records {
-                    runtime.live_cursor.message(record);
-                }
+                runtime.live.handle_polled(Polled::Messages(records));
             }
         }
         for element in positions.iter().flat_map(|list| list.elements()) {
@@ -33,32 +31,28 @@ pub(super) fn poll_into_buffer(
             if let (Offset::Offset(position), Some(runtime)) =
                 (element.offset(), partitions.get_mut(&key))
             {
-                runtime.live_cursor.position(position);
+                runtime.live.handle_position(position);
             }
         }
         partitions
             .iter_mut()
             .filter_map(|(key, runtime)| {
-                if round.chain_broken {
-                    runtime.live_cursor.break_chain();
+                // The error names no partition: every chain ends, and after an out-of-range
+                // error every partition's watermarks tell whose it was.
+                if round.out_of_range {
+                    runtime.live.handle_polled(Polled::OutOfRange);
+                } else if round.chain_broken {
+                    runtime.live.break_chain();
                 }
-                runtime.live_cursor.take_append().map(|a| (key.clone(), a))
+                runtime.live.poll_append().map(|a| (key.clone(), a))
             })
             .collect()
     };
     let mut stored = false;
     for (key, append) in appends {
-        let answer = append_live(shared, &key, &append);
-        stored |= matches!(answer, AppendResult::Stored { .. });
-        if let Some(runtime) = shared.partitions().get_mut(&key) {
-            if runtime.live_cursor.layout() == append.layout {
-                runtime.live_cursor.appended(answer);
-            }
-        }
+        stored |= store_live(shared, &key, &append);
     }
-    if round.out_of_range {
-        skip_truncated(consumer, shared);
-    }
+    judge_out_of_range(consumer, shared);
     reposition(consumer, shared, budget);
     if stored {
         shared
@@ -170,6 +164,18 @@ pub(super) fn append_live(
     AppendResult::from_store(&result).unwrap_or(AppendResult::Failed)
 }
 
+/// Appends `append` and tells the partition's lane how it went (only a lane of the same
+/// layout: a stale one is stale itself). Whether records were stored.
+fn store_live(shared: &Shared, key: &PartitionId, append: &PendingAppend) -> bool {
+    let answer = append_live(shared, key, append);
+    if let Some(runtime) = shared.partitions().get_mut(key) {
+        if runtime.live.cursor().layout() == append.layout {
+            runtime.live.handle_appended(answer);
+        }
+    }
+    matches!(answer, AppendResult::Stored { .. })
+}
+
 /// Moves the consumer back to the buffer's position on every partition whose chain broke
 /// and that is not held (its position lay past the log end). A seek that fails is retried
 /// next round; until then that partition's records are dropped.
@@ -178,8 +184,7 @@ pub(super) fn reposition(consumer: &BaseConsumer<LiveContext>, shared: &Shared, 
     let targets: Vec<(PartitionId, i64)> = shared
         .partitions()
         .iter()
-        .filter(|(_, runtime)| !runtime.live_hold.holds(now))
-        .filter_map(|(key, runtime)| Some((key.clone(), runtime.live_cursor.reposition()?)))
+        .filter_map(|(key, runtime)| Some((key.clone(), runtime.live.poll_move(now)?)))
         .collect();
     let cooperative = matches!(
         consumer.rebalance_protocol(),
@@ -213,29 +218,22 @@ pub(super) fn repositioned(shared: &Shared, key: &PartitionId, at: i64, moved: R
     let Some(runtime) = runtimes.get_mut(key) else {
         return;
     };
-    match moved {
-        Ok(()) => {
-            tracing::debug!(
-                topic = key.0,
-                partition = key.1,
-                at,
-                "live lane repositioned"
-            );
-            runtime.live_cursor.repositioned(at);
-            runtime.reposition_failures = 0;
-        }
-        Err(err) => {
-            // Retried every round; said on the first failure and every 100th after.
-            if runtime.reposition_failures % 100 == 0 {
-                shared.emit(Event::Error {
-                    message: format!(
-                        "live lane of {}/{}: moving back to {at} failed ({err}); retrying",
-                        key.0, key.1
-                    ),
-                });
-            }
-            runtime.reposition_failures += 1;
-        }
+    if moved.is_ok() {
+        tracing::debug!(
+            topic = key.0,
+            partition = key.1,
+            at,
+            "live lane repositioned"
+        );
+    }
+    if let Some(err) = runtime.live.handle_moved(at, moved) {
+        drop(runtimes);
+        shared.emit(Event::Error {
+            message: format!(
+                "live lane of {}/{}: moving back to {at} failed ({err}); retrying",
+                key.0, key.1
+            ),
+        });
     }
 }
 
@@ -279,10 +277,8 @@ pub(super) fn reassign_all(
                 let key = (element.topic().to_owned(), element.partition());
                 let (offset, pause) = match runtimes.get(&key) {
                     Some(runtime) => {
-                        let at = runtime
-                            .live_cursor
-                            .reposition()
-                            .unwrap_or(runtime.live_cursor.stored_next());
+                        let cursor = runtime.live.cursor();
+                        let at = cursor.reposition().unwrap_or(cursor.stored_next());
                         starts.push((key.clone(), at));
                         (Offset::Offset(at), budget.is_paused(&key))
                     }
@@ -307,9 +303,7 @@ pub(super) fn reassign_all(
             for (key, at) in starts {
                 let mut runtimes = shared.partitions();
                 if let Some(runtime) = runtimes.get_mut(&key) {
-                    runtime.live_cursor.break_chain();
-                    runtime.live_cursor.repositioned(at);
-                    runtime.reposition_failures = 0;
+                    runtime.live.restarted_at(at);
                 }
             }
             for (list, pause) in [(&paused, true), (&resumed, false)] {
@@ -342,75 +336,58 @@ pub(super) fn reassign_all(
     }
 }
 
-/// After an out-of-range error: where each broken partition's position stands in its log.
-/// Retention passed it: report the truncation (DESIGN §5, last row) and record the deleted
-/// offsets as covered — they no longer exist in the log — so the lane continues at the log
-/// start. The log ends below it: hold the partition (1 s, doubling to 30 s) instead of
-/// fetching there again every round. Inside the log: the error was another partition's.
-pub(super) fn skip_truncated(consumer: &BaseConsumer<LiveContext>, shared: &Shared) {
+/// After an out-of-range error: what each partition's position means once its watermarks
+/// are read (`LanePartition::handle_watermarks`). Retention passed it: report the truncation
+/// (DESIGN §5, last row) and record the deleted offsets as covered — they no longer exist in
+/// the log — so the lane continues at the log start. The log ends below it: hold it (1 s,
+/// doubling to 30 s) instead of fetching there again every round. Inside the log: the error
+/// was another partition's, and it moves at once.
+fn judge_out_of_range(consumer: &BaseConsumer<LiveContext>, shared: &Shared) {
     let now = Instant::now();
-    let broken: Vec<(PartitionId, i64)> = shared
+    let waiting: Vec<(PartitionId, LayoutId)> = shared
         .partitions()
         .iter()
-        .filter(|(_, runtime)| !runtime.live_hold.holds(now))
-        .filter_map(|(key, runtime)| Some((key.clone(), runtime.live_cursor.reposition()?)))
+        .filter(|(_, runtime)| runtime.live.poll_watermarks(now))
+        .map(|(key, runtime)| (key.clone(), runtime.live.cursor().layout()))
         .collect();
-    for (key, at) in broken {
-        let (low, high) = match consumer.fetch_watermarks(&key.0, key.1, REQUEST_TIMEOUT) {
-            Ok(watermarks) => watermarks,
-            Err(err) => {
-                shared.emit(Event::Error {
-                    message: format!(
-                        "live lane of {}/{}: reading watermarks: {err}",
-                        key.0, key.1
-                    ),
-                });
-                continue;
-            }
-        };
-        let append = {
+    for (key, layout) in waiting {
+        let watermarks = consumer
+            .fetch_watermarks(&key.0, key.1, REQUEST_TIMEOUT)
+            .map_err(|err| err.to_string());
+        let after = {
             let mut runtimes = shared.partitions();
-            let Some(runtime) = runtimes.get_mut(&key) else {
-                continue;
-            };
-            match standing(at, low, high) {
-                Standing::BelowLogStart => {
-                    runtime.live_hold.release();
-                    runtime.live_cursor.log_starts_at(low)
+            match runtimes.get_mut(&key) {
+                // Laid out again meanwhile: its new lane judges for itself.
+                Some(runtime) if runtime.live.cursor().layout() == layout => {
+                    runtime.live.handle_watermarks(watermarks, now)
                 }
-                Standing::PastLogEnd => {
-                    let wait = runtime.live_hold.hold(Instant::now());
-                    drop(runtimes);
-                    shared.emit(Event::Error {
-                        message: format!(
-                            "live lane of {}/{}: position {at} is past the log end {high}; fetching there again in {} s",
-                            key.0,
-                            key.1,
-                            wait.as_secs()
-                        ),
-                    });
-                    continue;
-                }
-                Standing::InsideLog => {
-                    runtime.live_hold.release();
-                    None
-                }
+                _ => continue,
             }
         };
-        let Some(append) = append else {
-            continue;
-        };
-        shared.emit(Event::Truncated {
-            topic: key.0.clone(),
-            partition: key.1,
-            from: append.continues_from,
-            to: low,
-        });
-        let answer = append_live(shared, &key, &append);
-        if let Some(runtime) = shared.partitions().get_mut(&key) {
-            if runtime.live_cursor.layout() == append.layout {
-                runtime.live_cursor.appended(answer);
+        let (topic, partition) = (&key.0, key.1);
+        match after {
+            AfterOutOfRange::Truncated { from, to, append } => {
+                shared.emit(Event::Truncated {
+                    topic: topic.clone(),
+                    partition,
+                    from,
+                    to,
+                });
+                store_live(shared, &key, &append);
             }
+            AfterOutOfRange::PastLogEnd { at, high, wait } => shared.emit(Event::Error {
+                message: format!(
+                    "live lane of {topic}/{partition}: position {at} is past the log end {high}; fetching there again in {} s",
+                    wait.as_secs()
+                ),
+            }),
+            AfterOutOfRange::Unknown { reason, wait } => shared.emit(Event::Error {
+                message: format!(
+                    "live lane of {topic}/{partition}: reading watermarks: {reason}; trying again in {} s",
+                    wait.as_secs()
+                ),
+            }),
+            AfterOutOfRange::InsideLog => {}
         }
     }
 }
