@@ -64,14 +64,19 @@ fn the_consumer_never_loses_a_record() {
         Err(panic) => std::panic::resume_unwind(panic),
     };
     eprintln!(
-        "{count} seeds, {} steps, {} splits ({} layouts with several ranges), {} merges: no loss",
-        stats.steps, stats.splits, stats.multi_range, stats.merges
+        "{count} seeds, {} steps, {} splits ({} layouts with several ranges), {} merges, \
+         {} truncations, {} positions held past the log end: no loss",
+        stats.steps, stats.splits, stats.multi_range, stats.merges, stats.truncations, stats.holds
     );
     assert!(stats.steps > 0);
     if count >= 1000 {
         // The histories must reach every part of the protocol.
         assert!(
-            stats.splits > 0 && stats.multi_range > 0 && stats.merges > 0,
+            stats.splits > 0
+                && stats.multi_range > 0
+                && stats.merges > 0
+                && stats.truncations > 0
+                && stats.holds > 0,
             "{stats:?}"
         );
     }

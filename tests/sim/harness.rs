@@ -26,8 +26,9 @@
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
-use catchup::fetch::{AppendResult, FetchCursor};
+use catchup::fetch::{AfterOutOfRange, AppendResult, LanePartition, Polled as LanePolled};
 use catchup::plan::{
     AckTracker, CommitPlan, Committed, Inputs, LocalAction, OffsetReset, PlanEvent, Progress,
     SideEntry, SideValue, SideWrite, SplitSecret, SplitToken, plan_commit, reconcile, side_key,
@@ -244,11 +245,12 @@ impl Client {
     }
 }
 
-/// One fetcher on the partition: a client and the real cursor, glued as the adapters glue them.
+/// One fetcher on the partition: a simulated client and the production lane state machine
+/// (`fetch::LanePartition`), driven in the order the adapters drive it.
 struct Fetcher {
     lane: Lane,
     client: Client,
-    cursor: FetchCursor,
+    partition: LanePartition,
     /// A writer left behind by a revoke: every append it makes must be refused.
     zombie: bool,
 }
@@ -341,9 +343,17 @@ pub struct Sim {
     pub splits: u64,
     pub multi_range: u64,
     pub merges: u64,
+    /// Out-of-range positions judged a truncation, and positions held past the log end.
+    pub truncations: u64,
+    pub holds: u64,
     /// Steps run, for the report.
     pub steps: u64,
+    /// Simulated time: a step takes `STEP_TIME`.
+    now: Instant,
 }
+
+/// How much simulated time a step takes (holds of 1 s to 30 s last 20 to 600 steps).
+const STEP_TIME: Duration = Duration::from_millis(50);
 
 fn lane_index(lane: Lane) -> usize {
     match lane {
@@ -410,7 +420,10 @@ impl Sim {
             splits: 0,
             multi_range: 0,
             merges: 0,
+            truncations: 0,
+            holds: 0,
             steps: 0,
+            now: Instant::now(),
         };
         sim.assign()?;
         Ok(sim)
@@ -591,14 +604,18 @@ impl Sim {
             self.fetchers.push(Fetcher {
                 lane: Lane::Catchup,
                 client: Client::new(state.catchup.fetched_next, self.faults),
-                cursor: FetchCursor::new(layout, state.catchup.fetched_next),
+                partition: LanePartition::catchup(
+                    layout,
+                    state.catchup.fetched_next,
+                    state.layout.catchup_ranges.clone(),
+                ),
                 zombie: false,
             });
         }
         self.fetchers.push(Fetcher {
             lane: Lane::Live,
             client: Client::new(state.live.fetched_next, self.faults),
-            cursor: FetchCursor::new(layout, state.live.fetched_next),
+            partition: LanePartition::live(layout, state.live.fetched_next),
             zombie: false,
         });
         Ok(())
@@ -643,6 +660,7 @@ impl Sim {
 
     fn step(&mut self) -> Result<(), Failure> {
         self.steps += 1;
+        self.now += STEP_TIME;
         let faults = self.faults;
         match self.rng.below(100) {
             0..=9 if faults => {
@@ -713,76 +731,89 @@ impl Sim {
 
     fn fetch_round_inner(&mut self, index: usize) -> Result<RoundEnd, Failure> {
         let buffer = self.buffer.as_ref().ok_or("buffer closed")?;
+        let now = self.now;
         let fetcher = &mut self.fetchers[index];
-        let mut out_of_range = false;
         for _ in 0..self.rng.below(40) {
-            match fetcher.client.poll(&self.log, &mut self.rng) {
-                None => break,
-                Some(Polled::Message(offset)) => fetcher.cursor.message(record(offset)),
-                Some(Polled::EndOfPartition) => fetcher.cursor.end_of_partition(),
-                Some(Polled::Transient) => break,
-                Some(Polled::OutOfRange) => {
-                    fetcher.cursor.break_chain();
-                    out_of_range = true;
-                    break;
-                }
-                Some(Polled::BreaksChain) => {
-                    fetcher.cursor.break_chain();
-                    break;
-                }
+            let polled = match fetcher.client.poll(&self.log, &mut self.rng) {
+                None | Some(Polled::Transient) => break,
+                Some(Polled::Message(offset)) => LanePolled::Messages(vec![record(offset)]),
+                Some(Polled::EndOfPartition) => LanePolled::EndOfPartition,
+                Some(Polled::OutOfRange) => LanePolled::OutOfRange,
+                Some(Polled::BreaksChain) => LanePolled::BreaksChain,
+            };
+            let ends_round = matches!(polled, LanePolled::OutOfRange | LanePolled::BreaksChain);
+            fetcher.partition.handle_polled(polled);
+            if ends_round {
+                break;
             }
         }
         if let Some(position) = fetcher.client.position() {
-            fetcher.cursor.position(position);
+            fetcher.partition.handle_position(position);
         }
         let lane = fetcher.lane;
         let zombie = fetcher.zombie;
-        // What was polled first, then (after an out-of-range) what retention deleted.
+        // What was polled first, then (after an out-of-range) what retention deleted, as the
+        // watermarks tell the production state machine.
         for step in [Step::Polled, Step::Truncated] {
             let append = match step {
-                Step::Polled => fetcher.cursor.take_append(),
-                Step::Truncated if out_of_range => fetcher.cursor.log_starts_at(self.log.low),
+                Step::Polled => fetcher.partition.poll_append(),
+                Step::Truncated if fetcher.partition.poll_watermarks(now) => {
+                    let watermarks = if self.faults && self.rng.chance(50) {
+                        Err("watermarks timed out".to_owned())
+                    } else {
+                        let high = self.log.high();
+                        Ok((
+                            self.log.low,
+                            self.log.lowered_high.unwrap_or(high).min(high),
+                        ))
+                    };
+                    match fetcher.partition.handle_watermarks(watermarks, now) {
+                        AfterOutOfRange::Truncated { append, .. } => {
+                            self.truncations += 1;
+                            Some(append)
+                        }
+                        AfterOutOfRange::PastLogEnd { .. } => {
+                            self.holds += 1;
+                            None
+                        }
+                        AfterOutOfRange::InsideLog | AfterOutOfRange::Unknown { .. } => None,
+                    }
+                }
                 Step::Truncated => None,
             };
             let Some(append) = append else { continue };
             let result = buffer.append(lane, &self.topic, 0, append.as_fetched());
             match answer(result, zombie, lane)? {
-                Some(answer) => fetcher.cursor.appended(answer),
+                Some(answer) => fetcher.partition.handle_appended(answer),
                 None => return Ok(RoundEnd::Remove),
             }
         }
-        if lane == Lane::Catchup && !zombie {
-            let state = buffer
-                .partition_state(&self.topic, 0)
-                .map_err(|e| err("state", e))?
-                .ok_or("partition vanished")?;
-            if state.catchup_fetched() {
-                return Ok(RoundEnd::Remove);
-            }
+        if lane == Lane::Catchup && !zombie && fetcher.partition.is_fetched() {
+            return Ok(RoundEnd::Remove);
         }
-        if let Some(at) = fetcher.cursor.reposition() {
+        if let Some(at) = fetcher.partition.poll_move(now) {
             let moved = match lane {
                 // The catch-up consumer moves by unassign and assign.
                 Lane::Catchup => {
                     fetcher.client.assign(at, &mut self.rng);
-                    true
+                    Ok(())
                 }
                 // The group member seeks; a seek is refused while the partition is stopped
-                // (out of range) and may time out, and the adapter then reassigns it.
+                // (out of range) and may time out, and the adapter then reassigns it (alone,
+                // or with the whole assignment under an eager protocol), which may fail too.
                 Lane::Live => {
                     if fetcher.client.seek(at, &mut self.rng) {
-                        true
+                        Ok(())
                     } else if self.rng.chance(700) {
                         fetcher.client.assign(at, &mut self.rng);
-                        true
+                        Ok(())
                     } else {
-                        false // both failed: retried next round
+                        Err("seek and reassign failed".to_owned())
                     }
                 }
             };
-            if moved {
-                fetcher.cursor.repositioned(at);
-            }
+            // (A failure worth reporting is a log line; retried next round.)
+            let _ = fetcher.partition.handle_moved(at, moved);
         }
         Ok(RoundEnd::Keep)
     }
@@ -954,6 +985,8 @@ pub struct Stats {
     pub splits: u64,
     pub multi_range: u64,
     pub merges: u64,
+    pub truncations: u64,
+    pub holds: u64,
 }
 
 impl std::ops::AddAssign for Stats {
@@ -962,6 +995,8 @@ impl std::ops::AddAssign for Stats {
         self.splits += other.splits;
         self.multi_range += other.multi_range;
         self.merges += other.merges;
+        self.truncations += other.truncations;
+        self.holds += other.holds;
     }
 }
 
@@ -981,6 +1016,8 @@ pub fn run_seed(
         splits: sim.splits,
         multi_range: sim.multi_range,
         merges: sim.merges,
+        truncations: sim.truncations,
+        holds: sim.holds,
     });
     let buffer = sim.into_buffer();
     (result, buffer)
