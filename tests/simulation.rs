@@ -87,23 +87,21 @@ const SEEDS_PER_BUFFER: usize = 500;
 /// Longest time one seed may take (they take milliseconds).
 const SEED_WATCHDOG: std::time::Duration = std::time::Duration::from_secs(120);
 
-/// The fuzz target's corpus replays here too: its first eight bytes are a seed.
+/// The fuzz target's corpus replays here too, each input as the fuzzer ran it (its first
+/// eight bytes the seed, the rest the simulation's choices).
 #[test]
-fn fuzz_corpus_seeds_replay() {
+fn fuzz_corpus_replays() {
     let corpus = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/fetch_sim");
     let dir = tempfile::tempdir().expect("tempdir");
     let mut buffer = None;
     let mut replayed = 0;
     for entry in std::fs::read_dir(&corpus).expect("corpus directory") {
-        let bytes = std::fs::read(entry.expect("corpus entry").path()).expect("corpus file");
-        let mut seed = [0u8; 8];
-        let len = bytes.len().min(8);
-        seed[..len].copy_from_slice(&bytes[..len]);
-        let seed = u64::from_le_bytes(seed);
-        let (result, returned) = harness::run_seed(seed, dir.path().join("buffer"), buffer);
+        let path = entry.expect("corpus entry").path();
+        let input = std::fs::read(&path).expect("corpus file");
+        let (result, returned) = harness::run_input(&input, dir.path().join("buffer"), buffer);
         buffer = returned;
         if let Err(failure) = result {
-            panic!("corpus seed {seed:#x} failed: {failure}");
+            panic!("corpus input {} failed: {failure}", path.display());
         }
         replayed += 1;
     }

@@ -1,7 +1,9 @@
 //! Drives the fetch-layer simulation (`tests/sim/harness.rs`) from the fuzzer's bytes: the
-//! first eight are the seed of the whole history (faults, produce, retention, revokes,
-//! restarts). A crash prints the seed; `CATCHUP_SIM_SEED=<seed> cargo test --test simulation`
-//! replays it without the fuzzer.
+//! first eight are a seed, every later byte a choice of the history (faults, produce,
+//! retention, revokes, restarts, which fetcher polls, what the client answers), so coverage
+//! steers the decisions themselves. Histories are short (50 to 250 faulty steps) and share
+//! one buffer database, in memory where `/dev/shm` exists. `cargo test --test simulation
+//! fuzz_corpus_replays` replays the corpus (and a crash input put there) without the fuzzer.
 //!
 //! ```text
 //! cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run fetch_sim
@@ -11,18 +13,35 @@
 #[path = "../../tests/sim/harness.rs"]
 mod harness;
 
+use std::sync::Mutex;
+
+use catchup::store::Buffer;
 use libfuzzer_sys::fuzz_target;
 
-fuzz_target!(|data: &[u8]| {
-    let mut seed = [0u8; 8];
-    let len = data.len().min(8);
-    seed[..len].copy_from_slice(&data[..len]);
-    let seed = u64::from_le_bytes(seed);
-    let Ok(dir) = tempfile::tempdir() else {
+/// The buffer directory and the open buffer, shared by every input.
+static SHARED: Mutex<Option<(tempfile::TempDir, Option<Buffer>)>> = Mutex::new(None);
+
+fn scratch_dir() -> Option<tempfile::TempDir> {
+    let shm = std::path::Path::new("/dev/shm");
+    if shm.is_dir() {
+        if let Ok(dir) = tempfile::tempdir_in(shm) {
+            return Some(dir);
+        }
+    }
+    tempfile::tempdir().ok()
+}
+
+fuzz_target!(|input: &[u8]| {
+    let mut shared = SHARED.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if shared.is_none() {
+        *shared = scratch_dir().map(|dir| (dir, None));
+    }
+    let Some((dir, buffer)) = shared.as_mut() else {
         return;
     };
-    let (result, _) = harness::run_seed(seed, dir.path().join("buffer"), None);
+    let (result, returned) = harness::run_input(input, dir.path().join("buffer"), buffer.take());
+    *buffer = returned;
     if let Err(failure) = result {
-        panic!("seed {seed:#x}: {failure}");
+        panic!("{failure}");
     }
 });

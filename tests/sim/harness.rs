@@ -37,24 +37,53 @@ use catchup::store::{
     Buffer, BufferOptions, Lane, PartitionLayout, PartitionState, Record, StoreError, Timestamp,
 };
 
-/// splitmix64: small, fast, and the same everywhere.
-pub struct Rng(u64);
+/// The simulation's choices: taken from a fuzzer's bytes while they last (each choice
+/// reads as few bytes as its range needs, so coverage can steer every decision), then from
+/// splitmix64 — small, fast, and the same everywhere.
+pub struct Rng {
+    state: u64,
+    choices: Vec<u8>,
+    taken: usize,
+}
 
 impl Rng {
     pub fn new(seed: u64) -> Self {
-        Self(seed)
+        Self::with_choices(seed, &[])
+    }
+
+    /// Choices from `choices` first, then from `seed`.
+    pub fn with_choices(seed: u64, choices: &[u8]) -> Self {
+        Self {
+            state: seed,
+            choices: choices.to_vec(),
+            taken: 0,
+        }
     }
 
     pub fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
+        self.state = self.state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.state;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
         z ^ (z >> 31)
     }
 
     pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
+        let n = n.max(1);
+        let width = match n {
+            0..=0x100 => 1,
+            0x101..=0x1_0000 => 2,
+            _ => 8,
+        };
+        if self.taken + width <= self.choices.len() {
+            let bytes = &self.choices[self.taken..self.taken + width];
+            self.taken += width;
+            let value = bytes
+                .iter()
+                .fold(0u64, |value, &b| (value << 8) | u64::from(b));
+            return value % n;
+        }
+        self.next() % n
     }
 
     /// True with probability `permille`/1000.
@@ -370,7 +399,17 @@ impl Sim {
     /// A new simulation in `dir` (a buffer directory shared by sequential runs; each seed
     /// uses its own topic), or `buffer` already open there.
     pub fn new(seed: u64, dir: PathBuf, buffer: Option<Buffer>) -> Result<Self, Failure> {
-        let mut rng = Rng::new(seed);
+        Self::with_choices(seed, &[], dir, buffer)
+    }
+
+    /// A simulation whose choices come from `choices` first (a fuzzer's bytes), then `seed`.
+    pub fn with_choices(
+        seed: u64,
+        choices: &[u8],
+        dir: PathBuf,
+        buffer: Option<Buffer>,
+    ) -> Result<Self, Failure> {
+        let mut rng = Rng::with_choices(seed, choices);
         let buffer = match buffer {
             Some(buffer) => buffer,
             None => Buffer::open(&dir, BufferOptions::default()).map_err(|e| err("open", e))?,
@@ -1006,11 +1045,39 @@ pub fn run_seed(
     dir: PathBuf,
     buffer: Option<Buffer>,
 ) -> (Result<Stats, Failure>, Option<Buffer>) {
-    let mut sim = match Sim::new(seed, dir, buffer) {
+    run_choices(seed, &[], 200..1000, dir, buffer)
+}
+
+/// Runs the history a fuzzer's input describes: its first eight bytes are the seed, the rest
+/// the choices, with a short history (50 to 250 faulty steps). The fuzz target and the
+/// replay of its corpus run exactly this.
+pub fn run_input(
+    input: &[u8],
+    dir: PathBuf,
+    buffer: Option<Buffer>,
+) -> (Result<Stats, Failure>, Option<Buffer>) {
+    let mut seed = [0u8; 8];
+    let len = input.len().min(8);
+    seed[..len].copy_from_slice(&input[..len]);
+    let seed = u64::from_le_bytes(seed);
+    run_choices(seed, &input[len..], 50..250, dir, buffer)
+}
+
+/// Runs a history whose choices come from `choices` first, then `seed`, with a number of
+/// faulty steps in `steps` (then it drains); returns the buffer for the next run, without
+/// this run's partition.
+pub fn run_choices(
+    seed: u64,
+    choices: &[u8],
+    steps: std::ops::Range<u64>,
+    dir: PathBuf,
+    buffer: Option<Buffer>,
+) -> (Result<Stats, Failure>, Option<Buffer>) {
+    let mut sim = match Sim::with_choices(seed, choices, dir, buffer) {
         Ok(sim) => sim,
         Err(failure) => return (Err(failure), None),
     };
-    let steps = 200 + sim.rng.below(800);
+    let steps = steps.start + sim.rng.below(steps.end.saturating_sub(steps.start));
     let result = sim.run(steps).map(|()| Stats {
         steps: sim.steps,
         splits: sim.splits,
