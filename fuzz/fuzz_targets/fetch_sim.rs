@@ -1,7 +1,7 @@
 //! Drives the fetch-layer simulation (`tests/sim/harness.rs`) from the fuzzer's bytes: the
 //! first eight are a seed, every later byte a choice of the history (faults, produce,
 //! retention, revokes, restarts, which fetcher polls, what the client answers), so coverage
-//! steers the decisions themselves. Histories are short (50 to 250 faulty steps) and share
+//! steers the decisions themselves. Histories are short (20 to 120 faulty steps) and share
 //! one buffer database, in memory where `/dev/shm` exists. `cargo test --test simulation
 //! fuzz_corpus_replays` replays the corpus (and a crash input put there) without the fuzzer.
 //!
@@ -15,7 +15,7 @@ mod harness;
 
 use std::sync::Mutex;
 
-use catchup::store::Buffer;
+use catchup::store::{Buffer, BufferOptions};
 use libfuzzer_sys::fuzz_target;
 
 /// The buffer directory and the open buffer, shared by every input.
@@ -39,7 +39,18 @@ fuzz_target!(|input: &[u8]| {
     let Some((dir, buffer)) = shared.as_mut() else {
         return;
     };
-    let (result, returned) = harness::run_input(input, dir.path().join("buffer"), buffer.take());
+    let path = dir.path().join("buffer");
+    if buffer.is_none() {
+        // Nothing here needs durability: no periodic flush, and the largest log segments
+        // (sled hands each full one to its writer thread).
+        let options = BufferOptions {
+            flush_every_ms: None,
+            segment_bytes: 16 << 20,
+            ..BufferOptions::default()
+        };
+        *buffer = Buffer::open(&path, options).ok();
+    }
+    let (result, returned) = harness::run_input(input, path, buffer.take());
     *buffer = returned;
     if let Err(failure) = result {
         panic!("{failure}");

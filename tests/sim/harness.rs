@@ -1049,7 +1049,7 @@ pub fn run_seed(
 }
 
 /// Runs the history a fuzzer's input describes: its first eight bytes are the seed, the rest
-/// the choices, with a short history (50 to 250 faulty steps). The fuzz target and the
+/// the choices, with a short history (20 to 120 faulty steps). The fuzz target and the
 /// replay of its corpus run exactly this.
 pub fn run_input(
     input: &[u8],
@@ -1060,7 +1060,7 @@ pub fn run_input(
     let len = input.len().min(8);
     seed[..len].copy_from_slice(&input[..len]);
     let seed = u64::from_le_bytes(seed);
-    run_choices(seed, &input[len..], 50..250, dir, buffer)
+    run_choices(seed, &input[len..], 20..120, dir, buffer)
 }
 
 /// Runs a history whose choices come from `choices` first, then `seed`, with a number of
