@@ -87,6 +87,17 @@ fn demo_compares_the_three_modes() {
         );
         assert_eq!(texts(&ages, mode), 1, "{mode} in the age chart's legend");
     }
+    // Every bar carries its value (0.5 s beside 12 s is invisible as a bar alone).
+    for run in runs {
+        for figure in ["first_fresh_s", "backlog_drained_s"] {
+            let value = run[figure].as_f64().expect("a figure");
+            let label = format!("{value:.2} s");
+            assert!(
+                texts(&chart, &label) >= 1,
+                "no label {label} for {figure} in the bar chart"
+            );
+        }
+    }
     for run in runs {
         let samples = run["youngest_age_s_per_quarter_second"]
             .as_array()

@@ -245,6 +245,49 @@ mod tests {
         );
     }
 
+    /// Counts the events logged at ERROR while it is the default subscriber.
+    struct ErrorLines(Arc<std::sync::atomic::AtomicUsize>);
+
+    impl tracing::Subscriber for ErrorLines {
+        fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+            tracing::span::Id::from_u64(1)
+        }
+        fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+        fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+        fn event(&self, event: &tracing::Event<'_>) {
+            if *event.metadata().level() == tracing::Level::ERROR {
+                self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        fn enter(&self, _: &tracing::span::Id) {}
+        fn exit(&self, _: &tracing::span::Id) {}
+    }
+
+    /// A healthy run prints no ERROR line: the ends of partition the catch-up consumer asks
+    /// for, and out-of-range errors the fetchers act on, are not errors to log.
+    #[test]
+    fn fetch_signals_are_not_logged_as_errors() {
+        let health = BrokerHealth::new("g", None);
+        let count = |error: KafkaError| {
+            let lines = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            tracing::subscriber::with_default(ErrorLines(lines.clone()), || {
+                health.on_error("catchup", error, "reported by librdkafka")
+            });
+            lines.load(std::sync::atomic::Ordering::Relaxed)
+        };
+        assert_eq!(count(KafkaError::Global(RDKafkaErrorCode::PartitionEOF)), 0);
+        assert_eq!(count(KafkaError::PartitionEOF(3)), 0);
+        assert_eq!(
+            count(KafkaError::Global(RDKafkaErrorCode::AutoOffsetReset)),
+            0
+        );
+        // What nothing handles still is one.
+        assert_eq!(count(KafkaError::Global(RDKafkaErrorCode::Fatal)), 1);
+    }
+
     #[test]
     fn refused_credentials_are_announced_once_per_run_of_failures() {
         let health = BrokerHealth::new("g", None);
