@@ -39,6 +39,13 @@ const CLOSE_JOIN_AT_LEAST: Duration = Duration::from_secs(10);
 /// partitions, at least `engine::MIN_READ` each).
 const READ_AHEAD: usize = 256;
 
+/// In `Concurrent`, the fresh deliveries in a row after which the backlog gets the next one
+/// (while it has records): the catch-up lane gets at least a quarter of the deliveries, so an
+/// application slower than the live rate still works off its backlog and the split ends.
+/// Fresh-first taken literally gave it 4 % (81 of 2,298) with fresh records at 500/s and the
+/// application at 250/s: the backlog would never have merged.
+const LIVE_STREAK: u32 = 3;
+
 /// Deliveries read from the buffer and not yet handed out.
 #[derive(Default)]
 struct Reader {
@@ -46,6 +53,20 @@ struct Reader {
     queues: [VecDeque<Delivery>; 2],
     live_appends_seen: u64,
     revocations_seen: u64,
+    /// `Concurrent`: fresh deliveries since the backlog's last one.
+    live_streak: u32,
+}
+
+impl Reader {
+    /// Hands out the next delivery of queue `index`, keeping count of the fresh streak.
+    fn pop(&mut self, index: usize) -> Option<Delivery> {
+        let delivery = self.queues[index].pop_front()?;
+        self.live_streak = match index {
+            1 => self.live_streak.saturating_add(1),
+            _ => 0,
+        };
+        Some(delivery)
+    }
 }
 
 /// A Kafka consumer that does not fall behind after a crash (see the crate docs).
@@ -258,6 +279,16 @@ impl CatchupConsumer {
                 .for_each(|queue| queue.retain(|d| shared.is_current(d)));
         }
         if self.shared.config.mode == Mode::Concurrent {
+            // The backlog's turn after `LIVE_STREAK` fresh deliveries, if it has records.
+            if reader.live_streak >= LIVE_STREAK {
+                if reader.queues[0].is_empty() {
+                    self.shared
+                        .fill(&mut reader.queues, READ_AHEAD, &[Lane::Catchup])?;
+                }
+                if let Some(delivery) = reader.pop(0) {
+                    return Ok(Some(delivery));
+                }
+            }
             // Fresh first: look for new live records before handing out queued backlog.
             let live_appends = self
                 .shared
@@ -268,18 +299,16 @@ impl CatchupConsumer {
                 self.shared
                     .fill(&mut reader.queues, READ_AHEAD, &[Lane::Live])?;
             }
-            if let Some(delivery) = reader.queues[1].pop_front() {
+            if let Some(delivery) = reader.pop(1) {
                 return Ok(Some(delivery));
             }
         }
-        if let Some(delivery) = reader.queues[0].pop_front() {
+        if let Some(delivery) = reader.pop(0) {
             return Ok(Some(delivery));
         }
         self.shared
             .fill(&mut reader.queues, READ_AHEAD, &[Lane::Live, Lane::Catchup])?;
-        Ok(reader.queues[1]
-            .pop_front()
-            .or_else(|| reader.queues[0].pop_front()))
+        Ok(reader.pop(1).or_else(|| reader.pop(0)))
     }
 
     /// The deliveries as a stream; an error is its last item (`recv` would only repeat it:
