@@ -31,8 +31,8 @@ use crate::engine::telemetry;
 use crate::engine::types::{Event, Mode};
 use crate::engine::{PartitionId, PartitionRuntime, Shared, Stopped};
 use crate::fetch::{
-    AfterOutOfRange, AppendResult, FatalKind, PendingAppend, PollErrorKind, Polled,
-    classify_poll_error, fatal_kind,
+    AfterOutOfRange, AppendResult, Facts, FatalKind, PendingAppend, PollErrorKind, Polled,
+    Schedule, classify_poll_error, fatal_kind,
 };
 use crate::plan::{
     CommitWrites, Committed, Inputs, LocalAction, MainLogCommit, OffsetReset, PlanEvent, SideValue,
@@ -44,19 +44,10 @@ use crate::store::{Lane, LayoutId, PartitionState, Record, StoreError};
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long repositioning one partition of the live lane may take.
 const SEEK_TIMEOUT: Duration = Duration::from_secs(5);
-/// How often the reconciliation of a partition that failed is tried again.
-const RECONCILE_RETRY: Duration = Duration::from_secs(1);
-/// The longest wait between two reconciliation attempts that keep failing.
-const RECONCILE_RETRY_MAX: Duration = Duration::from_secs(30);
-/// How often the buffered records of partitions not assigned here are checked against the
-/// group's commits (and after every assignment).
-const PRUNE_EVERY: Duration = Duration::from_secs(10);
-/// How long that check may wait for the committed offsets.
+/// How long the check of records nobody here owns may wait for the committed offsets.
 const PRUNE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Most messages taken from one poll round before they are appended.
 const POLL_BATCH: usize = 2000;
-/// Commits brought forward by the amount processed come at most this often.
-const MIN_COMMIT_SPACING: Duration = Duration::from_millis(100);
 
 /// Requests to the live thread.
 pub(crate) enum LiveCommand {
@@ -113,9 +104,8 @@ struct Subscription {
     last_check: Option<Instant>,
 }
 
-/// How often, and how long, the live thread asks for metadata while the brokers are
-/// unreachable, to tell when they are back.
-const PROBE_EVERY: Duration = Duration::from_secs(2);
+/// How long the live thread's metadata request may take while the brokers are unreachable
+/// (asked every `fetch::schedule::PROBE_EVERY`, to tell when they are back).
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// How often a subscribed topic reported unknown is looked up in the cluster's metadata.
@@ -327,14 +317,11 @@ fn run(
 ) {
     let shared = state.shared.clone();
     let _stop_on_panic = shared.stop_on_panic("live");
-    let interval = shared.config.commit_interval;
-    let mut last_commit = Instant::now();
-    let mut last_commit_took = Duration::ZERO;
-    let mut last_retry = Instant::now();
-    let mut retry_every = RECONCILE_RETRY;
-    let mut last_prune = Instant::now();
-    let mut last_probe = Instant::now();
-    let mut pruned_at_assignment = 0;
+    let mut schedule = Schedule::new(
+        Instant::now(),
+        shared.config.commit_interval,
+        shared.config.buffer_budget_bytes,
+    );
     let mut budget = Budget::new("live", Lane::Live, shared.config.buffer_budget_bytes);
     loop {
         while let Ok(command) = commands.try_recv() {
@@ -388,105 +375,47 @@ fn run(
                 }
             }
         }
-        if commit_due(
-            last_commit.elapsed(),
-            last_commit_took,
-            interval,
-            shared.processed_since_commit(),
-            shared.config.buffer_budget_bytes,
-        ) {
+        let damaged = shared.take_damaged();
+        let due = schedule.due(
+            Instant::now(),
+            Facts {
+                processed: shared.processed_since_commit(),
+                assignments: shared.assignments.load(Ordering::Relaxed),
+                damaged: !damaged.is_empty(),
+                troubled: shared.health.is_unreachable() || shared.health.is_refusing(),
+            },
+        );
+        if due.commit {
             let started = Instant::now();
             let _ = state.commit(&consumer, None);
-            last_commit = Instant::now();
-            last_commit_took = last_commit - started;
+            schedule.committed(started, Instant::now());
         }
-        let assignments = shared.assignments.load(Ordering::Relaxed);
-        if last_prune.elapsed() >= PRUNE_EVERY || assignments != pruned_at_assignment {
+        if due.prune {
             state.prune_unowned(&consumer);
             state.compact_if_bloated();
-            last_prune = Instant::now();
-            pruned_at_assignment = assignments;
+            schedule.pruned(Instant::now(), shared.assignments.load(Ordering::Relaxed));
         }
-        let damaged = shared.take_damaged();
         if !damaged.is_empty() {
             state.refetch_damaged(&consumer, &damaged);
             damaged.iter().for_each(|key| budget.forget(key));
         }
-        // Damaged partitions are reconciled again at once, not after a backoff that other
-        // partitions ran up.
-        if !damaged.is_empty() || last_retry.elapsed() >= retry_every {
-            // Each attempt asks the brokers (up to 30 s per request while they are down):
-            // back off while it keeps failing so the live lane keeps fetching and committing.
-            retry_every = if state.retry_unreconciled(&consumer) {
-                RECONCILE_RETRY
-            } else {
-                (retry_every * 2).min(RECONCILE_RETRY_MAX)
-            };
-            last_retry = Instant::now();
+        if due.retry {
+            let settled = state.retry_unreconciled(&consumer);
+            schedule.retried(Instant::now(), settled);
         }
         // Unreachable brokers say nothing when they come back, nor refusing ones when they
-        // accept the credentials again: ask, every 2 s meanwhile (a round trip: messages
-        // polled may have been fetched before the brokers went away).
-        if (shared.health.is_unreachable() || shared.health.is_refusing())
-            && last_probe.elapsed() >= PROBE_EVERY
-        {
+        // accept the credentials again: ask (a round trip: messages polled may have been
+        // fetched before the brokers went away).
+        if due.probe {
             if consumer.fetch_metadata(None, PROBE_TIMEOUT).is_ok() {
                 shared.health.reached();
                 shared.health.accepted();
             }
-            last_probe = Instant::now();
+            schedule.probed(Instant::now());
         }
         if let Some((kind, message)) = poll_into_buffer(&consumer, &shared, &budget) {
             state.on_fatal_error(&consumer, kind, message);
         }
         budget.apply(&shared, &consumer, |_| true);
-    }
-}
-
-/// Whether to commit now: every `interval`, and sooner once an eighth of the byte budget was
-/// processed since the last commit. The buffer deletes processed records only once their
-/// commit is in Kafka, and sled keeps them in memory until then: at hundreds of MB/s a
-/// one-second interval held over 400 MiB (1 KiB records). An early commit waits at least
-/// [`MIN_COMMIT_SPACING`] and as long as the last one took (a commit asks the brokers once
-/// per partition), so early commits take at most half of the live thread's time.
-fn commit_due(
-    since_last: Duration,
-    last_took: Duration,
-    interval: Duration,
-    processed: u64,
-    budget: u64,
-) -> bool {
-    let spacing = MIN_COMMIT_SPACING.max(last_took);
-    since_last >= interval || (since_last >= spacing && processed > 0 && processed >= budget / 8)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn commits_come_every_interval_or_sooner_after_an_eighth_of_the_budget() {
-        let ms = Duration::from_millis;
-        let second = Duration::from_secs(1);
-        let budget = 256 << 20;
-        for (since_last, processed, due) in [
-            (ms(999), 0, false),
-            (ms(1000), 0, true),
-            // 32 MiB processed: sooner, but not more often than every 100 ms.
-            (ms(150), 32 << 20, true),
-            (ms(50), 32 << 20, false),
-            (ms(150), (32 << 20) - 1, false),
-        ] {
-            assert_eq!(
-                commit_due(since_last, ms(5), second, processed, budget),
-                due,
-                "{since_last:?} after the last commit, {processed} bytes processed"
-            );
-        }
-        // A commit that took 300 ms is followed by an early one 300 ms later at the soonest.
-        assert!(!commit_due(ms(299), ms(300), second, 32 << 20, budget));
-        assert!(commit_due(ms(300), ms(300), second, 32 << 20, budget));
-        // A budget too small to divide commits every interval, not every 100 ms for nothing.
-        assert!(!commit_due(ms(500), ms(1), second, 0, 7));
     }
 }

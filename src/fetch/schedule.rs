@@ -1,0 +1,243 @@
+//! When the group member's periodic work is due, with `now` passed in: commits (every
+//! interval, sooner once much was processed), the pruning of records nobody owns (every 10 s
+//! and after every assignment), retries of partitions that could not be reconciled (1 s,
+//! doubling to 30 s while they keep failing), and probes of brokers that stopped answering
+//! (every 2 s). The live thread asks [`due`](Schedule::due) each round, does what is due, and
+//! says what it did.
+
+use std::time::{Duration, Instant};
+
+/// Commits brought forward by the amount processed come at most this often.
+pub const MIN_COMMIT_SPACING: Duration = Duration::from_millis(100);
+/// How often the reconciliation of a partition that failed is tried again.
+pub const RECONCILE_RETRY: Duration = Duration::from_secs(1);
+/// The longest wait between two reconciliation attempts that keep failing.
+pub const RECONCILE_RETRY_MAX: Duration = Duration::from_secs(30);
+/// How often the buffered records of partitions not assigned here are checked against the
+/// group's commits (and after every assignment).
+pub const PRUNE_EVERY: Duration = Duration::from_secs(10);
+/// How often the brokers are asked whether they answer again while they do not.
+pub const PROBE_EVERY: Duration = Duration::from_secs(2);
+
+/// What the live thread has to do this round.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Due {
+    /// Commit what is processed.
+    pub commit: bool,
+    /// Prune records of partitions nobody here owns (and compact if bloated).
+    pub prune: bool,
+    /// Reconcile the partitions that failed again.
+    pub retry: bool,
+    /// Ask the brokers whether they answer.
+    pub probe: bool,
+}
+
+/// What the schedule needs to know of the consumer this round.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Facts {
+    /// Bytes processed since the last commit.
+    pub processed: u64,
+    /// Assignments so far (a new one prunes at once).
+    pub assignments: u64,
+    /// Partitions were found damaged: reconciled again at once, not after a backoff other
+    /// partitions ran up.
+    pub damaged: bool,
+    /// The brokers do not answer, or refuse the credentials.
+    pub troubled: bool,
+}
+
+/// The live thread's timers.
+#[derive(Debug, Clone)]
+pub struct Schedule {
+    commit_interval: Duration,
+    budget_bytes: u64,
+    last_commit: Instant,
+    last_commit_took: Duration,
+    last_retry: Instant,
+    retry_every: Duration,
+    last_prune: Instant,
+    pruned_at_assignment: u64,
+    last_probe: Instant,
+}
+
+impl Schedule {
+    /// The timers of a member started at `now` that commits every `commit_interval` and
+    /// buffers up to `budget_bytes`.
+    pub fn new(now: Instant, commit_interval: Duration, budget_bytes: u64) -> Self {
+        Self {
+            commit_interval,
+            budget_bytes,
+            last_commit: now,
+            last_commit_took: Duration::ZERO,
+            last_retry: now,
+            retry_every: RECONCILE_RETRY,
+            last_prune: now,
+            pruned_at_assignment: 0,
+            last_probe: now,
+        }
+    }
+
+    /// What is due at `now`.
+    pub fn due(&self, now: Instant, facts: Facts) -> Due {
+        let since = |then: Instant| now.saturating_duration_since(then);
+        Due {
+            commit: commit_due(
+                since(self.last_commit),
+                self.last_commit_took,
+                self.commit_interval,
+                facts.processed,
+                self.budget_bytes,
+            ),
+            prune: since(self.last_prune) >= PRUNE_EVERY
+                || facts.assignments != self.pruned_at_assignment,
+            retry: facts.damaged || since(self.last_retry) >= self.retry_every,
+            probe: facts.troubled && since(self.last_probe) >= PROBE_EVERY,
+        }
+    }
+
+    /// A commit that began at `started` ended at `now`.
+    pub fn committed(&mut self, started: Instant, now: Instant) {
+        self.last_commit = now;
+        self.last_commit_took = now.saturating_duration_since(started);
+    }
+
+    /// Pruned at `now`, with `assignments` so far.
+    pub fn pruned(&mut self, now: Instant, assignments: u64) {
+        self.last_prune = now;
+        self.pruned_at_assignment = assignments;
+    }
+
+    /// Retried at `now`; `settled`: nothing is left to reconcile. Each attempt asks the
+    /// brokers (up to 30 s per request while they are down): the wait doubles while
+    /// attempts keep failing, so the live lane keeps fetching and committing.
+    pub fn retried(&mut self, now: Instant, settled: bool) {
+        self.last_retry = now;
+        self.retry_every = if settled {
+            RECONCILE_RETRY
+        } else {
+            (self.retry_every * 2).min(RECONCILE_RETRY_MAX)
+        };
+    }
+
+    /// Probed the brokers at `now`.
+    pub fn probed(&mut self, now: Instant) {
+        self.last_probe = now;
+    }
+}
+
+/// Whether to commit now: every `interval`, and sooner once an eighth of the byte budget was
+/// processed since the last commit. The buffer deletes processed records only once their
+/// commit is in Kafka, and sled keeps them in memory until then: at hundreds of MB/s a
+/// one-second interval held over 400 MiB (1 KiB records). An early commit waits at least
+/// [`MIN_COMMIT_SPACING`] and as long as the last one took, so early commits take at most
+/// half of the live thread's time.
+fn commit_due(
+    since_last: Duration,
+    last_took: Duration,
+    interval: Duration,
+    processed: u64,
+    budget: u64,
+) -> bool {
+    let spacing = MIN_COMMIT_SPACING.max(last_took);
+    since_last >= interval || (since_last >= spacing && processed > 0 && processed >= budget / 8)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SECOND: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn commits_come_every_interval_or_sooner_after_an_eighth_of_the_budget() {
+        let ms = Duration::from_millis;
+        let budget = 256 << 20;
+        for (since_last, processed, due) in [
+            (ms(999), 0, false),
+            (ms(1000), 0, true),
+            // 32 MiB processed: sooner, but not more often than every 100 ms.
+            (ms(150), 32 << 20, true),
+            (ms(50), 32 << 20, false),
+            (ms(150), (32 << 20) - 1, false),
+        ] {
+            assert_eq!(
+                commit_due(since_last, ms(5), SECOND, processed, budget),
+                due,
+                "{since_last:?} after the last commit, {processed} bytes processed"
+            );
+        }
+        // A commit that took 300 ms is followed by an early one 300 ms later at the soonest.
+        assert!(!commit_due(ms(299), ms(300), SECOND, 32 << 20, budget));
+        assert!(commit_due(ms(300), ms(300), SECOND, 32 << 20, budget));
+        // A budget too small to divide commits every interval, not every 100 ms for nothing.
+        assert!(!commit_due(ms(500), ms(1), SECOND, 0, 7));
+    }
+
+    #[test]
+    fn the_schedule_follows_what_was_done() {
+        let start = Instant::now();
+        let at = |seconds: u64| start + Duration::from_secs(seconds);
+        let mut schedule = Schedule::new(start, SECOND, 256 << 20);
+        let quiet = Facts::default();
+        assert_eq!(
+            schedule.due(start, quiet),
+            Due::default(),
+            "nothing at once"
+        );
+
+        let due = schedule.due(at(1), quiet);
+        assert!(due.commit && due.retry && !due.prune && !due.probe);
+        schedule.committed(at(1), at(1));
+        assert!(!schedule.due(at(1), quiet).commit);
+
+        // A new assignment prunes at once; then every 10 s.
+        let assigned = Facts {
+            assignments: 1,
+            ..quiet
+        };
+        assert!(schedule.due(at(1), assigned).prune);
+        schedule.pruned(at(1), 1);
+        assert!(!schedule.due(at(10), assigned).prune);
+        assert!(schedule.due(at(11), assigned).prune);
+
+        // Brokers that do not answer are probed every 2 s.
+        let troubled = Facts {
+            troubled: true,
+            ..quiet
+        };
+        assert!(schedule.due(at(2), troubled).probe);
+        schedule.probed(at(2));
+        assert!(!schedule.due(at(3), troubled).probe);
+        assert!(schedule.due(at(4), troubled).probe);
+    }
+
+    #[test]
+    fn retries_back_off_while_they_fail_and_damage_skips_the_wait() {
+        let start = Instant::now();
+        let mut schedule = Schedule::new(start, SECOND, 256 << 20);
+        let quiet = Facts::default();
+        let mut now = start;
+        let mut waits = Vec::new();
+        for _ in 0..7 {
+            let mut waited = 0;
+            while !schedule.due(now, quiet).retry {
+                now += SECOND;
+                waited += 1;
+            }
+            waits.push(waited);
+            schedule.retried(now, false);
+        }
+        assert_eq!(waits, [1, 2, 4, 8, 16, 30, 30]);
+        let damaged = Facts {
+            damaged: true,
+            ..quiet
+        };
+        assert!(schedule.due(now, damaged).retry, "damage does not wait");
+        schedule.retried(now, true);
+        assert!(!schedule.due(now, quiet).retry);
+        assert!(
+            schedule.due(now + SECOND, quiet).retry,
+            "settled: back to 1 s"
+        );
+    }
+}
