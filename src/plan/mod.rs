@@ -4,6 +4,7 @@
 //! them directly.
 
 mod acks;
+mod assign;
 mod commit;
 mod incarnation;
 mod lag;
@@ -16,6 +17,7 @@ mod token;
 mod unowned;
 
 pub use acks::AckTracker;
+pub use assign::AssignStep;
 pub use commit::{CommitPlan, CommitWrites, Progress, plan_commit};
 pub use incarnation::incarnation_unknown;
 pub use lag::{SideStatus, TrueLag, true_lag};

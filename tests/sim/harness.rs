@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use catchup::fetch::{AfterOutOfRange, AppendResult, LanePartition, Polled as LanePolled};
 use catchup::plan::{
-    AckTracker, CommitPlan, Committed, Inputs, LocalAction, OffsetReset, PlanEvent, Progress,
+    AckTracker, AssignStep, CommitPlan, Committed, Inputs, OffsetReset, PlanEvent, Progress,
     SideEntry, SideValue, SideWrite, SplitSecret, SplitToken, plan_commit, reconcile, side_key,
 };
 use catchup::store::{
@@ -572,42 +572,45 @@ impl Sim {
                 _ => {}
             }
         }
-        if let Some(commit) = &decision.main_log {
-            self.write_main(commit.offset, commit.metadata.clone())?;
-            if self.crashes_here() {
+        // The production steps, in order, with a crash possible after each write to Kafka.
+        let key = self.side_key();
+        let steps = decision.steps()?;
+        for step in steps {
+            let buffer = self.buffer.as_ref().ok_or("buffer closed")?;
+            match step {
+                AssignStep::CommitMain(commit) => {
+                    self.write_main(commit.offset, commit.metadata.clone())?
+                }
+                AssignStep::WriteSide(entry, token) => {
+                    self.write_side(Some(entry.seal(&key, &token.secret).into_bytes()))?
+                }
+                AssignStep::TombstoneSide => self.write_side(None)?,
+                AssignStep::ReuseLocal {
+                    catchup_committed,
+                    live_committed,
+                } => {
+                    buffer
+                        .record_committed(Lane::Catchup, &self.topic, 0, catchup_committed)
+                        .and_then(|_| {
+                            buffer.record_committed(Lane::Live, &self.topic, 0, live_committed)
+                        })
+                        .map_err(|e| err("reuse", e))?;
+                }
+                AssignStep::ResetLocal { layout, .. } => {
+                    buffer
+                        .reset_partition(&self.topic, 0, layout.clone())
+                        .map_err(|e| err("layout", e))?;
+                }
+            }
+            if matches!(
+                step,
+                AssignStep::CommitMain(_) | AssignStep::WriteSide(..) | AssignStep::TombstoneSide
+            ) && self.crashes_here()
+            {
                 return self.crash();
             }
         }
-        let key = self.side_key();
-        match &decision.side {
-            SideWrite::Keep => {}
-            SideWrite::Write(entry) => {
-                let token = decision
-                    .token
-                    .ok_or("a side entry to write without a token")?;
-                self.write_side(Some(entry.seal(&key, &token.secret).into_bytes()))?;
-            }
-            SideWrite::Tombstone => self.write_side(None)?,
-        }
         let buffer = self.buffer.as_ref().ok_or("buffer closed")?;
-        match &decision.local {
-            LocalAction::Reuse {
-                catchup_committed,
-                live_committed,
-            } => {
-                buffer
-                    .record_committed(Lane::Catchup, &self.topic, 0, *catchup_committed)
-                    .and_then(|_| {
-                        buffer.record_committed(Lane::Live, &self.topic, 0, *live_committed)
-                    })
-                    .map_err(|e| err("reuse", e))?;
-            }
-            LocalAction::Reset { .. } => {
-                buffer
-                    .reset_partition(&self.topic, 0, decision.layout.clone())
-                    .map_err(|e| err("layout", e))?;
-            }
-        }
         let state = buffer
             .partition_state(&self.topic, 0)
             .map_err(|e| err("state", e))?
@@ -618,12 +621,8 @@ impl Sim {
         }
         self.token = decision.token;
         self.side_entry = decision.side_entry.clone();
-        // As the live fetcher sets it (see assign_one).
-        self.main_committed = match (&decision.main_log, &self.kafka.committed) {
-            (Some(commit), _) => commit.offset,
-            (None, Some(committed)) => committed.offset.max(self.log.low),
-            (None, None) => state.layout.live_from,
-        };
+        // As the live fetcher sets it.
+        self.main_committed = decision.main_committed(self.kafka.committed.as_ref(), self.log.low);
         self.start_fetching(&state)
     }
 

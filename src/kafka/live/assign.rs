@@ -350,61 +350,67 @@ impl LiveState {
             )
             .into());
         }
-        if let Some(commit) = &decision.main_log {
-            commit_main(consumer, topic, partition, commit.offset, &commit.metadata)?;
-        }
-        match &decision.side {
-            SideWrite::Keep => {}
-            SideWrite::Write(entry) => {
-                // Reconciliation writes an entry only with the token of the split it starts.
-                let token = decision.token.ok_or_else(|| {
-                    KafkaError::Assignment(format!(
-                        "{topic}/{partition}: a side entry to write without a split token"
-                    ))
-                })?;
-                self.side_log
-                    .write(topic, partition, Some((entry, &token.secret)))?
-            }
-            SideWrite::Tombstone => self.side_log.write(topic, partition, None)?,
-        }
-        let reuse = match &decision.local {
-            LocalAction::Reuse {
-                catchup_committed,
-                live_committed,
-            } => {
-                let buffer = &shared.buffer;
-                let reused = buffer
-                    .record_committed(Lane::Catchup, topic, partition, *catchup_committed)
-                    .and_then(|_| {
-                        buffer.record_committed(Lane::Live, topic, partition, *live_committed)
-                    })
-                    .map_err(|err| err.to_string());
-                let range = decision
-                    .local
-                    .reused_range(&decision.layout, local.as_ref());
-                if let (Ok(_), Some((from, to))) = (&reused, range) {
-                    shared.emit(Event::LocalReused {
-                        topic: topic.into(),
-                        partition,
-                        from,
-                        to,
-                    });
+        let steps = decision
+            .steps()
+            .map_err(|reason| KafkaError::Assignment(format!("{topic}/{partition}: {reason}")))?;
+        for step in steps {
+            match step {
+                AssignStep::CommitMain(commit) => {
+                    commit_main(consumer, topic, partition, commit.offset, &commit.metadata)?
                 }
-                reused
+                AssignStep::WriteSide(entry, token) => {
+                    self.side_log
+                        .write(topic, partition, Some((entry, &token.secret)))?
+                }
+                AssignStep::TombstoneSide => self.side_log.write(topic, partition, None)?,
+                AssignStep::ReuseLocal {
+                    catchup_committed,
+                    live_committed,
+                } => {
+                    let buffer = &shared.buffer;
+                    let reused = buffer
+                        .record_committed(Lane::Catchup, topic, partition, catchup_committed)
+                        .and_then(|_| {
+                            buffer.record_committed(Lane::Live, topic, partition, live_committed)
+                        });
+                    match reused {
+                        Ok(_) => {
+                            let range = decision
+                                .local
+                                .reused_range(&decision.layout, local.as_ref());
+                            if let Some((from, to)) = range {
+                                shared.emit(Event::LocalReused {
+                                    topic: topic.into(),
+                                    partition,
+                                    from,
+                                    to,
+                                });
+                            }
+                        }
+                        // What cannot be reused is fetched again.
+                        Err(err) => {
+                            shared.emit(Event::LocalDiscarded {
+                                topic: topic.into(),
+                                partition,
+                                reason: err.to_string(),
+                            });
+                            buffer.reset_partition(topic, partition, decision.layout.clone())?;
+                        }
+                    }
+                }
+                AssignStep::ResetLocal { layout, reason } => {
+                    if let Some(reason) = reason.filter(|reason| !reason.is_empty()) {
+                        shared.emit(Event::LocalDiscarded {
+                            topic: topic.into(),
+                            partition,
+                            reason: reason.to_owned(),
+                        });
+                    }
+                    shared
+                        .buffer
+                        .reset_partition(topic, partition, layout.clone())?;
+                }
             }
-            LocalAction::Reset { reason } => Err(reason.clone().unwrap_or_default()),
-        };
-        if let Err(reason) = reuse {
-            if !reason.is_empty() {
-                shared.emit(Event::LocalDiscarded {
-                    topic: topic.into(),
-                    partition,
-                    reason,
-                });
-            }
-            shared
-                .buffer
-                .reset_partition(topic, partition, decision.layout.clone())?;
         }
         let state = shared
             .buffer
@@ -412,13 +418,7 @@ impl LiveState {
             .ok_or_else(|| {
                 KafkaError::Assignment(format!("{topic}/{partition} vanished from the buffer"))
             })?;
-        let main_committed = decision.main_log.as_ref().map_or_else(
-            || {
-                main.as_ref()
-                    .map_or(state.layout.live_from, |m| m.offset.max(low))
-            },
-            |commit| commit.offset,
-        );
+        let main_committed = decision.main_committed(main.as_ref(), low);
         let layout_id = shared.buffer.layout_id(topic, partition)?.ok_or_else(|| {
             KafkaError::Assignment(format!("{topic}/{partition} vanished from the buffer"))
         })?;

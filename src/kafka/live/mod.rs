@@ -35,7 +35,7 @@ use crate::fetch::{
     Schedule, classify_poll_error, fatal_kind,
 };
 use crate::plan::{
-    CommitWrites, Committed, Inputs, LocalAction, MainLogCommit, OffsetReset, PlanEvent, SideValue,
+    AssignStep, CommitWrites, Committed, Inputs, MainLogCommit, OffsetReset, PlanEvent, SideValue,
     SideWrite, SplitSecret, SplitToken, UnownedAction, reconcile, unowned_action,
 };
 use crate::store::{Lane, LayoutId, PartitionState, Record, StoreError};
