@@ -109,5 +109,36 @@ async fn lag_during_a_split_agrees_with_the_consumer() {
         boundary - mine.catchup.processed_next
     );
     assert_eq!(partition["side_entry"], "verified");
+
+    // Without --topic, as `kafka-consumer-groups --describe`: the partitions the group
+    // committed, the same report.
+    let output = Command::new(env!("CARGO_BIN_EXE_catchup"))
+        .args([
+            "lag",
+            "--brokers",
+            &kafka.bootstrap,
+            "--group",
+            &group,
+            "--json",
+        ])
+        .output()
+        .expect("catchup lag");
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let by_group: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    assert_eq!(by_group["partitions"], report["partitions"]);
+    // A group that never committed has nothing to show.
+    let nothing = catchup::group_lag(
+        &kafka.consumer_config(&unique("lag-reader")),
+        &unique("never-committed"),
+        &[],
+        "__catchup_side",
+    )
+    .expect("group lag");
+    assert!(nothing.is_empty(), "{nothing:?}");
     consumer.close().await.expect("close");
 }

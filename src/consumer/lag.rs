@@ -25,7 +25,8 @@ pub struct PartitionLag {
     pub lag: TrueLag,
 }
 
-/// The true progress of every partition of `topics` for `group`: during a split, where
+/// The true progress of every partition of `topics` for `group` (no topics: every partition
+/// the group committed, as `kafka-consumer-groups --describe` shows): during a split, where
 /// the catch-up lane stands (the group's committed offset, which is all standard lag tools
 /// see), how much backlog is left, and where the live lane stands (the side entry,
 /// verified under the split's secret). `client` gives the connection settings;
@@ -56,6 +57,20 @@ pub fn group_lag(
         crate::kafka::create_consumer(&config, RoleContext::new(health.clone(), "lag"))
             .map_err(|e| KafkaError::client("creating the lag reader", e))?;
     let mut list = TopicPartitionList::new();
+    if topics.is_empty() {
+        // As `kafka-consumer-groups --describe`: the partitions the group committed.
+        let partitions = crate::kafka::committed_partitions(consumer.client(), group, LAG_TIMEOUT)
+            .map_err(|reason| KafkaError::Request {
+                action: "listing the group's committed offsets".into(),
+                reason,
+            })?;
+        for (topic, partition) in &partitions {
+            list.add_partition(topic, *partition);
+        }
+        if list.count() == 0 {
+            return Ok(Vec::new());
+        }
+    }
     for topic in topics {
         let metadata = consumer
             .fetch_metadata(Some(topic), LAG_TIMEOUT)

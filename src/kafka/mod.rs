@@ -4,6 +4,7 @@
 mod budget;
 mod catchup_fetcher;
 mod context;
+mod group_offsets;
 mod live;
 mod prefetch;
 mod side_log;
@@ -15,6 +16,7 @@ pub(crate) use catchup_fetcher::{CatchupCommand, CatchupFetcher};
 pub(crate) use context::{
     RoleContext, check_token_settings, create_consumer, for_role, tokens_from_hooks,
 };
+pub(crate) use group_offsets::committed_partitions;
 pub(crate) use live::{LiveCommand, LiveFetcher, Reply};
 pub(crate) use side_log::{SideLog, for_other_consumers, read_side_entries};
 
@@ -56,6 +58,14 @@ pub enum KafkaError {
     /// The assignment of a partition could not be carried out: what went wrong.
     #[error("{0}")]
     Assignment(String),
+    /// A request made through librdkafka's admin API failed.
+    #[error("Kafka: {action}: {reason}")]
+    Request {
+        /// What was being done.
+        action: String,
+        /// What librdkafka said.
+        reason: String,
+    },
 }
 
 impl KafkaError {

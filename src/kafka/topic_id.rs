@@ -10,9 +10,9 @@ use rdkafka::bindings as rd;
 use rdkafka::client::{Client, ClientContext};
 
 /// Frees a librdkafka object when dropped.
-struct Owned<T> {
-    ptr: *mut T,
-    free: unsafe extern "C" fn(*mut T),
+pub(super) struct Owned<T> {
+    pub(super) ptr: *mut T,
+    pub(super) free: unsafe extern "C" fn(*mut T),
 }
 
 impl<T> Drop for Owned<T> {
@@ -77,20 +77,7 @@ pub(crate) fn topic_ids<C: ClientContext>(
             ptr: rd::rd_kafka_queue_poll(queue.ptr, timeout_ms.saturating_add(1000)),
             free: rd::rd_kafka_event_destroy,
         };
-        if event.ptr.is_null() {
-            return Err(format!("DescribeTopics timed out after {timeout:?}"));
-        }
-        if rd::rd_kafka_event_error(event.ptr)
-            != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR
-        {
-            let reason = rd::rd_kafka_event_error_string(event.ptr);
-            let reason = if reason.is_null() {
-                "unknown error".into()
-            } else {
-                CStr::from_ptr(reason).to_string_lossy().into_owned()
-            };
-            return Err(format!("DescribeTopics failed: {reason}"));
-        }
+        admin_result(&event, "DescribeTopics", timeout)?;
         let result = rd::rd_kafka_event_DescribeTopics_result(event.ptr);
         if result.is_null() {
             return Err("DescribeTopics returned no result".into());
@@ -128,4 +115,33 @@ pub(crate) fn topic_ids<C: ClientContext>(
         }
         Ok(ids)
     }
+}
+
+/// Whether an admin request's result `event` (from `rd_kafka_queue_poll`) is a success.
+///
+/// # Safety
+/// `event.ptr` is null or a live librdkafka event.
+pub(super) unsafe fn admin_result(
+    event: &Owned<rd::rd_kafka_event_t>,
+    request: &str,
+    timeout: Duration,
+) -> Result<(), String> {
+    if event.ptr.is_null() {
+        return Err(format!("{request} timed out after {timeout:?}"));
+    }
+    // SAFETY: a live event, as the caller promises.
+    unsafe {
+        if rd::rd_kafka_event_error(event.ptr)
+            != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR
+        {
+            let reason = rd::rd_kafka_event_error_string(event.ptr);
+            let reason = if reason.is_null() {
+                "unknown error".into()
+            } else {
+                CStr::from_ptr(reason).to_string_lossy().into_owned()
+            };
+            return Err(format!("{request} failed: {reason}"));
+        }
+    }
+    Ok(())
 }

@@ -13,8 +13,9 @@ use crate::run::ConnectionArgs;
 pub struct LagArgs {
     #[command(flatten)]
     pub connection: ConnectionArgs,
-    /// Topic the group consumes (repeat for several).
-    #[arg(long = "topic", required = true)]
+    /// Topic the group consumes (repeat for several); without it, every partition the
+    /// group has committed offsets for.
+    #[arg(long = "topic")]
     pub topics: Vec<String>,
     /// The group's side topic (`{group}` is replaced by the group id).
     #[arg(long, default_value = "__catchup_side")]
@@ -31,6 +32,9 @@ pub fn lag(args: LagArgs) -> Result<(), Failure> {
     let topics: Vec<&str> = args.topics.iter().map(String::as_str).collect();
     let lags =
         catchup::group_lag(&client, group, &topics, &args.side_topic).map_err(crate::failure)?;
+    if lags.is_empty() && !args.json {
+        eprintln!("group {group} has no committed offsets");
+    }
     if args.json {
         let partitions: Vec<_> = lags.iter().map(partition_json).collect();
         println!("{}", json!({ "group": group, "partitions": partitions }));
