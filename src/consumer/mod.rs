@@ -279,15 +279,19 @@ impl CatchupConsumer {
                 .for_each(|queue| queue.retain(|d| shared.is_current(d)));
         }
         if self.shared.config.mode == Mode::Concurrent {
-            // The backlog's turn after `LIVE_STREAK` fresh deliveries, if it has records.
+            // The backlog's turn after `LIVE_STREAK` fresh deliveries, if it has records
+            // (looked for only while some backlog is not handed out: a fill takes the lock
+            // the live thread needs).
             if reader.live_streak >= LIVE_STREAK {
-                if reader.queues[0].is_empty() {
+                if reader.queues[0].is_empty() && self.shared.backlog_pending() {
                     self.shared
                         .fill(&mut reader.queues, READ_AHEAD, &[Lane::Catchup])?;
                 }
                 if let Some(delivery) = reader.pop(0) {
                     return Ok(Some(delivery));
                 }
+                // Nothing there: fresh records until the next turn.
+                reader.live_streak = 0;
             }
             // Fresh first: look for new live records before handing out queued backlog.
             let live_appends = self

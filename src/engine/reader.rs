@@ -4,6 +4,12 @@
 use super::*;
 
 impl Shared {
+    /// Whether some partition's backlog is not all handed out yet (a split whose catch-up
+    /// lane is not drained).
+    pub fn backlog_pending(&self) -> bool {
+        self.partitions().values().any(|runtime| !runtime.drained)
+    }
+
     /// Reads up to about `max` deliverable records from the buffer. `Ordered` and `Off` fill
     /// `queues[0]` in delivery order; `Concurrent` fills `queues[0]` with catch-up records
     /// and `queues[1]` with live ones, reading only `lanes`.

@@ -63,7 +63,8 @@ pub enum AfterOutOfRange {
     },
     /// The position is inside the log: the error was another partition's; it moves now.
     InsideLog,
-    /// The watermarks could not be read: the partition waits `wait` and tries again.
+    /// The watermarks could not be read: the partition waits `wait`, then moves back to its
+    /// position as after any broken chain (a real out-of-range error simply comes again).
     Unknown {
         /// Why they could not be read.
         reason: String,
@@ -169,6 +170,9 @@ impl LanePartition {
         let (low, high) = match watermarks {
             Ok(watermarks) => watermarks,
             Err(reason) => {
+                // Reading them again and again could block for good while their leader is
+                // down: move after the hold instead.
+                self.out_of_range = false;
                 return AfterOutOfRange::Unknown {
                     reason,
                     wait: self.hold.hold(now),
@@ -391,7 +395,14 @@ mod tests {
             AfterOutOfRange::Unknown { .. }
         ));
         assert!(!unknown.poll_watermarks(now));
-        assert!(unknown.poll_watermarks(now + Duration::from_secs(1)));
+        assert_eq!(unknown.poll_move(now), None, "held");
+        let later = now + Duration::from_secs(1);
+        assert!(!unknown.poll_watermarks(later), "not read again and again");
+        assert_eq!(
+            unknown.poll_move(later),
+            Some(0),
+            "moves back after the hold"
+        );
     }
 
     #[test]

@@ -6,6 +6,7 @@ mod catchup_fetcher;
 mod context;
 mod group_offsets;
 mod live;
+mod offset_commit;
 mod prefetch;
 mod side_log;
 mod topic_id;
@@ -18,6 +19,7 @@ pub(crate) use context::{
 };
 pub(crate) use group_offsets::committed_partitions;
 pub(crate) use live::{LiveCommand, LiveFetcher, Reply};
+pub(crate) use offset_commit::commit_each;
 pub(crate) use side_log::{SideLog, for_other_consumers, read_side_entries};
 
 use rdkafka::Message;

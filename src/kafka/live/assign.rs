@@ -77,7 +77,7 @@ impl LiveState {
                 return partitions.to_vec();
             }
         };
-        self.check_incarnations(consumer, partitions);
+        let undecided = self.check_incarnations(consumer, partitions);
         let side_entries = match self.side_log.read_all() {
             Ok(entries) => Some(entries),
             Err(err) => {
@@ -95,8 +95,9 @@ impl LiveState {
             let split = committed
                 .find_partition(topic, *partition)
                 .is_some_and(|e| SplitToken::decode(e.metadata()).is_some());
-            if side_entries.is_none() && split {
-                failed.push((topic.clone(), *partition));
+            let key = (topic.clone(), *partition);
+            if (side_entries.is_none() && split) || undecided.contains(&key) {
+                failed.push(key);
                 continue;
             }
             let result = self
@@ -177,7 +178,7 @@ impl LiveState {
         &self,
         consumer: &BaseConsumer<LiveContext>,
         partitions: &[PartitionId],
-    ) {
+    ) -> Vec<PartitionId> {
         let returning: Vec<PartitionId> = {
             let mut kept = self.kept();
             partitions
@@ -202,7 +203,7 @@ impl LiveState {
             topics.into_iter().collect()
         };
         if topics.is_empty() {
-            return;
+            return Vec::new();
         }
         let ids = match crate::kafka::topic_id::topic_ids(
             consumer.client(),
@@ -218,17 +219,22 @@ impl LiveState {
         // Records of a topic whose incarnation cannot be told now — kept across a revoke in
         // this process, or left by an earlier process — may be of a topic deleted and
         // recreated meanwhile, the same offsets holding other data. Refetching costs only time.
-        for (topic, partition) in crate::plan::incarnation_unknown(partitions, &topics, &ids) {
-            match self.shared.buffer.discard_partition(topic, *partition) {
+        // A partition whose records could not be dropped waits (it is reconciled again).
+        let mut undecided = Vec::new();
+        for key in crate::plan::incarnation_unknown(partitions, &topics, &ids) {
+            match self.shared.buffer.discard_partition(&key.0, key.1) {
                 Ok(false) => {}
                 Ok(true) => self.shared.emit(Event::LocalDiscarded {
-                    topic: topic.clone(),
-                    partition: *partition,
+                    topic: key.0.clone(),
+                    partition: key.1,
                     reason: "the topic's id (its incarnation) cannot be read now, so nothing proves the buffered records are of the topic as it is".into(),
                 }),
-                Err(err) => self.shared.emit(Event::Error {
-                    message: err.to_string(),
-                }),
+                Err(err) => {
+                    self.shared.emit(Event::Error {
+                        message: err.to_string(),
+                    });
+                    undecided.push(key.clone());
+                }
             }
         }
         for (topic, id) in ids {
@@ -267,9 +273,12 @@ impl LiveState {
                     self.shared.emit(Event::Error {
                         message: err.to_string(),
                     });
+                    // Not recorded: what is buffered of the topic is not proven its own.
+                    undecided.extend(partitions.iter().filter(|(t, _)| *t == topic).cloned());
                 }
             }
         }
+        undecided
     }
 
     pub(super) fn checked(&self, topic: String) {
@@ -452,9 +461,10 @@ impl LiveState {
     }
 }
 
-/// The watermarks of `partitions`, read concurrently, each within
-/// [`ASSIGN_WATERMARKS_TIMEOUT`]: an assignment with offline partitions costs one timeout, not
-/// one per partition.
+/// The watermarks of `partitions`, read concurrently (up to `WATERMARK_READERS` at a time),
+/// each within [`ASSIGN_WATERMARKS_TIMEOUT`]: offline partitions cost one timeout per group
+/// of readers, not one per partition. A reader that cannot be started or panics reads
+/// nothing: that partition waits and is tried again.
 pub(super) fn read_watermarks(
     consumer: &BaseConsumer<LiveContext>,
     partitions: &[PartitionId],
@@ -465,18 +475,21 @@ pub(super) fn read_watermarks(
             let readers: Vec<_> = group
                 .iter()
                 .map(|(topic, partition)| {
-                    scope.spawn(move || {
-                        consumer.fetch_watermarks(topic, *partition, ASSIGN_WATERMARKS_TIMEOUT)
-                    })
+                    std::thread::Builder::new()
+                        .name("catchup-watermarks".into())
+                        .spawn_scoped(scope, move || {
+                            consumer.fetch_watermarks(topic, *partition, ASSIGN_WATERMARKS_TIMEOUT)
+                        })
                 })
                 .collect();
             for reader in readers {
-                // A reader that panicked reads nothing: the partition waits and is retried.
-                watermarks.push(
-                    reader
+                let read = match reader {
+                    Ok(reader) => reader
                         .join()
                         .unwrap_or(Err(rdkafka::error::KafkaError::Canceled)),
-                );
+                    Err(_) => Err(rdkafka::error::KafkaError::Canceled),
+                };
+                watermarks.push(read);
             }
         });
     }

@@ -55,14 +55,35 @@ impl LiveState {
             .zip(&writes)
             .filter_map(|(pending, writes)| Some((&pending.partition, writes.main.as_ref()?)))
             .collect();
-        let main_result = commit_main_all(consumer, &mains);
-        let main_ok = main_result.is_ok();
-        let main_done = |writes: &CommitWrites| writes.main.is_none() || main_ok;
+        // Partitions whose main-log write failed: none of their writes after it happen.
+        let mut first_error = None;
+        let refused: Vec<PartitionId> = match commit_main_all(consumer, &mains) {
+            Ok(refused) => refused
+                .into_iter()
+                .map(|(key, err)| {
+                    self.shared.emit(Event::Error {
+                        message: err.to_string(),
+                    });
+                    first_error.get_or_insert(err);
+                    key
+                })
+                .collect(),
+            Err(err) => {
+                self.shared.emit(Event::Error {
+                    message: err.to_string(),
+                });
+                first_error = Some(err);
+                mains.iter().map(|(key, _)| (*key).clone()).collect()
+            }
+        };
+        let main_done = |partition: &PartitionId, writes: &CommitWrites| {
+            writes.main.is_none() || !refused.contains(partition)
+        };
         let sides: Vec<(usize, SideLogWrite<'_>)> = pending
             .iter()
             .zip(&writes)
             .enumerate()
-            .filter(|(_, (_, writes))| main_done(writes))
+            .filter(|(_, (pending, writes))| main_done(&pending.partition, writes))
             .filter_map(|(index, (pending, writes))| {
                 let (topic, partition) = (pending.partition.0.as_str(), pending.partition.1);
                 let entry = match &writes.side {
@@ -79,13 +100,6 @@ impl LiveState {
             .map(|(index, _)| *index)
             .zip(self.side_log.write_all(&side_entries))
             .collect();
-        let mut first_error = None;
-        if let Err(err) = main_result {
-            self.shared.emit(Event::Error {
-                message: err.to_string(),
-            });
-            first_error = Some(err);
-        }
         for (index, (pending, writes)) in pending.iter().zip(&writes).enumerate() {
             let side_failed = match side_results.iter().position(|(at, _)| *at == index) {
                 Some(at) => side_results.swap_remove(at).1.err(),
@@ -98,7 +112,7 @@ impl LiveState {
                 first_error.get_or_insert(err);
                 continue;
             }
-            if !main_done(writes) {
+            if !main_done(&pending.partition, writes) {
                 continue;
             }
             if let Err(err) = self.shared.commit_applied(pending) {
@@ -114,6 +128,7 @@ impl LiveState {
     }
 }
 
+/// Commits one partition's offset and metadata (an assignment's main-log step).
 pub(super) fn commit_main(
     consumer: &BaseConsumer<LiveContext>,
     topic: &str,
@@ -126,16 +141,22 @@ pub(super) fn commit_main(
         offset,
         metadata: metadata.to_owned(),
     };
-    commit_main_all(consumer, &[(&key, &commit)])
+    match commit_main_all(consumer, &[(&key, &commit)])?.pop() {
+        Some((_, err)) => Err(err),
+        None => Ok(()),
+    }
 }
 
-/// Commits every partition's offset and metadata in one OffsetCommit request.
+/// Commits every partition's offset and metadata in one OffsetCommit request, waiting at
+/// most `REQUEST_TIMEOUT`. Returns the partitions whose commit the broker refused, with why
+/// (empty: all committed); an error when the request as a whole failed (nothing counts as
+/// committed).
 pub(super) fn commit_main_all(
     consumer: &BaseConsumer<LiveContext>,
     commits: &[(&PartitionId, &MainLogCommit)],
-) -> Result<(), KafkaError> {
+) -> Result<Vec<(PartitionId, KafkaError)>, KafkaError> {
     if commits.is_empty() {
-        return Ok(());
+        return Ok(Vec::new());
     }
     let mut tpl = TopicPartitionList::new();
     for ((topic, partition), commit) in commits {
@@ -145,13 +166,29 @@ pub(super) fn commit_main_all(
             element.set_metadata(&commit.metadata);
         }
     }
-    let what = match commits {
+    let what = |commits: &[(&PartitionId, &MainLogCommit)]| match commits {
         [((topic, partition), commit)] => {
             format!("committing {topic}/{partition} at {}", commit.offset)
         }
         _ => format!("committing {} partitions", commits.len()),
     };
-    consumer
-        .commit(&tpl, CommitMode::Sync)
-        .map_err(|e| KafkaError::client(&what, e))
+    let outcomes =
+        crate::kafka::commit_each(consumer.client(), &tpl, REQUEST_TIMEOUT).map_err(|reason| {
+            KafkaError::Request {
+                action: what(commits),
+                reason,
+            }
+        })?;
+    Ok(commits
+        .iter()
+        .filter_map(|&(key, commit)| {
+            // A partition the answer does not name is not known to be committed.
+            let reason = outcomes
+                .get(key)
+                .cloned()
+                .unwrap_or_else(|| Some("not in the broker's answer".into()))?;
+            let action = what(&[(key, commit)]);
+            Some((key.clone(), KafkaError::Request { action, reason }))
+        })
+        .collect())
 }

@@ -245,9 +245,17 @@ pub(super) fn reassign_at(
     (topic, partition): &PartitionId,
     at: i64,
 ) -> Result<(), rdkafka::error::KafkaError> {
-    let mut only = TopicPartitionList::new();
-    only.add_partition(topic, *partition);
-    consumer.incremental_unassign(&only)?;
+    // An earlier attempt may have unassigned it and failed to assign it again: unassigning
+    // what is not assigned is refused, which would keep it from ever being assigned.
+    let assigned = consumer
+        .assignment()?
+        .find_partition(topic, *partition)
+        .is_some();
+    if assigned {
+        let mut only = TopicPartitionList::new();
+        only.add_partition(topic, *partition);
+        consumer.incremental_unassign(&only)?;
+    }
     let mut at_offset = TopicPartitionList::new();
     at_offset.add_partition_offset(topic, *partition, Offset::Offset(at))?;
     consumer.incremental_assign(&at_offset)
@@ -350,10 +358,12 @@ fn judge_out_of_range(consumer: &BaseConsumer<LiveContext>, shared: &Shared) {
         .filter(|(_, runtime)| runtime.live.poll_watermarks(now))
         .map(|(key, runtime)| (key.clone(), runtime.live.cursor().layout()))
         .collect();
-    for (key, layout) in waiting {
-        let watermarks = consumer
-            .fetch_watermarks(&key.0, key.1, REQUEST_TIMEOUT)
-            .map_err(|err| err.to_string());
+    // Read concurrently, 5 s each: partitions whose leader is down must not hold the live
+    // thread (its time between polls counts against max.poll.interval.ms).
+    let keys: Vec<PartitionId> = waiting.iter().map(|(key, _)| key.clone()).collect();
+    let watermarks = read_watermarks(consumer, &keys);
+    for ((key, layout), watermarks) in waiting.into_iter().zip(watermarks) {
+        let watermarks = watermarks.map_err(|err| err.to_string());
         let after = {
             let mut runtimes = shared.partitions();
             match runtimes.get_mut(&key) {

@@ -273,8 +273,18 @@ impl LiveState {
                 });
             }
         }
-        // While not ours the topic may be deleted and recreated: checked again on return.
+        // While not ours the topic may be deleted and recreated: checked again on return, and
+        // at the next assignment of any of its partitions.
         self.kept().extend(partitions.iter().cloned());
+        {
+            let mut checked = self
+                .incarnations_checked
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            for (topic, _) in &partitions {
+                checked.remove(topic);
+            }
+        }
         // Not ours to refetch any more, should the reader have found it damaged meanwhile.
         self.shared.forget_damaged(&partitions);
         self.shared.emit(Event::Revoked { partitions, lost });
