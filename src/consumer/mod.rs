@@ -240,7 +240,7 @@ impl CatchupConsumer {
 
     /// The next delivery, handed out: with [`CatchupConfig::auto_ack`] it counts as processed
     /// from here on — not before, so records still queued when a partition is revoked or the
-    /// consumer closes are never committed (finding F3).
+    /// consumer closes are never committed.
     fn next_ready(&self, reader: &mut Reader) -> Result<Option<Delivery>, Error> {
         // A failed buffer write stopped the fetchers: say so rather than wait for records
         // that will never come.

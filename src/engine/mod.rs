@@ -58,7 +58,7 @@ pub(crate) struct PartitionRuntime {
     drained: bool,
     /// Per lane, bytes fetched and not yet acknowledged (for the byte budget). Signed: the
     /// reader may acknowledge a record before its fetcher has counted the append that
-    /// stored it, and the two must cancel out whatever their order (finding F7).
+    /// stored it, and the two must cancel out whatever their order.
     buffered_bytes: [i64; 2],
     /// Per lane, records below this were in the buffer before this assignment and were never
     /// counted: their acks free nothing from the counters.
@@ -154,7 +154,7 @@ pub(crate) struct Shared {
     processed_since_commit: AtomicU64,
     /// Partitions whose buffered records failed verification on read: taken off the reader,
     /// waiting for the live thread to discard them and refetch from Kafka (DESIGN
-    /// invariant 7; store audit R1).
+    /// invariant 7).
     damaged: Mutex<BTreeSet<PartitionId>>,
     events: broadcast::Sender<Event>,
     /// Round-robin start for fairness across partitions.

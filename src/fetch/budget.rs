@@ -22,7 +22,7 @@ pub struct PauseChange<K> {
 /// partition whose bytes in its lane exceed one share and resumes it at half a share. A
 /// partition is paused only for its own bytes: in `Ordered` mode a split partition whose live
 /// records cannot be delivered before its backlog pauses its own live lane, never the
-/// others' (finding F14).
+/// others'.
 #[derive(Debug, Clone, Default)]
 pub struct PausePolicy<K> {
     paused: BTreeSet<K>,

@@ -219,7 +219,7 @@ pub fn reconcile(inputs: &Inputs<'_>) -> Decision {
     let mut decision = reconcile_offsets(inputs);
     // Without a commit in Kafka nothing ties the local records to this incarnation of the
     // topic: a topic deleted and recreated numbers its offsets from 0 again, with other data,
-    // and Kafka drops the group's offsets with it (finding F8). Never reuse them then;
+    // and Kafka drops the group's offsets with it. Never reuse them then;
     // refetching costs only time.
     if inputs.committed.is_none() && matches!(decision.local, LocalAction::Reuse { .. }) {
         decision.local = LocalAction::Reset {
@@ -327,7 +327,7 @@ fn reconcile_offsets(inputs: &Inputs<'_>) -> Decision {
         SideWrite::Keep
     };
     // A commit the log no longer reaches is replaced in the main log too, or the group would
-    // keep the stale offset until the live lane passed it (finding F10).
+    // keep the stale offset until the live lane passed it.
     let rewrite_main = SplitToken::is_any_version(metadata)
         || inputs.committed.is_some_and(|c| c.offset > inputs.high);
     fresh(inputs, committed, rewrite_main, side, next_epoch, events)

@@ -1,5 +1,5 @@
 //! Records of a partition this member does not own: kept while a reassignment could still
-//! reuse them, discarded once the group's commit shows they never can (store audit D1).
+//! reuse them, discarded once the group's commit shows they never can.
 //!
 //! A revoke keeps a partition's records (an eager rebalance or a rolling restart hands most
 //! partitions straight back), and so does a crash (the partitions a restarted member held

@@ -21,7 +21,7 @@ const HEADER_LEN: usize = 5;
 /// The most bytes one decode may claim: above any chunk `append` stores (it refuses a
 /// larger one) and above any record librdkafka can hand out (`receive.message.max.bytes` is
 /// at most 1,000,000,000). It bounds what a length prefix can make us allocate — one that
-/// passed the checksum, so written that way (store audit U1: the limit was 64 MiB, and a
+/// passed the checksum, so written that way (the limit was once 64 MiB, and a
 /// larger record, possible with a raised `message.max.bytes`, encoded but never decoded).
 pub const DECODE_LIMIT: usize = 1 << 30;
 

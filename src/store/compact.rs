@@ -1,8 +1,8 @@
 //! Giving disk back: how many bytes the buffer stores, and the copy into a fresh generation.
 //!
 //! sled reuses the space of deleted entries for new ones but never shrinks its files while
-//! a live page sits near their end, so a drained buffer keeps its peak size (store audit
-//! D1), and even a full one carries up to 2–3× its entries in garbage awaiting sled's
+//! a live page sits near their end, so a drained buffer keeps its peak size, and
+//! even a full one carries up to 2–3× its entries in garbage awaiting sled's
 //! cleaner. [`Buffer::compact`] copies every entry into a new sled database in a new
 //! generation directory and switches to it (see `generation`); the old files go once no
 //! read holds them. [`Buffer::compact_if_bloated`] decides when: the directory holds more

@@ -7,7 +7,7 @@ use std::path::Path;
 
 /// Creates `dir` and its missing parents, owner-only (0700): a buffer holds message payloads.
 /// An existing directory is left as it is. The parent of each directory created is fsynced,
-/// so the new directory's entry survives a power loss (store audit C4).
+/// so the new directory's entry survives a power loss.
 pub(crate) fn create_private_dir(dir: &Path) -> io::Result<()> {
     let missing: Vec<&Path> = dir
         .ancestors()
@@ -27,7 +27,7 @@ pub(crate) fn create_private_dir(dir: &Path) -> io::Result<()> {
 /// fsyncs every file under `dir`, every subdirectory, and `dir` itself, so that both the
 /// data and the directory entries naming it survive a power loss. Subdirectories (sled's
 /// `blobs/`) go first and sled's log `db` last, so the log never becomes durable before
-/// the blob files it points to (store audit C5). Callers must treat an error as final for
+/// the blob files it points to. Callers must treat an error as final for
 /// the handle: after a failed fsync the kernel may have dropped the dirty pages, and a retry
 /// can succeed without them.
 pub(crate) fn sync_tree(dir: &Path) -> io::Result<()> {

@@ -1,6 +1,6 @@
 //! Which sled database in a buffer directory is the current one.
 //!
-//! sled never gives disk back while a database lives (store audit D1: a drained buffer kept
+//! sled never gives disk back while a database lives (a drained buffer kept
 //! its peak size), so [`Buffer::compact`](super::Buffer::compact) copies what is buffered
 //! into a fresh database — a *generation* — and switches to it. A buffer starts with its
 //! database directly in the directory (every buffer of an earlier version is laid out so);

@@ -95,7 +95,7 @@ impl Buffer {
                         std::thread::sleep(std::time::Duration::from_millis(10));
                     }
                     // `inspect`, `dump` or `verify` copying the buffer holds it for as long as
-                    // the copy takes: wait for it rather than fail (store audit S1).
+                    // the copy takes: wait for it rather than fail.
                     Err(StoreError::Locked { .. })
                         if std::time::Instant::now() < tool_deadline
                             && snapshot::held_by_reader(dir) =>

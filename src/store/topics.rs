@@ -51,8 +51,8 @@ impl Buffer {
     }
 
     /// Removes the entries of topics nothing is buffered for any more (every partition
-    /// discarded or pruned): their name-to-id mapping and incarnation record (store audit
-    /// D3). Only at open, before any writer: a writer resolves a topic's id before taking
+    /// discarded or pruned): their name-to-id mapping and incarnation record. Only
+    /// at open, before any writer: a writer resolves a topic's id before taking
     /// the partition's lock, so removing a mapping while writers run could orphan records.
     pub(super) fn forget_unused_topics(&self) -> Result<(), StoreError> {
         let db = self.db()?;

@@ -269,7 +269,7 @@ impl LiveFetcher {
         }
         // Where a group without a commit starts is decided at assignment (reconciliation),
         // from the user's setting with librdkafka's default (the log end). Past that the
-        // client must never jump by itself: a reset would skip records silently (F9), so an
+        // client must never jump by itself: a reset would skip records silently, so an
         // out-of-range position is an error the fetcher handles, with an event.
         let reset = match config.get("auto.offset.reset") {
             Some("earliest") | Some("smallest") | Some("beginning") => OffsetReset::Earliest,
