@@ -51,7 +51,7 @@ pub mod store;
 
 pub use consumer::{
     CatchupConfig, CatchupConsumer, ClientHooks, Delivery, DeliveryHeaders, DeliveryLane,
-    DiskFloor, Event, Mode, PartitionBuffer, PartitionLag, SideStatus, TrueLag, group_lag,
+    DiskFloor, Event, Health, Mode, PartitionBuffer, PartitionLag, SideStatus, TrueLag, group_lag,
 };
 pub use error::Error;
 pub use kafka::KafkaError;

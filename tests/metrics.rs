@@ -41,7 +41,12 @@ async fn a_split_reports_its_metrics() {
         consumer.ack(&delivery);
     }
     wait_for_event(&mut events, WAIT, |e| matches!(e, Event::Merged { .. })).await;
+    let health = consumer.health();
+    assert!(health.is_healthy(), "{health:?}");
     consumer.close().await.expect("close");
+    let health = consumer.health();
+    assert!(!health.is_healthy());
+    assert_eq!(health.stopped.as_deref(), Some("the consumer was closed"));
 
     let snapshot = snapshotter.snapshot().into_vec();
     let value = |name: &str, lane: Option<&str>| {
@@ -156,6 +161,11 @@ async fn catchup_run_serves_prometheus_metrics() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
+    // The consumer is open and the brokers answer: healthy.
+    let (status, body) = get(port, "/healthz").expect("GET /healthz");
+    assert_eq!((status.as_str(), body.as_str()), ("200", "ok\n"));
+    let (status, _) = get(port, "/nothing").expect("GET /nothing");
+    assert_eq!(status, "404");
     let _ = child.kill();
     let _ = child.wait();
     assert!(
@@ -164,16 +174,27 @@ async fn catchup_run_serves_prometheus_metrics() {
     );
 }
 
-/// The body of `GET /metrics` on 127.0.0.1:`port` (plain HTTP/1.0).
+/// The body of `GET /metrics` on 127.0.0.1:`port`.
 fn scrape(port: u16) -> std::io::Result<String> {
+    get(port, "/metrics").map(|(_, body)| body)
+}
+
+/// The status code and body of `GET path` on 127.0.0.1:`port` (plain HTTP/1.0).
+fn get(port: u16, path: &str) -> std::io::Result<(String, String)> {
     use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    stream.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
     let mut response = String::new();
     stream.read_to_string(&mut response)?;
-    Ok(response
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or_default()
+        .to_owned();
+    let body = response
         .split_once("\r\n\r\n")
         .map(|(_, body)| body.to_owned())
-        .unwrap_or_default())
+        .unwrap_or_default();
+    Ok((status, body))
 }

@@ -17,8 +17,8 @@ use tokio::sync::Mutex as AsyncMutex;
 use tokio::sync::broadcast;
 
 pub use crate::engine::types::{
-    CatchupConfig, ClientHooks, Delivery, DeliveryHeaders, DeliveryLane, Event, LaneBuffer, Mode,
-    PartitionBuffer,
+    CatchupConfig, ClientHooks, Delivery, DeliveryHeaders, DeliveryLane, Event, Health, LaneBuffer,
+    Mode, PartitionBuffer,
 };
 pub use crate::fetch::DiskFloor;
 
@@ -247,12 +247,7 @@ impl CatchupConsumer {
         if self.closed.load(std::sync::atomic::Ordering::Relaxed) {
             return Err(Error::Closed);
         }
-        let failure = self
-            .shared
-            .failure()
-            .map(Error::from)
-            .or_else(|| self.shared.stopped().map(Error::from));
-        if let Some(failure) = failure {
+        if let Some(failure) = self.stop_reason() {
             return Err(failure);
         }
         let delivery = self.next_queued(reader)?;
@@ -485,6 +480,38 @@ impl CatchupConsumer {
     /// checks, next to [`Event::BrokersUnreachable`] and [`Event::BrokersReachable`].
     pub fn brokers_reachable(&self) -> bool {
         !self.shared.health.is_unreachable()
+    }
+
+    /// What a health check (a `/healthz` endpoint, a liveness probe) needs: whether the
+    /// brokers answer and whether something stopped the consumer for good.
+    ///
+    /// ```no_run
+    /// # async fn check(consumer: &catchup::CatchupConsumer) {
+    /// let health = consumer.health();
+    /// if !health.is_healthy() {
+    ///     eprintln!("unhealthy: {health:?}");
+    /// }
+    /// # }
+    /// ```
+    pub fn health(&self) -> Health {
+        let stopped = if self.closed.load(std::sync::atomic::Ordering::Relaxed) {
+            Some(Error::Closed)
+        } else {
+            self.stop_reason()
+        };
+        Health {
+            brokers_reachable: self.brokers_reachable(),
+            stopped: stopped.map(|error| error.to_string()),
+        }
+    }
+
+    /// What stopped the consumer for good, as `recv` reports it: a failed write to the
+    /// buffer first, else a condition on the Kafka side.
+    fn stop_reason(&self) -> Option<Error> {
+        self.shared
+            .failure()
+            .map(Error::from)
+            .or_else(|| self.shared.stopped().map(Error::from))
     }
 }
 

@@ -485,6 +485,24 @@ pub struct LaneBuffer {
     pub lag: i64,
 }
 
+/// What a health check asks of a consumer ([`CatchupConsumer::health`](crate::CatchupConsumer::health)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Health {
+    /// Whether the brokers answer, as the consumer's clients last reported it.
+    pub brokers_reachable: bool,
+    /// Why the consumer stopped for good, if it did: what `recv` returns (closed, a failed
+    /// write to the buffer, a missing topic, refused credentials, a fetcher that died).
+    pub stopped: Option<String>,
+}
+
+impl Health {
+    /// Whether the consumer is working: the brokers answer and nothing stopped it.
+    pub fn is_healthy(&self) -> bool {
+        self.brokers_reachable && self.stopped.is_none()
+    }
+}
+
 /// What is buffered for one partition ([`CatchupConsumer::buffers`](crate::CatchupConsumer::buffers)).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PartitionBuffer {

@@ -9,6 +9,7 @@ mod inspect;
 mod lag;
 mod run;
 mod schema;
+mod serve;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

@@ -65,7 +65,9 @@ pub struct RunArgs {
     /// committed offsets and the log ends.
     #[arg(long)]
     pub exit_when_idle: Option<u64>,
-    /// Serve the consumer's metrics in Prometheus' text format at `http://HOST:PORT/metrics`.
+    /// Serve the consumer's metrics in Prometheus' text format at `http://HOST:PORT/metrics`,
+    /// and `/healthz` (200 while the brokers answer and nothing stopped the consumer, else
+    /// 503 with the reason).
     #[arg(long)]
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// Exit 1 when the brokers cannot be reached for this many seconds — at the start, or
@@ -475,12 +477,10 @@ pub async fn run(args: RunArgs) -> Result<(), Failure> {
         disk_allowance_bytes: args.disk_allowance_mib.saturating_mul(1 << 20),
         ..CatchupConfig::new(&args.buffer_dir)
     };
-    if let Some(addr) = args.metrics_addr {
-        metrics_exporter_prometheus::PrometheusBuilder::new()
-            .with_http_listener(addr)
-            .install()
-            .map_err(|e| Failure::Usage(format!("serving metrics on {addr}: {e}")))?;
-    }
+    let probe = match args.metrics_addr {
+        Some(addr) => Some(crate::serve::serve(addr).await?),
+        None => None,
+    };
     let connect_timeout = args.connect_timeout.map(Duration::from_secs);
     // Opening checks the side topic on the brokers (about a minute when they do not answer).
     let opening = CatchupConsumer::connect(&client, config);
@@ -493,6 +493,9 @@ pub async fn run(args: RunArgs) -> Result<(), Failure> {
     }
     .map_err(crate::failure)?;
     let consumer = Arc::new(consumer);
+    if let Some(probe) = &probe {
+        let _ = probe.set(consumer.clone());
+    }
     if let Some(limit) = connect_timeout {
         watch_brokers(&consumer, limit, brokers);
     }
