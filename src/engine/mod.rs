@@ -291,6 +291,7 @@ impl Shared {
 
     pub fn emit(&self, event: Event) {
         tracing::debug!(?event, "catchup event");
+        telemetry::event(&self.group, &event);
         let _ = self.events.send(event); // no subscriber is fine
     }
 

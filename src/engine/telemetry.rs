@@ -12,10 +12,15 @@
 //! | `catchup_merges_total` | counter | merges | group |
 //! | `catchup_buffer_compactions_total` | counter | compactions | group |
 //! | `catchup_broker_errors_total` | counter | errors | group |
+//! | `catchup_truncated_offsets_total` | counter | offsets | group, topic |
+//! | `catchup_stale_state_total` | counter | decisions | group, topic |
+//! | `catchup_partitions_discarded_total` | counter | partitions | group, topic |
 
 use metrics::{
     Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
 };
+
+use super::types::Event;
 
 /// Records fetched into the buffer (after the buffer proved them), per lane.
 pub const RECORDS_FETCHED: &str = "catchup_records_fetched_total";
@@ -33,6 +38,13 @@ pub const MERGES: &str = "catchup_merges_total";
 pub const COMPACTIONS: &str = "catchup_buffer_compactions_total";
 /// Connection failures the clients reported (they retry by themselves).
 pub const BROKER_ERRORS: &str = "catchup_broker_errors_total";
+/// Offsets retention deleted before they were processed (`Event::Truncated`).
+pub const TRUNCATED_OFFSETS: &str = "catchup_truncated_offsets_total";
+/// Side entries or split tokens found stale and not trusted (`Event::StaleState`).
+pub const STALE_STATE: &str = "catchup_stale_state_total";
+/// Partitions whose buffered records were discarded and fetched again
+/// (`Event::LocalDiscarded`).
+pub const PARTITIONS_DISCARDED: &str = "catchup_partitions_discarded_total";
 
 /// Registers the description and unit of every metric with the installed recorder (once
 /// per process is enough; again is harmless).
@@ -77,6 +89,41 @@ pub fn describe() {
         Unit::Count,
         "Broker connection failures the clients reported"
     );
+    describe_counter!(
+        TRUNCATED_OFFSETS,
+        Unit::Count,
+        "Offsets retention deleted before they were processed"
+    );
+    describe_counter!(
+        STALE_STATE,
+        Unit::Count,
+        "Side entries or split tokens found stale and not trusted"
+    );
+    describe_counter!(
+        PARTITIONS_DISCARDED,
+        Unit::Count,
+        "Partitions whose buffered records were discarded and fetched again"
+    );
+}
+
+/// Counts what an event tells that operators alert on: offsets lost to retention, stale
+/// state, discarded partitions.
+pub fn event(group: &str, event: &Event) {
+    match event {
+        Event::Truncated {
+            topic, from, to, ..
+        } => counter!(TRUNCATED_OFFSETS, "group" => group.to_owned(), "topic" => topic.clone())
+            .increment(u64::try_from(to - from).unwrap_or(0)),
+        Event::StaleState { topic, .. } => {
+            counter!(STALE_STATE, "group" => group.to_owned(), "topic" => topic.clone())
+                .increment(1)
+        }
+        Event::LocalDiscarded { topic, .. } => {
+            counter!(PARTITIONS_DISCARDED, "group" => group.to_owned(), "topic" => topic.clone())
+                .increment(1)
+        }
+        _ => {}
+    }
 }
 
 pub fn records_fetched(group: &str, lane: &'static str, records: u64) {
@@ -106,4 +153,66 @@ pub fn compacted(group: &str) {
 
 pub fn broker_error(group: &str) {
     counter!(BROKER_ERRORS, "group" => group.to_owned()).increment(1);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    #[test]
+    fn events_operators_alert_on_are_counted() {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        metrics::with_local_recorder(&recorder, || {
+            event(
+                "g",
+                &Event::Truncated {
+                    topic: "orders".into(),
+                    partition: 0,
+                    from: 100,
+                    to: 250,
+                },
+            );
+            event(
+                "g",
+                &Event::StaleState {
+                    topic: "orders".into(),
+                    partition: 1,
+                    what: "a side entry of another split".into(),
+                },
+            );
+            for partition in 0..2 {
+                event(
+                    "g",
+                    &Event::LocalDiscarded {
+                        topic: "orders".into(),
+                        partition,
+                        reason: "damaged".into(),
+                    },
+                );
+            }
+            event("g", &Event::BrokersReachable);
+        });
+        let counters: Vec<(String, u64)> = snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .filter_map(|(key, _, _, value)| match value {
+                DebugValue::Counter(count) => Some((key.key().name().to_owned(), count)),
+                _ => None,
+            })
+            .collect();
+        for (name, expected) in [
+            (TRUNCATED_OFFSETS, 150),
+            (STALE_STATE, 1),
+            (PARTITIONS_DISCARDED, 2),
+        ] {
+            assert!(
+                counters.contains(&(name.to_owned(), expected)),
+                "{name} should be {expected}: {counters:?}"
+            );
+        }
+        assert_eq!(counters.len(), 3, "nothing else is counted: {counters:?}");
+    }
 }
