@@ -60,6 +60,12 @@ impl Hold {
         self.until.is_some_and(|until| now < until)
     }
 
+    /// How long the hold lasts from `now` (zero when it does not hold).
+    pub fn remaining(&self, now: Instant) -> Duration {
+        self.until
+            .map_or(Duration::ZERO, |until| until.saturating_duration_since(now))
+    }
+
     /// The position is inside the log again: no wait, and the next hold starts short.
     pub fn release(&mut self) {
         *self = Self::default();
@@ -93,6 +99,11 @@ mod tests {
         let waits: Vec<u64> = (0..7).map(|_| hold.hold(start).as_secs()).collect();
         assert_eq!(waits, [1, 2, 4, 8, 16, 30, 30]);
         assert!(hold.holds(start + Duration::from_secs(29)));
+        assert_eq!(
+            hold.remaining(start + Duration::from_secs(29)),
+            Duration::from_secs(1)
+        );
+        assert_eq!(hold.remaining(start + HOLD_MAX), Duration::ZERO);
         assert!(!hold.holds(start + HOLD_MAX));
         hold.release();
         assert!(!hold.holds(start));

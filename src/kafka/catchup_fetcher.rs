@@ -20,17 +20,13 @@ use crate::engine::telemetry;
 use crate::engine::types::Event;
 use crate::engine::{PartitionId, Shared};
 use crate::fetch::{
-    AfterOutOfRange, AppendResult, LanePartition, PendingAppend, PollErrorKind, Polled,
+    AfterOutOfRange, AppendResult, Hold, LanePartition, PendingAppend, PollErrorKind, Polled,
     classify_poll_error,
 };
 use crate::store::{Lane, LayoutId, OffsetRange, StoreError};
 
 const POLL_BATCH: usize = 2000;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
-/// The first wait after the catch-up consumer could not be created; it doubles up to
-/// `CREATE_BACKOFF_MAX` while creation keeps failing.
-const CREATE_BACKOFF: Duration = Duration::from_secs(1);
-const CREATE_BACKOFF_MAX: Duration = Duration::from_secs(30);
 
 /// Requests to the catch-up thread.
 pub(crate) enum CatchupCommand {
@@ -88,7 +84,7 @@ impl CatchupFetcher {
                     config,
                     shared,
                     consumer: None,
-                    create_retry: None,
+                    create_hold: Hold::default(),
                     tracked: HashMap::new(),
                     budget: Budget::new("catch-up", Lane::Catchup, budget),
                 }
@@ -106,9 +102,10 @@ struct Fetcher {
     config: ClientConfig,
     shared: Arc<Shared>,
     consumer: Option<Arc<BaseConsumer<RoleContext>>>,
-    /// After a failed creation of the consumer: when to try again, and the wait after that.
-    /// The partitions stay tracked meanwhile (a dropped `Add` is never sent again).
-    create_retry: Option<(Instant, Duration)>,
+    /// After a failed creation of the consumer: no attempt before it ends (1 s, doubling to
+    /// 30 s while creation keeps failing). The partitions stay tracked meanwhile (a dropped
+    /// `Add` is never sent again).
+    create_hold: Hold,
     tracked: HashMap<PartitionId, Tracked>,
     budget: Budget,
 }
@@ -121,12 +118,11 @@ impl Fetcher {
         loop {
             let idle = if self.tracked.is_empty() {
                 self.consumer = None; // none left: leave the brokers alone
-                self.create_retry = None;
+                self.create_hold.release();
                 Some(Duration::from_secs(1))
             } else if self.consumer.is_none() {
                 // Waiting to create the consumer again: only commands can change anything.
-                let retry_at = self.create_retry.map(|(at, _)| at);
-                retry_at.map(|at| at.saturating_duration_since(Instant::now()))
+                Some(self.create_hold.remaining(Instant::now()))
             } else {
                 None
             };
@@ -208,7 +204,7 @@ impl Fetcher {
         if self.consumer.is_some() {
             return true;
         }
-        if self.create_retry.is_some_and(|(at, _)| Instant::now() < at) {
+        if self.create_hold.holds(Instant::now()) {
             return false;
         }
         let context = RoleContext::new(self.shared.health.clone(), "catchup");
@@ -231,12 +227,10 @@ impl Fetcher {
         match super::create_consumer(&config, context) {
             Ok(consumer) => {
                 self.consumer = Some(Arc::new(consumer));
-                self.create_retry = None;
+                self.create_hold.release();
             }
             Err(err) => {
-                let wait = self.create_retry.map_or(CREATE_BACKOFF, |(_, wait)| wait);
-                self.create_retry =
-                    Some((Instant::now() + wait, (wait * 2).min(CREATE_BACKOFF_MAX)));
+                let wait = self.create_hold.hold(Instant::now());
                 self.error(format!(
                     "creating the catch-up consumer: {err}; its partitions wait, retrying in {} s",
                     wait.as_secs()
@@ -588,7 +582,7 @@ mod tests {
             config,
             shared,
             consumer: None,
-            create_retry: None,
+            create_hold: Hold::default(),
             tracked: HashMap::new(),
             budget: Budget::new("catch-up", Lane::Catchup, 1 << 20),
         };
@@ -622,7 +616,7 @@ mod tests {
 
         // The settings work again and the next attempt is due.
         fetcher.config.set("session.timeout.ms", "45000");
-        fetcher.create_retry = fetcher.create_retry.map(|(_, wait)| (Instant::now(), wait));
+        fetcher.create_hold.release();
         assert!(fetcher.fetch().is_ok());
         let consumer = fetcher.consumer.clone().expect("created on the retry");
         let assignment = consumer.assignment().expect("assignment");

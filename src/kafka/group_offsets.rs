@@ -2,13 +2,13 @@
 //! finds them: librdkafka's `ListConsumerGroupOffsets` without a partition list, which
 //! rust-rdkafka does not wrap, called through the bindings on a client's own handle.
 
-use std::ffi::{CStr, CString, c_char};
+use std::ffi::CString;
 use std::time::Duration;
 
 use rdkafka::bindings as rd;
 use rdkafka::client::{Client, ClientContext};
 
-use super::topic_id::{Owned, admin_result};
+use super::ffi::{Owned, admin_options, admin_result, poll_event, queue, text};
 
 /// Every `(topic, partition)` `group` has a committed offset for, sorted.
 pub(crate) fn committed_partitions<C: ClientContext>(
@@ -18,36 +18,23 @@ pub(crate) fn committed_partitions<C: ClientContext>(
 ) -> Result<Vec<(String, i32)>, String> {
     let group_id = CString::new(group).map_err(|_| format!("group id {group:?} holds NUL"))?;
     let rk = client.native_ptr();
-    let timeout_ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
     // SAFETY: every pointer passed is either from librdkafka (and freed by `Owned`) or
     // borrowed from `group_id`, which outlives the calls (librdkafka copies it); the request
     // array holds one live request for the duration of the call.
     unsafe {
-        let queue = Owned {
-            ptr: rd::rd_kafka_queue_new(rk),
-            free: rd::rd_kafka_queue_destroy,
-        };
+        let queue = queue(rk)?;
+        let options = admin_options(
+            rk,
+            rd::rd_kafka_admin_op_t::RD_KAFKA_ADMIN_OP_LISTCONSUMERGROUPOFFSETS,
+            timeout,
+        )?;
         let request = Owned {
             ptr: rd::rd_kafka_ListConsumerGroupOffsets_new(group_id.as_ptr(), std::ptr::null()),
             free: rd::rd_kafka_ListConsumerGroupOffsets_destroy,
         };
-        let options = Owned {
-            ptr: rd::rd_kafka_AdminOptions_new(
-                rk,
-                rd::rd_kafka_admin_op_t::RD_KAFKA_ADMIN_OP_LISTCONSUMERGROUPOFFSETS,
-            ),
-            free: rd::rd_kafka_AdminOptions_destroy,
-        };
-        if queue.ptr.is_null() || request.ptr.is_null() || options.ptr.is_null() {
+        if request.ptr.is_null() {
             return Err("librdkafka could not allocate a ListConsumerGroupOffsets request".into());
         }
-        let mut errstr = [0 as c_char; 256];
-        rd::rd_kafka_AdminOptions_set_request_timeout(
-            options.ptr,
-            timeout_ms,
-            errstr.as_mut_ptr(),
-            errstr.len(),
-        );
         let mut requests = [request.ptr];
         rd::rd_kafka_ListConsumerGroupOffsets(
             rk,
@@ -56,10 +43,7 @@ pub(crate) fn committed_partitions<C: ClientContext>(
             options.ptr,
             queue.ptr,
         );
-        let event = Owned {
-            ptr: rd::rd_kafka_queue_poll(queue.ptr, timeout_ms.saturating_add(1000)),
-            free: rd::rd_kafka_event_destroy,
-        };
+        let event = poll_event(&queue, timeout + Duration::from_secs(1));
         admin_result(&event, "ListConsumerGroupOffsets", timeout)?;
         let result = rd::rd_kafka_event_ListConsumerGroupOffsets_result(event.ptr);
         if result.is_null() {
@@ -75,12 +59,7 @@ pub(crate) fn committed_partitions<C: ClientContext>(
             }
             let error = rd::rd_kafka_group_result_error(group_result);
             if !error.is_null() {
-                let reason = rd::rd_kafka_error_string(error);
-                let reason = if reason.is_null() {
-                    "unknown error".into()
-                } else {
-                    CStr::from_ptr(reason).to_string_lossy().into_owned()
-                };
+                let reason = text(rd::rd_kafka_error_string(error));
                 return Err(format!("the offsets of group {group}: {reason}"));
             }
             let list = rd::rd_kafka_group_result_partitions(group_result);
@@ -95,7 +74,7 @@ pub(crate) fn committed_partitions<C: ClientContext>(
                 if element.topic.is_null() || element.offset < 0 {
                     continue;
                 }
-                let topic = CStr::from_ptr(element.topic).to_string_lossy().into_owned();
+                let topic = text(element.topic);
                 partitions.push((topic, element.partition));
             }
         }

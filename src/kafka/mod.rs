@@ -4,6 +4,7 @@
 mod budget;
 mod catchup_fetcher;
 mod context;
+mod ffi;
 mod group_offsets;
 mod live;
 mod offset_commit;

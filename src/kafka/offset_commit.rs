@@ -5,14 +5,13 @@
 //! timeout of ours.
 
 use std::collections::HashMap;
-use std::ffi::CStr;
 use std::time::Duration;
 
 use rdkafka::TopicPartitionList;
 use rdkafka::bindings as rd;
 use rdkafka::client::{Client, ClientContext};
 
-use super::topic_id::Owned;
+use super::ffi::{error_text, poll_event, queue, text};
 
 /// Commits `offsets` (their offsets and metadata) and returns, per `(topic, partition)`, why
 /// its commit failed (`None`: committed). An error when the request as a whole failed or did
@@ -24,27 +23,17 @@ pub(crate) fn commit_each<C: ClientContext>(
     timeout: Duration,
 ) -> Result<HashMap<(String, i32), Option<String>>, String> {
     let rk = client.native_ptr();
-    let timeout_ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
     // SAFETY: the queue is librdkafka's and freed by `Owned`; `offsets` outlives the call
     // (librdkafka copies it); the event is freed by `Owned` and its partition list belongs to
     // it, read before the event is freed.
     unsafe {
-        let queue = Owned {
-            ptr: rd::rd_kafka_queue_new(rk),
-            free: rd::rd_kafka_queue_destroy,
-        };
-        if queue.ptr.is_null() {
-            return Err("librdkafka could not allocate a queue for the commit".into());
-        }
+        let queue = queue(rk)?;
         let err =
             rd::rd_kafka_commit_queue(rk, offsets.ptr(), queue.ptr, None, std::ptr::null_mut());
         if err != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
             return Err(error_text(err));
         }
-        let event = Owned {
-            ptr: rd::rd_kafka_queue_poll(queue.ptr, timeout_ms),
-            free: rd::rd_kafka_event_destroy,
-        };
+        let event = poll_event(&queue, timeout);
         if event.ptr.is_null() {
             return Err(format!("no answer within {timeout:?}"));
         }
@@ -65,7 +54,7 @@ pub(crate) fn commit_each<C: ClientContext>(
             if element.topic.is_null() {
                 continue;
             }
-            let topic = CStr::from_ptr(element.topic).to_string_lossy().into_owned();
+            let topic = text(element.topic);
             let outcome = match element.err {
                 rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR => None,
                 err => Some(error_text(err)),
@@ -73,17 +62,5 @@ pub(crate) fn commit_each<C: ClientContext>(
             outcomes.insert((topic, element.partition), outcome);
         }
         Ok(outcomes)
-    }
-}
-
-fn error_text(err: rd::rd_kafka_resp_err_t) -> String {
-    // SAFETY: librdkafka returns a static string for every error code.
-    unsafe {
-        let text = rd::rd_kafka_err2str(err);
-        if text.is_null() {
-            format!("{err:?}")
-        } else {
-            CStr::from_ptr(text).to_string_lossy().into_owned()
-        }
     }
 }

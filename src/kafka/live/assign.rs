@@ -461,41 +461,6 @@ impl LiveState {
     }
 }
 
-/// The watermarks of `partitions`, read concurrently (up to `WATERMARK_READERS` at a time),
-/// each within [`ASSIGN_WATERMARKS_TIMEOUT`]: offline partitions cost one timeout per group
-/// of readers, not one per partition. A reader that cannot be started or panics reads
-/// nothing: that partition waits and is tried again.
-pub(super) fn read_watermarks(
-    consumer: &BaseConsumer<LiveContext>,
-    partitions: &[PartitionId],
-) -> Vec<rdkafka::error::KafkaResult<(i64, i64)>> {
-    let mut watermarks = Vec::with_capacity(partitions.len());
-    for group in partitions.chunks(WATERMARK_READERS) {
-        std::thread::scope(|scope| {
-            let readers: Vec<_> = group
-                .iter()
-                .map(|(topic, partition)| {
-                    std::thread::Builder::new()
-                        .name("catchup-watermarks".into())
-                        .spawn_scoped(scope, move || {
-                            consumer.fetch_watermarks(topic, *partition, ASSIGN_WATERMARKS_TIMEOUT)
-                        })
-                })
-                .collect();
-            for reader in readers {
-                let read = match reader {
-                    Ok(reader) => reader
-                        .join()
-                        .unwrap_or(Err(rdkafka::error::KafkaError::Canceled)),
-                    Err(_) => Err(rdkafka::error::KafkaError::Canceled),
-                };
-                watermarks.push(read);
-            }
-        });
-    }
-    watermarks
-}
-
 pub(super) fn plan_event(topic: &str, partition: i32, event: &PlanEvent) -> Event {
     let topic = topic.to_owned();
     match *event {
