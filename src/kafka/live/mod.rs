@@ -71,7 +71,11 @@ pub(crate) struct LiveState {
     side_log: SideLog,
     catchup: Sender<CatchupCommand>,
     reset: OffsetReset,
+    /// A simulated crash: revokes leave Kafka and the buffer as they are.
     abandoned: AtomicBool,
+    /// The member is leaving the group (closing, or abandoned): assignments still delivered
+    /// are not reconciled (see `rebalance`).
+    leaving: AtomicBool,
     /// Assigned partitions whose reconciliation failed (committed offsets or the side log
     /// unreadable, a write refused): paused, with no runtime, retried from the live loop
     /// (findings F6, F13).
@@ -170,6 +174,21 @@ impl ConsumerContext for LiveContext {
             RebalanceProtocol::Cooperative
         );
         let result = match err {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS
+                if self.state.leaving.load(Ordering::Relaxed) =>
+            {
+                // Nothing is fetched for the group any more, and reconciling would ask the
+                // coordinator for committed offsets while the member leaves: under the
+                // consumer protocol that request waits out its whole timeout, and a close or
+                // a drop with it. Taken paused, without a runtime: nothing is committed for
+                // them, and the revoke that follows finds nothing to do.
+                let assigned = if cooperative {
+                    consumer.incremental_assign(tpl)
+                } else {
+                    consumer.assign(tpl)
+                };
+                assigned.and_then(|()| consumer.pause(tpl))
+            }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
                 let deferred = self.state.on_assign(consumer, tpl);
                 let assigned = if cooperative {
@@ -285,6 +304,7 @@ impl LiveFetcher {
             catchup,
             reset,
             abandoned: AtomicBool::new(false),
+            leaving: AtomicBool::new(false),
             unreconciled: Mutex::new(BTreeSet::new()),
             incarnations_checked: Mutex::new(BTreeSet::new()),
             kept: Mutex::new(BTreeSet::new()),
@@ -354,6 +374,7 @@ fn run(
                 LiveCommand::Close(reply) => {
                     state.finish_compaction();
                     let result = state.commit(&consumer, None);
+                    state.leaving.store(true, Ordering::Relaxed);
                     consumer.unsubscribe();
                     // Serve the revocation this triggers before the consumer goes.
                     let deadline = Instant::now() + REQUEST_TIMEOUT;
@@ -369,6 +390,7 @@ fn run(
                 LiveCommand::Abandon => {
                     state.finish_compaction();
                     state.abandoned.store(true, Ordering::Relaxed);
+                    state.leaving.store(true, Ordering::Relaxed);
                     return;
                 }
             }
