@@ -16,6 +16,7 @@ mod disk;
 mod hold;
 mod lane;
 mod poll_error;
+mod round;
 mod schedule;
 
 pub use budget::{PauseChange, PausePolicy};
@@ -24,4 +25,5 @@ pub use disk::{DiskChange, DiskFloor, DiskGuard, DiskSpace};
 pub use hold::{HOLD_FIRST, HOLD_MAX, Hold, Standing, standing};
 pub use lane::{AfterOutOfRange, LanePartition, Polled};
 pub use poll_error::{FatalKind, PollErrorKind, classify_poll_error, fatal_kind};
+pub use round::Round;
 pub use schedule::{Due, Facts, Schedule};

@@ -21,7 +21,7 @@ use crate::engine::types::Event;
 use crate::engine::{PartitionId, Shared};
 use crate::fetch::{
     AfterOutOfRange, AppendResult, Hold, LanePartition, PendingAppend, PollErrorKind, Polled,
-    classify_poll_error,
+    Round, classify_poll_error,
 };
 use crate::store::{Lane, LayoutId, OffsetRange, StoreError};
 
@@ -295,11 +295,11 @@ impl Fetcher {
             // Nothing anywhere: serve callbacks and wait a little on the main queue.
             self.poll_main(&consumer, Duration::from_millis(20), &mut polled);
         }
-        for (key, polled) in polled {
-            if let Some(tracked) = self.tracked.get_mut(&key) {
-                tracked.lane.handle_polled(polled);
-            }
-        }
+        polled.feed(
+            self.tracked
+                .iter_mut()
+                .map(|(key, tracked)| (key, &mut tracked.lane)),
+        );
         // Positions move past offsets without records (compaction, transaction markers);
         // each lane decides whether its generation's position can be trusted.
         let positions = consumer
@@ -330,8 +330,8 @@ impl Fetcher {
     /// Polls the main queue (callbacks, and messages fetched before a queue was split) and
     /// every partition queue, up to `POLL_BATCH` each. Errors end a queue's turn, never the
     /// round: what was polled before them is kept.
-    fn poll_round(&self, consumer: &BaseConsumer<RoleContext>) -> Vec<(PartitionId, Polled)> {
-        let mut polled = Vec::new();
+    fn poll_round(&self, consumer: &BaseConsumer<RoleContext>) -> Round<PartitionId> {
+        let mut polled = Round::new();
         self.poll_main(consumer, Duration::ZERO, &mut polled);
         for (key, queue) in self
             .tracked
@@ -352,10 +352,10 @@ impl Fetcher {
             }
             // What came before an error stays, in front of it.
             if !records.is_empty() {
-                polled.push((key.clone(), Polled::Messages(records)));
+                polled.push(Some(key.clone()), Polled::Messages(records));
             }
             if let Some(event) = error {
-                polled.push((key.clone(), event));
+                polled.push(Some(key.clone()), event);
             }
         }
         polled
@@ -365,21 +365,21 @@ impl Fetcher {
         &self,
         consumer: &BaseConsumer<RoleContext>,
         timeout: Duration,
-        polled: &mut Vec<(PartitionId, Polled)>,
+        polled: &mut Round<PartitionId>,
     ) {
         match consumer.poll(timeout) {
             None => {}
-            Some(Ok(message)) => polled.push((
-                (message.topic().to_owned(), message.partition()),
+            Some(Ok(message)) => polled.push(
+                Some((message.topic().to_owned(), message.partition())),
                 Polled::Messages(vec![to_record(&message)]),
-            )),
+            ),
             Some(Err(err)) => {
                 // The main queue does not say which partition an error is about: every
                 // chain that could be affected ends.
                 if let Some(event @ (Polled::OutOfRange | Polled::BreaksChain)) =
                     self.partition_error(None, &err)
                 {
-                    polled.extend(self.tracked.keys().map(|key| (key.clone(), event.clone())));
+                    polled.push(None, event);
                 }
             }
         }

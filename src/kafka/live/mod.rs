@@ -19,7 +19,6 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance, RebalanceProtocol};
-use rdkafka::message::BorrowedMessage;
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientConfig, ClientContext, Message, Offset, TopicPartitionList};
 
@@ -30,13 +29,13 @@ use crate::engine::types::{Event, Mode};
 use crate::engine::{PartitionId, PartitionRuntime, Shared, Stopped};
 use crate::fetch::{
     AfterOutOfRange, AppendResult, Facts, FatalKind, PendingAppend, PollErrorKind, Polled,
-    Schedule, classify_poll_error, fatal_kind,
+    Round, Schedule, classify_poll_error, fatal_kind,
 };
 use crate::plan::{
     AssignStep, CommitWrites, Committed, Inputs, MainLogCommit, OffsetReset, PlanEvent, SideValue,
     SideWrite, SplitSecret, SplitToken, UnownedAction, reconcile, unowned_action,
 };
-use crate::store::{Lane, LayoutId, PartitionState, Record, StoreError};
+use crate::store::{Lane, LayoutId, PartitionState, StoreError};
 
 /// Timeout of one broker request made during a rebalance or a commit.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);

@@ -13,19 +13,20 @@ pub(super) fn poll_into_buffer(
     shared: &Shared,
     budget: &Budget,
 ) -> Option<(FatalKind, String)> {
-    let round = poll_round(consumer, shared);
-    let fatal = round.fatal.clone();
+    let LiveRound { polled, fatal } = poll_round(consumer, shared);
     // Positions move past offsets without records (transaction markers, compaction); each
     // cursor decides whether its generation's position can be trusted.
     let positions = consumer.position().ok();
     let appends: Vec<(PartitionId, PendingAppend)> = {
         let mut partitions = shared.partitions();
-        for (key, records) in round.messages {
-            // Not (or no longer) ours: a rebalance in this round took it away.
-            if let Some(runtime) = partitions.get_mut(&key) {
-                runtime.live.handle_polled(Polled::Messages(records));
-            }
-        }
+        // What was polled for a partition a rebalance of this round took away is dropped;
+        // an error naming no partition ends every chain (and after an out-of-range error
+        // every partition's watermarks tell whose it was).
+        polled.feed(
+            partitions
+                .iter_mut()
+                .map(|(key, runtime)| (key, &mut runtime.live)),
+        );
         for element in positions.iter().flat_map(|list| list.elements()) {
             let key = (element.topic().to_owned(), element.partition());
             if let (Offset::Offset(position), Some(runtime)) =
@@ -36,16 +37,7 @@ pub(super) fn poll_into_buffer(
         }
         partitions
             .iter_mut()
-            .filter_map(|(key, runtime)| {
-                // The error names no partition: every chain ends, and after an out-of-range
-                // error every partition's watermarks tell whose it was.
-                if round.out_of_range {
-                    runtime.live.handle_polled(Polled::OutOfRange);
-                } else if round.chain_broken {
-                    runtime.live.break_chain();
-                }
-                runtime.live.poll_append().map(|a| (key.clone(), a))
-            })
+            .filter_map(|(key, runtime)| runtime.live.poll_append().map(|a| (key.clone(), a)))
             .collect()
     };
     let mut stored = false;
@@ -66,33 +58,11 @@ pub(super) fn poll_into_buffer(
 /// What one round of `poll` brought.
 #[derive(Default)]
 pub(super) struct LiveRound {
-    /// Polled records in runs of one partition, in the order polled.
-    messages: Vec<(PartitionId, Vec<Record>)>,
-    /// An error that may have skipped messages ended the round.
-    chain_broken: bool,
-    /// That error was an out-of-range position.
-    out_of_range: bool,
+    /// Messages in runs of one partition, and the error that ended the round (the group
+    /// member's errors name no partition).
+    polled: Round<PartitionId>,
     /// That error is one polling on does not get past (an unknown topic, access refused).
     fatal: Option<(FatalKind, String)>,
-}
-
-impl LiveRound {
-    /// Adds a polled message to the run of its partition (messages come in runs of one
-    /// partition: one topic name per run, not per message).
-    pub(super) fn push(&mut self, message: &BorrowedMessage<'_>) {
-        let record = to_record(message);
-        match self.messages.last_mut() {
-            Some(((topic, partition), run))
-                if *partition == message.partition() && topic == message.topic() =>
-            {
-                run.push(record)
-            }
-            _ => self.messages.push((
-                (message.topic().to_owned(), message.partition()),
-                vec![record],
-            )),
-        }
-    }
 }
 
 pub(super) fn poll_round(consumer: &BaseConsumer<LiveContext>, shared: &Shared) -> LiveRound {
@@ -101,7 +71,11 @@ pub(super) fn poll_round(consumer: &BaseConsumer<LiveContext>, shared: &Shared) 
     for _ in 0..POLL_BATCH {
         match consumer.poll(timeout) {
             None => break,
-            Some(Ok(message)) => round.push(&message),
+            Some(Ok(message)) => round.polled.push_record(
+                to_record(&message),
+                |(topic, partition)| *partition == message.partition() && topic == message.topic(),
+                || (message.topic().to_owned(), message.partition()),
+            ),
             // An error is not the end of what was polled (DESIGN §6): what came before it
             // stays in the round.
             Some(Err(err)) => match classify_poll_error(&err) {
@@ -112,8 +86,7 @@ pub(super) fn poll_round(consumer: &BaseConsumer<LiveContext>, shared: &Shared) 
                 }
                 PollErrorKind::OutOfRange => {
                     tracing::warn!(%err, "live fetch: position out of range");
-                    round.chain_broken = true;
-                    round.out_of_range = true;
+                    round.polled.push(None, Polled::OutOfRange);
                     break;
                 }
                 PollErrorKind::BreaksChain => {
@@ -124,7 +97,7 @@ pub(super) fn poll_round(consumer: &BaseConsumer<LiveContext>, shared: &Shared) 
                             "live fetch: {err}; refetching from the buffer's positions"
                         ),
                     });
-                    round.chain_broken = true;
+                    round.polled.push(None, Polled::BreaksChain);
                     break;
                 }
             },

@@ -1,0 +1,199 @@
+//! One poll round of a consumer that fetches several partitions, as their lanes must be told
+//! it (`docs/design.md`, "The lane fetcher"). The client hands out messages in runs of one
+//! partition, and some of its errors name no partition at all (the group member's
+//! out-of-range error, an error on the catch-up consumer's main queue): such an error may be
+//! any partition's, so it ends the chain of every lane, at the point it was polled. Both
+//! fetchers and the simulation collect a round here and feed it with [`Round::feed`].
+
+use std::collections::BTreeMap;
+
+use super::lane::{LanePartition, Polled};
+use crate::store::Record;
+
+/// What one round of polls brought, in the order polled.
+#[derive(Debug)]
+pub struct Round<K> {
+    /// `None`: an event that names no partition.
+    polled: Vec<(Option<K>, Polled)>,
+}
+
+impl<K> Default for Round<K> {
+    fn default() -> Self {
+        Self { polled: Vec::new() }
+    }
+}
+
+impl<K: Ord + Clone> Round<K> {
+    /// An empty round.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Whether nothing was polled.
+    pub fn is_empty(&self) -> bool {
+        self.polled.is_empty()
+    }
+
+    /// A polled message of the partition `is_key` recognises: it joins the run polled just
+    /// before it when that run is the same partition's, else starts one under `key()` (so a
+    /// key is built once per run, not per message).
+    pub fn push_record(
+        &mut self,
+        record: Record,
+        is_key: impl FnOnce(&K) -> bool,
+        key: impl FnOnce() -> K,
+    ) {
+        if let Some((Some(last), Polled::Messages(run))) = self.polled.last_mut() {
+            if is_key(last) {
+                run.push(record);
+                return;
+            }
+        }
+        self.polled
+            .push((Some(key()), Polled::Messages(vec![record])));
+    }
+
+    /// What a poll brought for the partition `key`, or (`None`) for whichever partition it
+    /// was: such an event reaches every lane.
+    pub fn push(&mut self, key: Option<K>, polled: Polled) {
+        match (polled, self.polled.last_mut()) {
+            (Polled::Messages(records), Some((Some(last), Polled::Messages(run))))
+                if key.as_ref() == Some(last) =>
+            {
+                run.extend(records)
+            }
+            (polled, _) => self.polled.push((key, polled)),
+        }
+    }
+
+    /// Whether an event that names no partition was polled.
+    pub fn has_unnamed(&self) -> bool {
+        self.polled.iter().any(|(key, _)| key.is_none())
+    }
+
+    /// Feeds the round to `lanes`: each lane gets what was polled for it and every event
+    /// that named no partition, in the order polled. What was polled for a partition without
+    /// a lane (revoked during the round, or never ours) is dropped.
+    pub fn feed<'a>(self, lanes: impl IntoIterator<Item = (&'a K, &'a mut LanePartition)>)
+    where
+        K: 'a,
+    {
+        let mut named: BTreeMap<K, Vec<(usize, Polled)>> = BTreeMap::new();
+        let mut unnamed: Vec<(usize, Polled)> = Vec::new();
+        for (index, (key, polled)) in self.polled.into_iter().enumerate() {
+            match key {
+                Some(key) => named.entry(key).or_default().push((index, polled)),
+                None => unnamed.push((index, polled)),
+            }
+        }
+        for (key, lane) in lanes {
+            let own = named.remove(key).unwrap_or_default();
+            let mut own = own.into_iter().peekable();
+            for (index, event) in &unnamed {
+                while let Some((_, polled)) = own.next_if(|(at, _)| at < index) {
+                    lane.handle_polled(polled);
+                }
+                lane.handle_polled(event.clone());
+            }
+            own.for_each(|(_, polled)| lane.handle_polled(polled));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fetch::AppendResult;
+    use crate::store::{LayoutId, Timestamp};
+
+    fn record(offset: i64) -> Record {
+        Record {
+            offset,
+            timestamp: Timestamp::NotAvailable,
+            key: None,
+            payload: Some(vec![1]),
+            headers: Vec::new(),
+        }
+    }
+
+    fn lanes(count: i32) -> BTreeMap<i32, LanePartition> {
+        (0..count)
+            .map(|partition| (partition, LanePartition::live(LayoutId(1), 0)))
+            .collect()
+    }
+
+    /// Each lane's proven append after the round, as (from, to) of what it covers.
+    fn appends(lanes: &mut BTreeMap<i32, LanePartition>) -> Vec<Option<(i64, i64)>> {
+        lanes
+            .values_mut()
+            .map(|lane| {
+                let append = lane.poll_append()?;
+                let covered = (append.continues_from, append.next);
+                lane.handle_appended(AppendResult::Stored {
+                    fetched_next: append.next,
+                });
+                Some(covered)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn messages_reach_their_own_partition_in_runs() {
+        let mut round = Round::new();
+        for (partition, offset) in [(0, 0), (0, 1), (1, 0), (0, 2)] {
+            round.push_record(record(offset), |key| *key == partition, || partition);
+        }
+        assert_eq!(round.polled.len(), 3, "runs of one partition");
+        let mut lanes = lanes(3);
+        round.feed(lanes.iter_mut());
+        assert_eq!(appends(&mut lanes), vec![Some((0, 3)), Some((0, 1)), None]);
+    }
+
+    #[test]
+    fn an_unnamed_error_ends_every_chain_where_it_was_polled() {
+        // Partition 0 polled 0 and 1, then an error naming no partition, then 2 (which the
+        // error may have skipped something before); partition 1 polled nothing.
+        let mut round = Round::new();
+        round.push(Some(0), Polled::Messages(vec![record(0), record(1)]));
+        round.push(None, Polled::BreaksChain);
+        round.push(Some(0), Polled::Messages(vec![record(2)]));
+        assert!(round.has_unnamed());
+        let mut lanes = lanes(2);
+        round.feed(lanes.iter_mut());
+        // What came before the error is proven; nothing after it is, on any lane.
+        assert_eq!(appends(&mut lanes), vec![Some((0, 2)), None]);
+        for lane in lanes.values() {
+            assert!(lane.cursor().reposition().is_some(), "every chain ended");
+        }
+    }
+
+    #[test]
+    fn an_unnamed_out_of_range_error_asks_every_lane_for_its_watermarks() {
+        let mut round: Round<i32> = Round::new();
+        round.push(None, Polled::OutOfRange);
+        let mut lanes = lanes(3);
+        round.feed(lanes.iter_mut());
+        let now = std::time::Instant::now();
+        assert!(lanes.values().all(|lane| lane.poll_watermarks(now)));
+    }
+
+    #[test]
+    fn a_named_error_ends_only_its_own_chain() {
+        let mut round = Round::new();
+        round.push(Some(1), Polled::BreaksChain);
+        round.push(Some(0), Polled::Messages(vec![record(0)]));
+        let mut lanes = lanes(2);
+        round.feed(lanes.iter_mut());
+        assert!(lanes[&0].cursor().reposition().is_none());
+        assert!(lanes[&1].cursor().reposition().is_some());
+    }
+
+    #[test]
+    fn what_was_polled_for_a_partition_without_a_lane_is_dropped() {
+        let mut round = Round::new();
+        round.push(Some(7), Polled::Messages(vec![record(0)]));
+        let mut lanes = lanes(1);
+        round.feed(lanes.iter_mut());
+        assert_eq!(appends(&mut lanes), vec![None]);
+    }
+}
