@@ -6,6 +6,7 @@
 mod acks;
 mod assign;
 mod commit;
+mod cycle;
 mod incarnation;
 mod lag;
 mod reconcile;
@@ -19,6 +20,7 @@ mod unowned;
 pub use acks::AckTracker;
 pub use assign::AssignStep;
 pub use commit::{CommitPlan, CommitWrites, Progress, plan_commit};
+pub use cycle::CommitCycle;
 pub use incarnation::incarnation_unknown;
 pub use lag::{SideStatus, TrueLag, true_lag};
 pub use reconcile::{

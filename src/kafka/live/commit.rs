@@ -43,18 +43,19 @@ impl LiveState {
         if pending.is_empty() {
             return Ok(());
         }
-        let writes: Vec<CommitWrites> = pending
-            .iter()
-            .map(|pending| {
-                tracing::debug!(partition = ?pending.partition, plan = ?pending.plan, "commit");
-                pending.plan.writes(pending.token.as_ref())
-            })
-            .collect();
-        let mains: Vec<(&PartitionId, &MainLogCommit)> = pending
-            .iter()
-            .zip(&writes)
-            .filter_map(|(pending, writes)| Some((&pending.partition, writes.main.as_ref()?)))
-            .collect();
+        let cycle = CommitCycle::new(
+            pending
+                .iter()
+                .map(|pending| {
+                    tracing::debug!(partition = ?pending.partition, plan = ?pending.plan, "commit");
+                    (
+                        pending.partition.clone(),
+                        pending.plan.writes(pending.token.as_ref()),
+                    )
+                })
+                .collect(),
+        );
+        let mains = cycle.mains();
         // Partitions whose main-log write failed: none of their writes after it happen.
         let mut first_error = None;
         let refused: Vec<PartitionId> = match commit_main_all(consumer, &mains) {
@@ -76,46 +77,33 @@ impl LiveState {
                 mains.iter().map(|(key, _)| (*key).clone()).collect()
             }
         };
-        let main_done = |partition: &PartitionId, writes: &CommitWrites| {
-            writes.main.is_none() || !refused.contains(partition)
-        };
-        let sides: Vec<(usize, SideLogWrite<'_>)> = pending
-            .iter()
-            .zip(&writes)
-            .enumerate()
-            .filter(|(_, (pending, writes))| main_done(&pending.partition, writes))
-            .filter_map(|(index, (pending, writes))| {
-                let (topic, partition) = (pending.partition.0.as_str(), pending.partition.1);
-                let entry = match &writes.side {
+        let sides: Vec<(usize, SideLogWrite<'_>)> = cycle
+            .sides(&refused)
+            .into_iter()
+            .filter_map(|(index, (topic, partition), side)| {
+                let entry = match side {
                     SideWrite::Keep => return None,
                     SideWrite::Tombstone => None,
-                    SideWrite::Write(entry) => Some((entry, &pending.token.as_ref()?.secret)),
+                    SideWrite::Write(entry) => {
+                        Some((entry, &pending[index].token.as_ref()?.secret))
+                    }
                 };
-                Some((index, (topic, partition, entry)))
+                Some((index, (topic.as_str(), *partition, entry)))
             })
             .collect();
         let side_entries: Vec<_> = sides.iter().map(|(_, entry)| *entry).collect();
-        let mut side_results: Vec<(usize, Result<(), KafkaError>)> = sides
-            .iter()
-            .map(|(index, _)| *index)
-            .zip(self.side_log.write_all(&side_entries))
-            .collect();
-        for (index, (pending, writes)) in pending.iter().zip(&writes).enumerate() {
-            let side_failed = match side_results.iter().position(|(at, _)| *at == index) {
-                Some(at) => side_results.swap_remove(at).1.err(),
-                None => None,
-            };
-            if let Some(err) = side_failed {
+        let mut side_failed = Vec::new();
+        for ((index, _), result) in sides.iter().zip(self.side_log.write_all(&side_entries)) {
+            if let Err(err) = result {
                 self.shared.emit(Event::Error {
                     message: err.to_string(),
                 });
                 first_error.get_or_insert(err);
-                continue;
+                side_failed.push(*index);
             }
-            if !main_done(&pending.partition, writes) {
-                continue;
-            }
-            if let Err(err) = self.shared.commit_applied(pending) {
+        }
+        for index in cycle.applied(&refused, &side_failed) {
+            if let Err(err) = self.shared.commit_applied(&pending[index]) {
                 if err.is_io_failure() {
                     self.shared.write_failed(&err);
                 }

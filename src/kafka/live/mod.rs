@@ -28,11 +28,11 @@ use crate::engine::telemetry;
 use crate::engine::types::{Event, Mode};
 use crate::engine::{PartitionId, PartitionRuntime, Shared, Stopped};
 use crate::fetch::{
-    AfterOutOfRange, AppendResult, Facts, FatalKind, PendingAppend, PollErrorKind, Polled,
-    Round, Schedule, classify_poll_error, fatal_kind,
+    AfterOutOfRange, AppendResult, Facts, FatalKind, PendingAppend, PollErrorKind, Polled, Round,
+    Schedule, classify_poll_error, fatal_kind,
 };
 use crate::plan::{
-    AssignStep, CommitWrites, Committed, Inputs, MainLogCommit, OffsetReset, PlanEvent, SideValue,
+    AssignStep, CommitCycle, Committed, Inputs, MainLogCommit, OffsetReset, PlanEvent, SideValue,
     SideWrite, SplitSecret, SplitToken, UnownedAction, reconcile, unowned_action,
 };
 use crate::store::{Lane, LayoutId, PartitionState, StoreError};
