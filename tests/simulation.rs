@@ -64,19 +64,38 @@ fn the_consumer_never_loses_a_record() {
         Err(panic) => std::panic::resume_unwind(panic),
     };
     eprintln!(
-        "{count} seeds, {} steps, {} splits ({} layouts with several ranges), {} merges, \
-         {} truncations, {} positions held past the log end: no loss",
-        stats.steps, stats.splits, stats.multi_range, stats.merges, stats.truncations, stats.holds
+        "{count} seeds over {} partitions, {} steps, {} splits ({} layouts with several ranges), \
+         {} merges, {} truncations, {} positions held past the log end, {} errors naming no \
+         partition, {} assignments of everything (eager), {} main-log writes refused, {} failed \
+         creations of the catch-up consumer, {} topic ids unreadable: no loss, no stall",
+        stats.partitions,
+        stats.steps,
+        stats.splits,
+        stats.multi_range,
+        stats.merges,
+        stats.truncations,
+        stats.holds,
+        stats.unnamed_errors,
+        stats.eager_reassigns,
+        stats.commit_refusals,
+        stats.create_failures,
+        stats.id_failures,
     );
     assert!(stats.steps > 0);
     if count >= 1000 {
-        // The histories must reach every part of the protocol.
+        // The histories must reach every part of the protocol, and every fault.
         assert!(
-            stats.splits > 0
+            stats.partitions > count as u64
+                && stats.splits > 0
                 && stats.multi_range > 0
                 && stats.merges > 0
                 && stats.truncations > 0
-                && stats.holds > 0,
+                && stats.holds > 0
+                && stats.unnamed_errors > 0
+                && stats.eager_reassigns > 0
+                && stats.commit_refusals > 0
+                && stats.create_failures > 0
+                && stats.id_failures > 0,
             "{stats:?}"
         );
     }

@@ -1,17 +1,24 @@
 //! A deterministic simulation of the consumer without a broker, driven by one seed.
 //!
-//! One partition's log (records, compaction gaps, transaction markers, retention deleting the
-//! head, records arriving while fetching, a high watermark that briefly goes back on a leader
-//! change), two simulated clients that behave like librdkafka where it matters (positions that
-//! move only past what was handed out and markers, an asynchronous position reset after a
-//! reassign, ends of partition, errors anywhere — some of which skip a message), the real
-//! [`FetchCursor`]s and the real [`Buffer`] on a temporary directory, a reader that acks in any
-//! order, and the group's state in Kafka: the main log's offset and metadata and the side
-//! topic's entry. Every assignment runs the real reconciliation ([`reconcile`]) and applies its
-//! decision; every commit runs the real commit plan ([`plan_commit`]) and writes to the main
-//! and side logs in the consumer's order; the process crashes at any step, between two writes
-//! included; revokes leave a stale writer behind. Splits, re-splits with several ranges and
-//! merges all come out of the real decisions.
+//! One to three partitions of a topic, all assigned to one member. Each has its log (records,
+//! compaction gaps, transaction markers, retention deleting the head, records arriving while
+//! fetching, a high watermark that briefly goes back on a leader change). Two simulated
+//! consumers behave like librdkafka where it matters: the group member fetches the live lanes
+//! of every partition behind one queue, and its errors name no partition (an out-of-range
+//! error ends every chain, and the watermarks tell whose it was); the catch-up consumer
+//! fetches the backlogs, names the partition of an error on a partition's queue but not on
+//! its main queue, and its creation can fail (its partitions wait, then are assigned once it
+//! exists). Positions move only past what was handed out and markers; a reassign resets the
+//! position asynchronously; a seek is refused while a partition is stopped, and under an
+//! eager protocol only an assignment of everything moves it. The production code runs as it
+//! is: the lane state machines ([`LanePartition`]) fed through [`Round`], reconciliation
+//! ([`reconcile`]) and its ordered steps ([`AssignStep`]) at every assignment, the topic-id
+//! fallback ([`incarnation_unknown`]) when the id cannot be read, the commit plans
+//! ([`plan_commit`]) and the commit cycle ([`CommitCycle`]) with refused main-log writes and
+//! failed side-log writes, and the real [`Buffer`] on a temporary directory, read by readers
+//! that ack in any order. The process crashes at any step, between two writes included;
+//! revokes leave stale writers behind. Time is simulated (`STEP_TIME` per step): holds and
+//! backoffs run on it.
 //!
 //! Oracle: what Kafka claims processed — read back, after every write, by reconciliation as a
 //! restarted consumer would — holds only delivered records (invariant 1); deliveries strictly
@@ -24,14 +31,17 @@
 
 #![allow(dead_code)] // the fuzz target and the test use different parts
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use catchup::fetch::{AfterOutOfRange, AppendResult, LanePartition, Polled as LanePolled};
+use catchup::fetch::{
+    AfterOutOfRange, AppendResult, Hold, LanePartition, Polled as LanePolled, Round,
+};
 use catchup::plan::{
-    AckTracker, AssignStep, CommitPlan, Committed, Inputs, OffsetReset, PlanEvent, Progress,
-    SideEntry, SideValue, SideWrite, SplitSecret, SplitToken, plan_commit, reconcile, side_key,
+    AckTracker, AssignStep, CommitCycle, CommitPlan, Committed, Inputs, MainLogCommit,
+    OffsetReset, PlanEvent, Progress, SideEntry, SideValue, SideWrite, SplitSecret, SplitToken,
+    incarnation_unknown, plan_commit, reconcile, side_key,
 };
 use catchup::store::{
     Buffer, BufferOptions, Lane, PartitionLayout, PartitionState, Record, StoreError, Timestamp,
@@ -150,6 +160,7 @@ enum Polled {
 }
 
 /// A consumer's view of the partition, as librdkafka keeps it.
+#[derive(Debug)]
 struct Client {
     /// `None`: not fetching (stopped by an out-of-range error).
     fetch_pos: Option<i64>,
@@ -167,6 +178,17 @@ impl Client {
     fn new(at: i64, faults: bool) -> Self {
         Self {
             fetch_pos: Some(at),
+            app_pos: None,
+            stale: None,
+            eof_at: None,
+            faults,
+        }
+    }
+
+    /// A consumer that has not been assigned the partition yet (it fetches nothing).
+    fn unassigned(faults: bool) -> Self {
+        Self {
+            fetch_pos: None,
             app_pos: None,
             stale: None,
             eof_at: None,
@@ -274,12 +296,14 @@ impl Client {
     }
 }
 
-/// One fetcher on the partition: a simulated client and the production lane state machine
+/// One fetcher of one partition: a simulated client and the production lane state machine
 /// (`fetch::LanePartition`), driven in the order the adapters drive it.
 struct Fetcher {
     lane: Lane,
+    /// The partition (its index in `Sim::parts`).
+    part: usize,
     client: Client,
-    partition: LanePartition,
+    state: LanePartition,
     /// A writer left behind by a revoke: every append it makes must be refused.
     zombie: bool,
 }
@@ -291,7 +315,6 @@ struct Reader {
     acks: AckTracker,
     unacked: Vec<i64>,
     last_delivered: Option<i64>,
-    committed: i64,
 }
 
 impl Reader {
@@ -302,7 +325,6 @@ impl Reader {
             acks: AckTracker::new(committed),
             unacked: Vec::new(),
             last_delivered: None,
-            committed,
         }
     }
 }
@@ -338,7 +360,7 @@ fn answer(
 /// A simulation failure: the seed replays it.
 pub type Failure = String;
 
-/// What Kafka holds for the group and partition.
+/// What Kafka holds for the group and one partition.
 #[derive(Debug, Default)]
 struct KafkaState {
     /// The main log's committed offset and metadata.
@@ -347,42 +369,129 @@ struct KafkaState {
     side: Option<Vec<u8>>,
 }
 
-pub struct Sim {
-    rng: Rng,
-    dir: PathBuf,
-    buffer: Option<Buffer>,
-    topic: String,
+/// One partition: its log, what Kafka holds for it, the runtime the engine keeps for it
+/// between commits, its readers, and what was delivered.
+struct Part {
     log: Log,
-    layout: PartitionLayout,
-    fetchers: Vec<Fetcher>,
-    readers: [Reader; 2],
-    delivered: BTreeSet<i64>,
     /// The first offset the oracle holds the consumer to (the group's committed offset at
     /// the start).
     start: i64,
-    faults: bool,
     kafka: KafkaState,
-    /// The partition's runtime, as the engine keeps it between commits.
+    layout: PartitionLayout,
     token: Option<SplitToken>,
     side_entry: Option<SideEntry>,
     main_committed: i64,
-    /// `None`: mode `Off` (never split).
-    min_lag: Option<u64>,
-    /// Splits, layouts with several catch-up ranges (re-splits) and merges, for the report.
+    readers: [Reader; 2],
+    delivered: BTreeSet<i64>,
+}
+
+impl Part {
+    fn new(rng: &mut Rng) -> Self {
+        let mut log = Log {
+            entries: Vec::new(),
+            low: 0,
+            lowered_high: None,
+        };
+        for _ in 0..rng.below(400) {
+            log.produce(rng);
+        }
+        // Compaction gaps anywhere but the last entry.
+        let high = log.high();
+        for _ in 0..rng.below(30) {
+            let at = rng.below(high.max(1) as u64) as i64;
+            if at + 1 < high && log.entries[at as usize] == Entry::Record {
+                log.entries[at as usize] = Entry::Compacted;
+            }
+        }
+        let start = rng.below(high as u64 / 2 + 1) as i64;
+        Self {
+            log,
+            start,
+            kafka: KafkaState {
+                committed: Some(Committed {
+                    offset: start,
+                    metadata: String::new(),
+                }),
+                side: None,
+            },
+            layout: PartitionLayout::plain(start),
+            token: None,
+            side_entry: None,
+            main_committed: start,
+            readers: [Reader::new(Lane::Catchup, 0), Reader::new(Lane::Live, 0)],
+            delivered: BTreeSet::new(),
+        }
+    }
+}
+
+/// What a history ran through, for the report: the suite checks every fault was reached.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Stats {
+    pub steps: u64,
+    pub partitions: u64,
     pub splits: u64,
+    /// Layouts with several catch-up ranges (re-splits).
     pub multi_range: u64,
     pub merges: u64,
     /// Out-of-range positions judged a truncation, and positions held past the log end.
     pub truncations: u64,
     pub holds: u64,
-    /// Steps run, for the report.
-    pub steps: u64,
+    /// Errors that named no partition and ended every chain of their consumer.
+    pub unnamed_errors: u64,
+    /// Assignments of everything made to move a partition whose seek was refused (eager).
+    pub eager_reassigns: u64,
+    /// Main-log writes refused within a commit request.
+    pub commit_refusals: u64,
+    /// Failed creations of the catch-up consumer.
+    pub create_failures: u64,
+    /// Assignments during which the topic's id could not be read.
+    pub id_failures: u64,
+}
+
+impl std::ops::AddAssign for Stats {
+    fn add_assign(&mut self, other: Self) {
+        self.steps += other.steps;
+        self.partitions += other.partitions;
+        self.splits += other.splits;
+        self.multi_range += other.multi_range;
+        self.merges += other.merges;
+        self.truncations += other.truncations;
+        self.holds += other.holds;
+        self.unnamed_errors += other.unnamed_errors;
+        self.eager_reassigns += other.eager_reassigns;
+        self.commit_refusals += other.commit_refusals;
+        self.create_failures += other.create_failures;
+        self.id_failures += other.id_failures;
+    }
+}
+
+pub struct Sim {
+    rng: Rng,
+    dir: PathBuf,
+    buffer: Option<Buffer>,
+    topic: String,
+    /// The topic's partitions, all assigned to the one member.
+    parts: Vec<Part>,
+    fetchers: Vec<Fetcher>,
+    faults: bool,
+    /// `None`: mode `Off` (never split).
+    min_lag: Option<u64>,
+    /// The group's protocol is eager: a refused seek is followed by an assignment of
+    /// everything (the incremental forms are refused outside a rebalance).
+    eager: bool,
+    /// Whether the catch-up consumer exists; its creation can fail and is retried after
+    /// its hold, its partitions waiting meanwhile.
+    catchup_created: bool,
+    create_hold: Hold,
+    stats: Stats,
     /// Simulated time: a step takes `STEP_TIME`.
     now: Instant,
 }
 
 /// How much simulated time a step takes (holds of 1 s to 30 s last 20 to 600 steps).
 const STEP_TIME: Duration = Duration::from_millis(50);
+/// The most partitions a history assigns.
+const MAX_PARTITIONS: u64 = 3;
 
 fn lane_index(lane: Lane) -> usize {
     match lane {
@@ -393,6 +502,11 @@ fn lane_index(lane: Lane) -> usize {
 
 fn err(context: &str, error: StoreError) -> Failure {
     format!("{context}: {error}")
+}
+
+/// The partition id of the part at `index`.
+fn id(index: usize) -> i32 {
+    index as i32
 }
 
 impl Sim {
@@ -414,63 +528,39 @@ impl Sim {
             Some(buffer) => buffer,
             None => Buffer::open(&dir, BufferOptions::default()).map_err(|e| err("open", e))?,
         };
-        let mut log = Log {
-            entries: Vec::new(),
-            low: 0,
-            lowered_high: None,
-        };
-        for _ in 0..rng.below(400) {
-            log.produce(&mut rng);
-        }
-        // Compaction gaps anywhere but the last entry.
-        let high = log.high();
-        for _ in 0..rng.below(30) {
-            let at = rng.below(high.max(1) as u64) as i64;
-            if at + 1 < high && log.entries[at as usize] == Entry::Record {
-                log.entries[at as usize] = Entry::Compacted;
-            }
-        }
-        let start = rng.below(high as u64 / 2 + 1) as i64;
+        let count = 1 + rng.below(MAX_PARTITIONS);
+        let parts: Vec<Part> = (0..count).map(|_| Part::new(&mut rng)).collect();
         let min_lag = (!rng.chance(250)).then(|| 1 + rng.below(100));
-        let topic = format!("sim-{seed:016x}");
+        let eager = rng.chance(300);
         let mut sim = Self {
             rng,
             dir,
             buffer: Some(buffer),
-            topic,
-            log,
-            layout: PartitionLayout::plain(start),
+            topic: format!("sim-{seed:016x}"),
+            parts,
             fetchers: Vec::new(),
-            readers: [Reader::new(Lane::Catchup, 0), Reader::new(Lane::Live, 0)],
-            delivered: BTreeSet::new(),
-            start,
             faults: true,
-            kafka: KafkaState {
-                committed: Some(Committed {
-                    offset: start,
-                    metadata: String::new(),
-                }),
-                side: None,
-            },
-            token: None,
-            side_entry: None,
-            main_committed: start,
             min_lag,
-            splits: 0,
-            multi_range: 0,
-            merges: 0,
-            truncations: 0,
-            holds: 0,
-            steps: 0,
+            eager,
+            catchup_created: false,
+            create_hold: Hold::default(),
+            stats: Stats {
+                partitions: count,
+                ..Stats::default()
+            },
             now: Instant::now(),
         };
-        sim.assign()?;
+        sim.assign_all()?;
         Ok(sim)
     }
 
     /// Hands the buffer back for the next seed.
     pub fn into_buffer(mut self) -> Option<Buffer> {
-        let _ = self.buffer().map(|b| b.discard_partition(&self.topic, 0));
+        if let Ok(buffer) = self.buffer() {
+            for index in 0..self.parts.len() {
+                let _ = buffer.discard_partition(&self.topic, id(index));
+            }
+        }
         self.buffer.take()
     }
 
@@ -480,25 +570,27 @@ impl Sim {
             .ok_or_else(|| "buffer closed".to_owned())
     }
 
-    fn side_key(&self) -> String {
-        side_key("sim-group", &self.topic, 0)
+    fn side_key(&self, part: usize) -> String {
+        side_key("sim-group", &self.topic, id(part))
     }
 
-    /// What reconciliation decides from Kafka's state, the log's watermarks and `local`.
-    fn decide(&mut self, local: Option<&PartitionState>) -> catchup::plan::Decision {
-        let key = self.side_key();
+    /// What reconciliation decides for `part` from Kafka's state, the log's watermarks and
+    /// `local`.
+    fn decide(&mut self, part: usize, local: Option<&PartitionState>) -> catchup::plan::Decision {
+        let key = self.side_key(part);
         let mut secret = [0u8; 16];
         secret[..8].copy_from_slice(&self.rng.next().to_le_bytes());
         secret[8..].copy_from_slice(&self.rng.next().to_le_bytes());
+        let state = &self.parts[part];
         reconcile(&Inputs {
-            committed: self.kafka.committed.as_ref(),
-            side: self
+            committed: state.kafka.committed.as_ref(),
+            side: state
                 .kafka
                 .side
                 .as_deref()
                 .map(|value| SideValue { key: &key, value }),
-            low: self.log.low,
-            high: self.log.high(),
+            low: state.log.low,
+            high: state.log.high(),
             min_lag: self.min_lag,
             reset: OffsetReset::Earliest,
             local,
@@ -508,34 +600,35 @@ impl Sim {
 
     /// The oracle on Kafka's state: what a restarted consumer would take as processed — below
     /// where it would resume, outside the catch-up ranges it would fetch — was delivered.
-    fn check_claims(&mut self) -> Result<(), Failure> {
-        let decision = self.decide(None);
-        for offset in self.start..self.log.high() {
+    fn check_claims(&mut self, part: usize) -> Result<(), Failure> {
+        let decision = self.decide(part, None);
+        let state = &self.parts[part];
+        for offset in state.start..state.log.high() {
             let claimed = offset < decision.layout.live_from
                 && !decision
                     .layout
                     .catchup_ranges
                     .iter()
                     .any(|r| r.contains(offset));
-            if claimed && self.log.is_record(offset) && !self.delivered.contains(&offset) {
+            if claimed && state.log.is_record(offset) && !state.delivered.contains(&offset) {
                 return Err(format!(
-                    "LOSS: Kafka claims offset {offset} processed (main log {:?}, side entry {:?}), but it was never delivered",
-                    self.kafka.committed,
-                    self.kafka.side.as_deref().map(String::from_utf8_lossy)
+                    "LOSS: Kafka claims offset {offset} of partition {part} processed (main log {:?}, side entry {:?}), but it was never delivered",
+                    state.kafka.committed,
+                    state.kafka.side.as_deref().map(String::from_utf8_lossy)
                 ));
             }
         }
         Ok(())
     }
 
-    fn write_main(&mut self, offset: i64, metadata: String) -> Result<(), Failure> {
-        self.kafka.committed = Some(Committed { offset, metadata });
-        self.check_claims()
+    fn write_main(&mut self, part: usize, offset: i64, metadata: String) -> Result<(), Failure> {
+        self.parts[part].kafka.committed = Some(Committed { offset, metadata });
+        self.check_claims(part)
     }
 
-    fn write_side(&mut self, value: Option<Vec<u8>>) -> Result<(), Failure> {
-        self.kafka.side = value;
-        self.check_claims()
+    fn write_side(&mut self, part: usize, value: Option<Vec<u8>>) -> Result<(), Failure> {
+        self.parts[part].kafka.side = value;
+        self.check_claims(part)
     }
 
     /// A crash between two writes, sometimes (never once the faults have stopped).
@@ -543,21 +636,66 @@ impl Sim {
         self.faults && self.rng.chance(80)
     }
 
-    /// The process dies (its fetchers, unacked records and runtime with it; the buffer stays)
-    /// and a new one is assigned the partition.
+    /// The process dies (its fetchers, its catch-up consumer, unacked records and runtimes
+    /// with it; the buffer stays) and a new one is assigned every partition.
     fn crash(&mut self) -> Result<(), Failure> {
         self.fetchers.clear();
-        self.assign()
+        self.catchup_created = false;
+        self.create_hold = Hold::default();
+        self.assign_all()
     }
 
-    /// The partition is assigned: reconcile, apply the decision in the consumer's order (main
-    /// log, side log, local buffer), and start readers and fetchers from the buffer.
-    fn assign(&mut self) -> Result<(), Failure> {
+    fn assign_all(&mut self) -> Result<(), Failure> {
+        let all: Vec<usize> = (0..self.parts.len()).collect();
+        self.assign(&all)
+    }
+
+    /// `parts` are assigned: the topic's incarnation checked (its id may not be readable),
+    /// then each partition reconciled, its decision applied and its fetchers started. A crash
+    /// during one of them starts the process over.
+    fn assign(&mut self, parts: &[usize]) -> Result<(), Failure> {
+        self.check_incarnation(parts)?;
+        for &part in parts {
+            if self.assign_part(part)? {
+                return self.crash();
+            }
+        }
+        Ok(())
+    }
+
+    /// The topic's id is looked up at every assignment after a start or a revoke; when it
+    /// cannot be read, the assigned partitions' records are not reused (the production
+    /// decision, `plan::incarnation_unknown`).
+    fn check_incarnation(&mut self, parts: &[usize]) -> Result<(), Failure> {
+        let ids: HashMap<String, u64> = if self.faults && self.rng.chance(30) {
+            self.stats.id_failures += 1;
+            HashMap::new()
+        } else {
+            [(self.topic.clone(), 1)].into()
+        };
+        let assigning: Vec<(String, i32)> = parts
+            .iter()
+            .map(|&part| (self.topic.clone(), id(part)))
+            .collect();
+        let buffer = self.buffer()?;
+        for (topic, partition) in incarnation_unknown(&assigning, &[self.topic.as_str()], &ids) {
+            buffer
+                .discard_partition(topic, *partition)
+                .map_err(|e| err("discard (incarnation unknown)", e))?;
+        }
+        Ok(())
+    }
+
+    /// Reconciles `part`, applies the decision in the consumer's order (main log, side log,
+    /// local buffer) and starts its readers and fetchers from the buffer. Whether the
+    /// process crashed after one of the writes to Kafka.
+    fn assign_part(&mut self, part: usize) -> Result<bool, Failure> {
+        let partition = id(part);
         let local = self
             .buffer()?
-            .partition_state(&self.topic, 0)
+            .partition_state(&self.topic, partition)
             .map_err(|e| err("state", e))?;
-        let decision = self.decide(local.as_ref());
+        let decision = self.decide(part, local.as_ref());
         for event in &decision.events {
             match event {
                 PlanEvent::StaleSideEntry { reason }
@@ -567,38 +705,42 @@ impl Sim {
                         "a side entry this consumer wrote was rejected: {reason}"
                     ));
                 }
-                PlanEvent::SplitStarted { .. } => self.splits += 1,
-                PlanEvent::MergeFinished { .. } => self.merges += 1,
+                PlanEvent::SplitStarted { .. } => self.stats.splits += 1,
+                PlanEvent::MergeFinished { .. } => self.stats.merges += 1,
                 _ => {}
             }
         }
         // The production steps, in order, with a crash possible after each write to Kafka.
-        let key = self.side_key();
-        let steps = decision.steps()?;
-        for step in steps {
+        let key = self.side_key(part);
+        for step in decision.steps()? {
             let buffer = self.buffer.as_ref().ok_or("buffer closed")?;
             match step {
                 AssignStep::CommitMain(commit) => {
-                    self.write_main(commit.offset, commit.metadata.clone())?
+                    self.write_main(part, commit.offset, commit.metadata.clone())?
                 }
                 AssignStep::WriteSide(entry, token) => {
-                    self.write_side(Some(entry.seal(&key, &token.secret).into_bytes()))?
+                    self.write_side(part, Some(entry.seal(&key, &token.secret).into_bytes()))?
                 }
-                AssignStep::TombstoneSide => self.write_side(None)?,
+                AssignStep::TombstoneSide => self.write_side(part, None)?,
                 AssignStep::ReuseLocal {
                     catchup_committed,
                     live_committed,
                 } => {
                     buffer
-                        .record_committed(Lane::Catchup, &self.topic, 0, catchup_committed)
+                        .record_committed(Lane::Catchup, &self.topic, partition, catchup_committed)
                         .and_then(|_| {
-                            buffer.record_committed(Lane::Live, &self.topic, 0, live_committed)
+                            buffer.record_committed(
+                                Lane::Live,
+                                &self.topic,
+                                partition,
+                                live_committed,
+                            )
                         })
                         .map_err(|e| err("reuse", e))?;
                 }
                 AssignStep::ResetLocal { layout, .. } => {
                     buffer
-                        .reset_partition(&self.topic, 0, layout.clone())
+                        .reset_partition(&self.topic, partition, layout.clone())
                         .map_err(|e| err("layout", e))?;
                 }
             }
@@ -607,42 +749,52 @@ impl Sim {
                 AssignStep::CommitMain(_) | AssignStep::WriteSide(..) | AssignStep::TombstoneSide
             ) && self.crashes_here()
             {
-                return self.crash();
+                return Ok(true);
             }
         }
-        let buffer = self.buffer.as_ref().ok_or("buffer closed")?;
-        let state = buffer
-            .partition_state(&self.topic, 0)
+        let state = self
+            .buffer()?
+            .partition_state(&self.topic, partition)
             .map_err(|e| err("state", e))?
             .ok_or("partition not laid out")?;
-        self.layout = state.layout.clone();
-        if self.layout.catchup_ranges.len() > 1 {
-            self.multi_range += 1;
+        if state.layout.catchup_ranges.len() > 1 {
+            self.stats.multi_range += 1;
         }
-        self.token = decision.token;
-        self.side_entry = decision.side_entry.clone();
+        let low = self.parts[part].log.low;
+        let main_committed = decision.main_committed(self.parts[part].kafka.committed.as_ref(), low);
+        let runtime = &mut self.parts[part];
+        runtime.layout = state.layout.clone();
+        runtime.token = decision.token;
+        runtime.side_entry = decision.side_entry.clone();
         // As the live fetcher sets it.
-        self.main_committed = decision.main_committed(self.kafka.committed.as_ref(), self.log.low);
-        self.start_fetching(&state)
+        runtime.main_committed = main_committed;
+        self.start_fetching(part, &state)?;
+        Ok(false)
     }
 
-    /// Readers at the committed offsets, fetchers at the fetched ones.
-    fn start_fetching(&mut self, state: &PartitionState) -> Result<(), Failure> {
+    /// Readers at the committed offsets, fetchers at the fetched ones (the catch-up lane's
+    /// waits, unassigned, while the catch-up consumer cannot be created).
+    fn start_fetching(&mut self, part: usize, state: &PartitionState) -> Result<(), Failure> {
         let layout = self
             .buffer()?
-            .layout_id(&self.topic, 0)
+            .layout_id(&self.topic, id(part))
             .map_err(|e| err("layout id", e))?
             .ok_or("no layout id")?;
-        self.readers = [
+        self.parts[part].readers = [
             Reader::new(Lane::Catchup, state.catchup.committed_next),
             Reader::new(Lane::Live, state.live.committed_next),
         ];
-        self.fetchers.retain(|f| f.zombie);
+        self.fetchers.retain(|f| f.part != part || f.zombie);
         if !state.catchup_fetched() {
+            let mut client = Client::unassigned(self.faults);
+            if self.ensure_catchup_consumer() {
+                client.assign(state.catchup.fetched_next, &mut self.rng);
+            }
             self.fetchers.push(Fetcher {
                 lane: Lane::Catchup,
-                client: Client::new(state.catchup.fetched_next, self.faults),
-                partition: LanePartition::catchup(
+                part,
+                client,
+                state: LanePartition::catchup(
                     layout,
                     state.catchup.fetched_next,
                     state.layout.catchup_ranges.clone(),
@@ -652,11 +804,39 @@ impl Sim {
         }
         self.fetchers.push(Fetcher {
             lane: Lane::Live,
+            part,
             client: Client::new(state.live.fetched_next, self.faults),
-            partition: LanePartition::live(layout, state.live.fetched_next),
+            state: LanePartition::live(layout, state.live.fetched_next),
             zombie: false,
         });
         Ok(())
+    }
+
+    /// Creates the catch-up consumer unless it exists or a failed creation still holds, as
+    /// the catch-up fetcher does; a consumer created for partitions already waiting assigns
+    /// them at their buffer's position. Whether there is a consumer now.
+    fn ensure_catchup_consumer(&mut self) -> bool {
+        if self.catchup_created {
+            return true;
+        }
+        if self.create_hold.holds(self.now) {
+            return false;
+        }
+        if self.faults && self.rng.chance(100) {
+            self.stats.create_failures += 1;
+            self.create_hold.hold(self.now);
+            return false;
+        }
+        self.catchup_created = true;
+        self.create_hold.release();
+        for fetcher in &mut self.fetchers {
+            if fetcher.lane == Lane::Catchup && !fetcher.zombie {
+                fetcher
+                    .client
+                    .assign(fetcher.state.cursor().stored_next(), &mut self.rng);
+            }
+        }
+        true
     }
 
     /// Runs `steps` steps with faults, then without until everything is delivered and
@@ -666,7 +846,14 @@ impl Sim {
             self.step()?;
         }
         self.faults = false;
-        self.log.lowered_high = None;
+        for part in &mut self.parts {
+            part.log.lowered_high = None;
+            // One more record, as a live topic brings: the group member has no ends of
+            // partition (it does not enable them), so a live lane repositioned below a
+            // trailing transaction marker proves that marker only with the next record
+            // (`docs/design.md`, "Out of range").
+            part.log.entries.push(Entry::Record);
+        }
         for fetcher in &mut self.fetchers {
             fetcher.client.faults = false;
         }
@@ -680,138 +867,226 @@ impl Sim {
     }
 
     fn describe(&self) -> Result<String, Failure> {
-        let state = self
-            .buffer()?
-            .partition_state(&self.topic, 0)
-            .map_err(|e| err("state", e))?;
-        Ok(format!(
-            "log high {} low {}, layout {:?}, state {state:?}, readers next/committed {:?}",
-            self.log.high(),
-            self.log.low,
-            self.layout,
-            self.readers
-                .iter()
-                .map(|r| (r.next, r.committed))
-                .collect::<Vec<_>>()
-        ))
+        let mut text = format!(
+            "{} partitions, eager {}, catch-up consumer {}",
+            self.parts.len(),
+            self.eager,
+            self.catchup_created
+        );
+        for fetcher in &self.fetchers {
+            text += &format!(
+                "; {} fetcher of partition {} (zombie {}): {:?}, {:?}",
+                fetcher.lane, fetcher.part, fetcher.zombie, fetcher.client, fetcher.state
+            );
+        }
+        for (index, part) in self.parts.iter().enumerate() {
+            let state = self
+                .buffer()?
+                .partition_state(&self.topic, id(index))
+                .map_err(|e| err("state", e))?;
+            text += &format!(
+                "; partition {index}: log high {} low {}, layout {:?}, state {state:?}, readers next {:?}",
+                part.log.high(),
+                part.log.low,
+                part.layout,
+                part.readers.iter().map(|r| r.next).collect::<Vec<_>>()
+            );
+        }
+        Ok(text)
+    }
+
+    fn random_part(&mut self) -> usize {
+        self.rng.below(self.parts.len() as u64) as usize
+    }
+
+    fn random_lane(&mut self) -> Lane {
+        if self.rng.chance(500) {
+            Lane::Catchup
+        } else {
+            Lane::Live
+        }
     }
 
     fn step(&mut self) -> Result<(), Failure> {
-        self.steps += 1;
+        self.stats.steps += 1;
         self.now += STEP_TIME;
         let faults = self.faults;
         match self.rng.below(100) {
             0..=9 if faults => {
+                let part = self.random_part();
                 for _ in 0..self.rng.below(10) {
-                    self.log.produce(&mut self.rng);
+                    self.parts[part].log.produce(&mut self.rng);
                 }
             }
             10..=11 if faults => {
                 // Retention deletes the head (never past what the live lane could reach).
-                let high = self.log.high();
-                self.log.low = (self.log.low + self.rng.below(30) as i64).min(high);
+                let part = self.random_part();
+                let log = &mut self.parts[part].log;
+                log.low = (log.low + self.rng.below(30) as i64).min(log.high());
             }
             12 if faults => {
-                self.log.lowered_high = Some(self.log.high() - self.rng.below(10) as i64);
+                let part = self.random_part();
+                let log = &mut self.parts[part].log;
+                log.lowered_high = Some(log.high() - self.rng.below(10) as i64);
             }
-            13 if faults => self.log.lowered_high = None,
+            13 if faults => {
+                let part = self.random_part();
+                self.parts[part].log.lowered_high = None;
+            }
             14 if faults && self.rng.chance(300) => self.crash()?,
-            15 if faults && self.rng.chance(300) => self.revoke_and_reassign()?,
+            15 if faults && self.rng.chance(300) => {
+                let part = self.random_part();
+                self.revoke_and_reassign(part)?
+            }
             16..=59 => {
                 let index = self.rng.below(self.fetchers.len() as u64) as usize;
                 self.fetch_round(index)?;
             }
             60..=84 => {
-                let lane = if self.rng.chance(500) {
-                    Lane::Catchup
-                } else {
-                    Lane::Live
-                };
-                self.read(lane)?;
+                let (part, lane) = (self.random_part(), self.random_lane());
+                self.read(part, lane)?;
             }
             85..=94 => {
-                let lane = if self.rng.chance(500) {
-                    Lane::Catchup
-                } else {
-                    Lane::Live
-                };
-                self.ack(lane);
+                let (part, lane) = (self.random_part(), self.random_lane());
+                self.ack(part, lane);
             }
-            _ => self.commit()?,
+            _ => self.commit_all()?,
         }
         if !self.faults {
             // Drain: keep everything moving.
             for index in 0..self.fetchers.len() {
                 self.fetch_round(index)?;
             }
-            for lane in Lane::ALL {
-                self.read(lane)?;
-                self.ack_all(lane);
+            for part in 0..self.parts.len() {
+                for lane in Lane::ALL {
+                    self.read(part, lane)?;
+                    self.ack_all(part, lane);
+                }
             }
-            self.commit()?;
+            self.commit_all()?;
         }
         Ok(())
     }
 
-    /// One poll round of one fetcher, as the adapters run it.
+    /// One poll round of the consumer fetcher `index` belongs to, as the adapters run it:
+    /// the group member's live lanes together, the catch-up consumer's lanes together (once
+    /// it exists), a stale writer alone.
     fn fetch_round(&mut self, index: usize) -> Result<(), Failure> {
-        if index >= self.fetchers.len() {
+        let Some(chosen) = self.fetchers.get(index) else {
+            return Ok(());
+        };
+        let (lane, zombie) = (chosen.lane, chosen.zombie);
+        if lane == Lane::Catchup && !zombie && !self.ensure_catchup_consumer() {
             return Ok(());
         }
-        match self.fetch_round_inner(index)? {
-            RoundEnd::Keep => {}
-            RoundEnd::Remove => {
-                self.fetchers.remove(index);
+        let members: Vec<usize> = if zombie {
+            vec![index]
+        } else {
+            (0..self.fetchers.len())
+                .filter(|&i| self.fetchers[i].lane == lane && !self.fetchers[i].zombie)
+                .collect()
+        };
+        self.poll_round(lane, &members);
+        let mut refused = Vec::new();
+        let mut leaving = Vec::new();
+        for &member in &members {
+            if let RoundEnd::Remove = self.after_poll(member, &mut refused)? {
+                leaving.push(member);
             }
+        }
+        if !refused.is_empty() {
+            self.reassign_all(refused);
+        }
+        for member in leaving.into_iter().rev() {
+            self.fetchers.remove(member);
         }
         Ok(())
     }
 
-    fn fetch_round_inner(&mut self, index: usize) -> Result<RoundEnd, Failure> {
+    /// Polls the consumer of `members` (indices of fetchers of one lane) and feeds the round
+    /// to their lanes through the production [`Round`]: the group member's errors name no
+    /// partition and it ignores ends of partition; the catch-up consumer's errors name their
+    /// partition, except those of its main queue.
+    fn poll_round(&mut self, lane: Lane, members: &[usize]) {
+        let mut round = Round::new();
+        for _ in 0..self.rng.below(40) {
+            let member = members[self.rng.below(members.len() as u64) as usize];
+            let fetcher = &mut self.fetchers[member];
+            let part = fetcher.part;
+            let Some(polled) = fetcher.client.poll(&self.parts[part].log, &mut self.rng) else {
+                continue;
+            };
+            let error = match polled {
+                Polled::Transient => break,
+                Polled::Message(offset) => {
+                    round.push(Some(part), LanePolled::Messages(vec![record(offset)]));
+                    continue;
+                }
+                Polled::EndOfPartition => {
+                    if lane == Lane::Catchup {
+                        round.push(Some(part), LanePolled::EndOfPartition);
+                    }
+                    continue;
+                }
+                Polled::OutOfRange => LanePolled::OutOfRange,
+                Polled::BreaksChain => LanePolled::BreaksChain,
+            };
+            let named = lane == Lane::Catchup && !self.rng.chance(200);
+            if !named {
+                self.stats.unnamed_errors += 1;
+            }
+            round.push(named.then_some(part), error);
+            break;
+        }
+        round.feed(
+            self.fetchers
+                .iter_mut()
+                .enumerate()
+                .filter(|(index, _)| members.contains(index))
+                .map(|(_, fetcher)| (&fetcher.part, &mut fetcher.state)),
+        );
+        for &member in members {
+            let fetcher = &mut self.fetchers[member];
+            if let Some(position) = fetcher.client.position() {
+                fetcher.state.handle_position(position);
+            }
+        }
+    }
+
+    /// What follows a poll round for one fetcher, as the adapters run it: the proven append,
+    /// the watermarks after an out-of-range error (and the truncation they may prove), the
+    /// move. A live seek refused under an eager protocol is left to `reassign_all`.
+    fn after_poll(
+        &mut self,
+        index: usize,
+        refused: &mut Vec<(usize, i64)>,
+    ) -> Result<RoundEnd, Failure> {
         let buffer = self.buffer.as_ref().ok_or("buffer closed")?;
         let now = self.now;
         let fetcher = &mut self.fetchers[index];
-        for _ in 0..self.rng.below(40) {
-            let polled = match fetcher.client.poll(&self.log, &mut self.rng) {
-                None | Some(Polled::Transient) => break,
-                Some(Polled::Message(offset)) => LanePolled::Messages(vec![record(offset)]),
-                Some(Polled::EndOfPartition) => LanePolled::EndOfPartition,
-                Some(Polled::OutOfRange) => LanePolled::OutOfRange,
-                Some(Polled::BreaksChain) => LanePolled::BreaksChain,
-            };
-            let ends_round = matches!(polled, LanePolled::OutOfRange | LanePolled::BreaksChain);
-            fetcher.partition.handle_polled(polled);
-            if ends_round {
-                break;
-            }
-        }
-        if let Some(position) = fetcher.client.position() {
-            fetcher.partition.handle_position(position);
-        }
+        let log = &self.parts[fetcher.part].log;
+        let partition = id(fetcher.part);
         let lane = fetcher.lane;
         let zombie = fetcher.zombie;
         // What was polled first, then (after an out-of-range) what retention deleted, as the
         // watermarks tell the production state machine.
         for step in [Step::Polled, Step::Truncated] {
             let append = match step {
-                Step::Polled => fetcher.partition.poll_append(),
-                Step::Truncated if fetcher.partition.poll_watermarks(now) => {
+                Step::Polled => fetcher.state.poll_append(),
+                Step::Truncated if fetcher.state.poll_watermarks(now) => {
                     let watermarks = if self.faults && self.rng.chance(50) {
                         Err("watermarks timed out".to_owned())
                     } else {
-                        let high = self.log.high();
-                        Ok((
-                            self.log.low,
-                            self.log.lowered_high.unwrap_or(high).min(high),
-                        ))
+                        let high = log.high();
+                        Ok((log.low, log.lowered_high.unwrap_or(high).min(high)))
                     };
-                    match fetcher.partition.handle_watermarks(watermarks, now) {
+                    match fetcher.state.handle_watermarks(watermarks, now) {
                         AfterOutOfRange::Truncated { append, .. } => {
-                            self.truncations += 1;
+                            self.stats.truncations += 1;
                             Some(append)
                         }
                         AfterOutOfRange::PastLogEnd { .. } => {
-                            self.holds += 1;
+                            self.stats.holds += 1;
                             None
                         }
                         AfterOutOfRange::InsideLog | AfterOutOfRange::Unknown { .. } => None,
@@ -820,16 +1095,16 @@ impl Sim {
                 Step::Truncated => None,
             };
             let Some(append) = append else { continue };
-            let result = buffer.append(lane, &self.topic, 0, append.as_fetched());
+            let result = buffer.append(lane, &self.topic, partition, append.as_fetched());
             match answer(result, zombie, lane)? {
-                Some(answer) => fetcher.partition.handle_appended(answer),
+                Some(answer) => fetcher.state.handle_appended(answer),
                 None => return Ok(RoundEnd::Remove),
             }
         }
-        if lane == Lane::Catchup && !zombie && fetcher.partition.is_fetched() {
+        if lane == Lane::Catchup && !zombie && fetcher.state.is_fetched() {
             return Ok(RoundEnd::Remove);
         }
-        if let Some(at) = fetcher.partition.poll_move(now) {
+        if let Some(at) = fetcher.state.poll_move(now) {
             let moved = match lane {
                 // The catch-up consumer moves by unassign and assign.
                 Lane::Catchup => {
@@ -837,11 +1112,15 @@ impl Sim {
                     Ok(())
                 }
                 // The group member seeks; a seek is refused while the partition is stopped
-                // (out of range) and may time out, and the adapter then reassigns it (alone,
-                // or with the whole assignment under an eager protocol), which may fail too.
+                // (out of range) and may time out. Under an incremental protocol the adapter
+                // then reassigns the partition alone (which may fail too); under an eager one
+                // it assigns everything again once the round's seeks are done.
                 Lane::Live => {
                     if fetcher.client.seek(at, &mut self.rng) {
                         Ok(())
+                    } else if self.eager && !zombie {
+                        refused.push((index, at));
+                        return Ok(RoundEnd::Keep);
                     } else if self.rng.chance(700) {
                         fetcher.client.assign(at, &mut self.rng);
                         Ok(())
@@ -851,190 +1130,262 @@ impl Sim {
                 }
             };
             // (A failure worth reporting is a log line; retried next round.)
-            let _ = fetcher.partition.handle_moved(at, moved);
+            let _ = fetcher.state.handle_moved(at, moved);
         }
         Ok(RoundEnd::Keep)
     }
 
-    /// The partition is revoked (after a commit attempt, as the live fetcher does) and
-    /// assigned again; the buffer keeps its records for reconciliation to reuse (or, as the
-    /// pruning does once they are stale, discards them), and the old fetchers linger as
-    /// stale writers for a while.
-    fn revoke_and_reassign(&mut self) -> Result<(), Failure> {
+    /// Under an eager protocol: the whole assignment assigned again, every live lane
+    /// restarting at its buffer's position (`kafka/live/poll.rs`, `reassign_all`); if that
+    /// fails, the refused moves are retried next round.
+    fn reassign_all(&mut self, refused: Vec<(usize, i64)>) {
+        self.stats.eager_reassigns += 1;
+        if self.faults && self.rng.chance(100) {
+            for (index, at) in refused {
+                let _ = self.fetchers[index]
+                    .state
+                    .handle_moved(at, Err("assign failed".to_owned()));
+            }
+            return;
+        }
+        for fetcher in &mut self.fetchers {
+            if fetcher.lane == Lane::Live && !fetcher.zombie {
+                let cursor = fetcher.state.cursor();
+                let at = cursor.reposition().unwrap_or(cursor.stored_next());
+                fetcher.client.assign(at, &mut self.rng);
+                fetcher.state.restarted_at(at);
+            }
+        }
+    }
+
+    /// `part` is revoked (after a commit attempt, as the live fetcher does) and assigned
+    /// again; the buffer keeps its records for reconciliation to reuse (or, as the pruning
+    /// does once they are stale, discards them), and its old fetchers linger as stale
+    /// writers for a while.
+    fn revoke_and_reassign(&mut self, part: usize) -> Result<(), Failure> {
         if self.rng.chance(500) {
-            self.commit()?;
+            self.commit(&[part])?;
         }
         let discard = self.rng.chance(500);
         let buffer = self.buffer()?;
         if discard {
             buffer
-                .discard_partition(&self.topic, 0)
+                .discard_partition(&self.topic, id(part))
                 .map(|_| ())
                 .map_err(|e| err("discard", e))?;
         } else {
             buffer
-                .retire_layout(&self.topic, 0)
+                .retire_layout(&self.topic, id(part))
                 .map_err(|e| err("retire", e))?;
         }
-        self.fetchers.retain(|f| !f.zombie);
+        self.fetchers.retain(|f| f.part != part || !f.zombie);
         for fetcher in &mut self.fetchers {
-            fetcher.zombie = true;
+            if fetcher.part == part {
+                fetcher.zombie = true;
+            }
         }
-        self.assign()
+        self.assign(&[part])
     }
 
-    fn read(&mut self, lane: Lane) -> Result<(), Failure> {
+    fn read(&mut self, part: usize, lane: Lane) -> Result<(), Failure> {
         let max = 1 + self.rng.below(50) as usize;
-        let reader = &self.readers[lane_index(lane)];
+        let next = self.parts[part].readers[lane_index(lane)].next;
         let batch = self
             .buffer()?
-            .read(lane, &self.topic, 0, reader.next, max)
+            .read(lane, &self.topic, id(part), next, max)
             .map_err(|e| err("read", e))?;
+        let state = &mut self.parts[part];
         for record in &batch.records {
             let offset = record.offset;
             if record.payload.as_deref() != Some(payload(offset).as_slice()) {
                 return Err(format!(
-                    "{lane} delivered a record that is not the log's at {offset}"
+                    "{lane} delivered a record that is not the log's at {offset} of partition {part}"
                 ));
             }
-            let reader = &mut self.readers[lane_index(lane)];
+            let reader = &mut state.readers[lane_index(lane)];
             if reader.last_delivered.is_some_and(|last| offset <= last) {
                 return Err(format!(
-                    "{lane} delivered {offset} after {:?}",
+                    "{lane} delivered {offset} of partition {part} after {:?}",
                     reader.last_delivered
                 ));
             }
             reader.last_delivered = Some(offset);
             reader.acks.delivered(offset, 1);
             reader.unacked.push(offset);
-            self.delivered.insert(offset);
+            state.delivered.insert(offset);
         }
-        let reader = &mut self.readers[lane_index(lane)];
+        let reader = &mut state.readers[lane_index(lane)];
         reader.acks.read_through(batch.next);
         reader.next = reader.next.max(batch.next);
         Ok(())
     }
 
-    fn ack(&mut self, lane: Lane) {
-        let reader = &mut self.readers[lane_index(lane)];
-        if reader.unacked.is_empty() {
+    fn ack(&mut self, part: usize, lane: Lane) {
+        let waiting = self.parts[part].readers[lane_index(lane)].unacked.len();
+        if waiting == 0 {
             return;
         }
-        let index = self.rng.below(reader.unacked.len() as u64) as usize;
+        let index = self.rng.below(waiting as u64) as usize;
+        let reader = &mut self.parts[part].readers[lane_index(lane)];
         let offset = reader.unacked.swap_remove(index);
         reader.acks.ack(offset);
     }
 
-    fn ack_all(&mut self, lane: Lane) {
-        let reader = &mut self.readers[lane_index(lane)];
+    fn ack_all(&mut self, part: usize, lane: Lane) {
+        let reader = &mut self.parts[part].readers[lane_index(lane)];
         for offset in reader.unacked.drain(..) {
             reader.acks.ack(offset);
         }
     }
 
-    /// Commits what the readers processed, as the engine does: the real commit plan, the
-    /// main log first, then the side log, then the buffer's cursors — with a crash possible
-    /// between the two writes.
-    fn commit(&mut self) -> Result<(), Failure> {
-        let catchup_processed = self.readers[0].acks.committable();
-        let plan = plan_commit(&Progress {
-            token: self.token,
-            side: self.side_entry.as_ref(),
-            layout: &self.layout,
-            main_committed: self.main_committed,
-            catchup_processed,
-            live_processed: self.readers[1].acks.committable(),
-        });
-        let key = self.side_key();
-        let record = |sim: &Self, lane: Lane, offset: i64| -> Result<(), Failure> {
-            sim.buffer()?
-                .record_committed(lane, &sim.topic, 0, offset)
-                .map(|_| ())
-                .map_err(|e| err("record_committed", e))
-        };
-        // The writes in the production order (`CommitPlan::writes`), a crash possible
-        // between the main-log and the side-log write.
-        let writes = plan.writes(self.token.as_ref());
-        if let Some(main) = &writes.main {
-            self.write_main(main.offset, main.metadata.clone())?;
-            if writes.side != SideWrite::Keep && self.crashes_here() {
+    fn commit_all(&mut self) -> Result<(), Failure> {
+        let all: Vec<usize> = (0..self.parts.len()).collect();
+        self.commit(&all)
+    }
+
+    /// Commits what the readers of `parts` processed, as the group member does: each
+    /// partition's real commit plan, and the production cycle ([`CommitCycle`]) over them —
+    /// the main-log writes in one request (refused as a whole or for some partitions), then
+    /// the side-log writes of the others (each may fail), then the buffer's cursors of those
+    /// whose every write happened; a crash possible after the main-log request and between
+    /// the side-log writes.
+    fn commit(&mut self, parts: &[usize]) -> Result<(), Failure> {
+        let plans: Vec<(usize, CommitPlan, i64)> = parts
+            .iter()
+            .map(|&part| {
+                let state = &self.parts[part];
+                let catchup_processed = state.readers[0].acks.committable();
+                let plan = plan_commit(&Progress {
+                    token: state.token,
+                    side: state.side_entry.as_ref(),
+                    layout: &state.layout,
+                    main_committed: state.main_committed,
+                    catchup_processed,
+                    live_processed: state.readers[1].acks.committable(),
+                });
+                (part, plan, catchup_processed)
+            })
+            .collect();
+        let cycle = CommitCycle::new(
+            plans
+                .iter()
+                .map(|(part, plan, _)| (*part, plan.writes(self.parts[*part].token.as_ref())))
+                .collect(),
+        );
+        let mains: Vec<(usize, MainLogCommit)> = cycle
+            .mains()
+            .into_iter()
+            .map(|(part, main)| (*part, main.clone()))
+            .collect();
+        let request_failed = self.faults && self.rng.chance(20);
+        let mut refused = Vec::new();
+        for (part, main) in &mains {
+            if request_failed || (self.faults && self.rng.chance(30)) {
+                self.stats.commit_refusals += 1;
+                refused.push(*part);
+                continue;
+            }
+            self.write_main(*part, main.offset, main.metadata.clone())?;
+        }
+        let sides: Vec<(usize, usize, SideWrite)> = cycle
+            .sides(&refused)
+            .into_iter()
+            .map(|(index, part, side)| (index, *part, side.clone()))
+            .collect();
+        if !mains.is_empty() && !sides.is_empty() && self.crashes_here() {
+            return self.crash();
+        }
+        let mut side_failed = Vec::new();
+        for (index, part, side) in sides {
+            if self.faults && self.rng.chance(30) {
+                side_failed.push(index);
+                continue;
+            }
+            let key = self.side_key(part);
+            match side {
+                SideWrite::Keep => {}
+                SideWrite::Write(entry) => {
+                    let token = self.parts[part].token.ok_or("a side write without a token")?;
+                    self.write_side(part, Some(entry.seal(&key, &token.secret).into_bytes()))?;
+                }
+                SideWrite::Tombstone => self.write_side(part, None)?,
+            }
+            if self.crashes_here() {
                 return self.crash();
             }
         }
-        match &writes.side {
-            SideWrite::Keep => {}
-            SideWrite::Write(side) => {
-                let token = self.token.ok_or("a side write without a token")?;
-                self.write_side(Some(side.seal(&key, &token.secret).into_bytes()))?;
-            }
-            SideWrite::Tombstone => self.write_side(None)?,
+        for index in cycle.applied(&refused, &side_failed) {
+            let (part, plan, catchup_processed) = &plans[index];
+            self.applied(*part, plan, *catchup_processed)?;
         }
-        // What the engine records once Kafka holds the writes (`Shared::commit_applied`).
+        Ok(())
+    }
+
+    /// What the engine records once Kafka holds a partition's writes
+    /// (`Shared::commit_applied`).
+    fn applied(&mut self, part: usize, plan: &CommitPlan, catchup_processed: i64) -> Result<(), Failure> {
+        let buffer = self.buffer.as_ref().ok_or("buffer closed")?;
+        let (topic, partition) = (&self.topic, id(part));
+        let record = |lane: Lane, offset: i64| -> Result<(), Failure> {
+            buffer
+                .record_committed(lane, topic, partition, offset)
+                .map(|_| ())
+                .map_err(|e| err("record_committed", e))
+        };
+        let state = &mut self.parts[part];
         match plan {
             CommitPlan::Nothing => {}
             CommitPlan::Plain { offset } => {
-                self.main_committed = offset;
-                record(self, Lane::Live, offset)?;
+                state.main_committed = *offset;
+                record(Lane::Live, *offset)?;
             }
             CommitPlan::Split { main, side } => {
                 if let Some(main) = main {
-                    self.main_committed = main;
-                    record(self, Lane::Catchup, main)?;
+                    state.main_committed = *main;
+                    record(Lane::Catchup, *main)?;
                 }
                 if let Some(side) = side {
-                    record(self, Lane::Live, side.live_next)?;
-                    self.side_entry = Some(side);
+                    record(Lane::Live, side.live_next)?;
+                    state.side_entry = Some(side.clone());
                 }
             }
             CommitPlan::Merge { offset } => {
-                self.merges += 1;
-                self.main_committed = offset;
-                self.token = None;
-                self.side_entry = None;
-                record(self, Lane::Catchup, catchup_processed)?;
-                record(self, Lane::Live, offset)?;
+                self.stats.merges += 1;
+                state.main_committed = *offset;
+                state.token = None;
+                state.side_entry = None;
+                record(Lane::Catchup, catchup_processed)?;
+                record(Lane::Live, *offset)?;
             }
         }
         Ok(())
     }
 
-    /// Kafka claims every offset of the log processed.
+    /// Kafka claims every offset of every partition processed.
     fn settled(&mut self) -> Result<bool, Failure> {
-        let decision = self.decide(None);
-        Ok(decision.layout.catchup_ranges.is_empty()
-            && decision.layout.live_from >= self.log.high())
+        for part in 0..self.parts.len() {
+            let decision = self.decide(part, None);
+            if !decision.layout.catchup_ranges.is_empty()
+                || decision.layout.live_from < self.parts[part].log.high()
+            {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
-    /// Once settled, every record of the log at or after the start is delivered.
+    /// Once settled, every record of every log at or after its start is delivered.
     fn final_check(&self) -> Result<(), Failure> {
-        for offset in self.start..self.log.high() {
-            if self.log.is_record(offset) && !self.delivered.contains(&offset) {
-                return Err(format!("LOSS: record {offset} was never delivered"));
+        for (index, part) in self.parts.iter().enumerate() {
+            for offset in part.start..part.log.high() {
+                if part.log.is_record(offset) && !part.delivered.contains(&offset) {
+                    return Err(format!(
+                        "LOSS: record {offset} of partition {index} was never delivered"
+                    ));
+                }
             }
         }
         Ok(())
-    }
-}
-
-/// What one seed ran through.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct Stats {
-    pub steps: u64,
-    pub splits: u64,
-    pub multi_range: u64,
-    pub merges: u64,
-    pub truncations: u64,
-    pub holds: u64,
-}
-
-impl std::ops::AddAssign for Stats {
-    fn add_assign(&mut self, other: Self) {
-        self.steps += other.steps;
-        self.splits += other.splits;
-        self.multi_range += other.multi_range;
-        self.merges += other.merges;
-        self.truncations += other.truncations;
-        self.holds += other.holds;
     }
 }
 
@@ -1064,7 +1415,7 @@ pub fn run_input(
 
 /// Runs a history whose choices come from `choices` first, then `seed`, with a number of
 /// faulty steps in `steps` (then it drains); returns the buffer for the next run, without
-/// this run's partition.
+/// this run's partitions.
 pub fn run_choices(
     seed: u64,
     choices: &[u8],
@@ -1077,14 +1428,7 @@ pub fn run_choices(
         Err(failure) => return (Err(failure), None),
     };
     let steps = steps.start + sim.rng.below(steps.end.saturating_sub(steps.start));
-    let result = sim.run(steps).map(|()| Stats {
-        steps: sim.steps,
-        splits: sim.splits,
-        multi_range: sim.multi_range,
-        merges: sim.merges,
-        truncations: sim.truncations,
-        holds: sim.holds,
-    });
+    let result = sim.run(steps).map(|()| sim.stats);
     let buffer = sim.into_buffer();
     (result, buffer)
 }
