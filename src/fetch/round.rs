@@ -66,11 +66,6 @@ impl<K: Ord + Clone> Round<K> {
         }
     }
 
-    /// Whether an event that names no partition was polled.
-    pub fn has_unnamed(&self) -> bool {
-        self.polled.iter().any(|(key, _)| key.is_none())
-    }
-
     /// Feeds the round to `lanes`: each lane gets what was polled for it and every event
     /// that named no partition, in the order polled. What was polled for a partition without
     /// a lane (revoked during the round, or never ours) is dropped.
@@ -157,7 +152,6 @@ mod tests {
         round.push(Some(0), Polled::Messages(vec![record(0), record(1)]));
         round.push(None, Polled::BreaksChain);
         round.push(Some(0), Polled::Messages(vec![record(2)]));
-        assert!(round.has_unnamed());
         let mut lanes = lanes(2);
         round.feed(lanes.iter_mut());
         // What came before the error is proven; nothing after it is, on any lane.

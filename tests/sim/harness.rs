@@ -39,8 +39,8 @@ use catchup::fetch::{
     AfterOutOfRange, AppendResult, Hold, LanePartition, Polled as LanePolled, Round,
 };
 use catchup::plan::{
-    AckTracker, AssignStep, CommitCycle, CommitPlan, Committed, Inputs, MainLogCommit,
-    OffsetReset, PlanEvent, Progress, SideEntry, SideValue, SideWrite, SplitSecret, SplitToken,
+    AckTracker, AssignStep, CommitCycle, CommitPlan, Committed, Inputs, MainLogCommit, OffsetReset,
+    PlanEvent, Progress, SideEntry, SideValue, SideWrite, SplitSecret, SplitToken,
     incarnation_unknown, plan_commit, reconcile, side_key,
 };
 use catchup::store::{
@@ -761,7 +761,8 @@ impl Sim {
             self.stats.multi_range += 1;
         }
         let low = self.parts[part].log.low;
-        let main_committed = decision.main_committed(self.parts[part].kafka.committed.as_ref(), low);
+        let main_committed =
+            decision.main_committed(self.parts[part].kafka.committed.as_ref(), low);
         let runtime = &mut self.parts[part];
         runtime.layout = state.layout.clone();
         runtime.token = decision.token;
@@ -1305,7 +1306,9 @@ impl Sim {
             match side {
                 SideWrite::Keep => {}
                 SideWrite::Write(entry) => {
-                    let token = self.parts[part].token.ok_or("a side write without a token")?;
+                    let token = self.parts[part]
+                        .token
+                        .ok_or("a side write without a token")?;
                     self.write_side(part, Some(entry.seal(&key, &token.secret).into_bytes()))?;
                 }
                 SideWrite::Tombstone => self.write_side(part, None)?,
@@ -1323,7 +1326,12 @@ impl Sim {
 
     /// What the engine records once Kafka holds a partition's writes
     /// (`Shared::commit_applied`).
-    fn applied(&mut self, part: usize, plan: &CommitPlan, catchup_processed: i64) -> Result<(), Failure> {
+    fn applied(
+        &mut self,
+        part: usize,
+        plan: &CommitPlan,
+        catchup_processed: i64,
+    ) -> Result<(), Failure> {
         let buffer = self.buffer.as_ref().ok_or("buffer closed")?;
         let (topic, partition) = (&self.topic, id(part));
         let record = |lane: Lane, offset: i64| -> Result<(), Failure> {
