@@ -43,258 +43,13 @@ use catchup::plan::{
     PlanEvent, Progress, SideEntry, SideValue, SideWrite, SplitSecret, SplitToken,
     incarnation_unknown, plan_commit, reconcile, side_key,
 };
-use catchup::store::{
-    Buffer, BufferOptions, Lane, PartitionLayout, PartitionState, Record, StoreError, Timestamp,
-};
+#[path = "world.rs"]
+mod world;
 
-/// The simulation's choices: taken from a fuzzer's bytes while they last (each choice
-/// reads as few bytes as its range needs, so coverage can steer every decision), then from
-/// splitmix64 — small, fast, and the same everywhere.
-pub struct Rng {
-    state: u64,
-    choices: Vec<u8>,
-    taken: usize,
-}
+pub use world::Rng;
+use world::{Client, Entry, Log, Polled, payload, record};
 
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Self::with_choices(seed, &[])
-    }
-
-    /// Choices from `choices` first, then from `seed`.
-    pub fn with_choices(seed: u64, choices: &[u8]) -> Self {
-        Self {
-            state: seed,
-            choices: choices.to_vec(),
-            taken: 0,
-        }
-    }
-
-    pub fn next(&mut self) -> u64 {
-        self.state = self.state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    pub fn below(&mut self, n: u64) -> u64 {
-        let n = n.max(1);
-        let width = match n {
-            0..=0x100 => 1,
-            0x101..=0x1_0000 => 2,
-            _ => 8,
-        };
-        if self.taken + width <= self.choices.len() {
-            let bytes = &self.choices[self.taken..self.taken + width];
-            self.taken += width;
-            let value = bytes
-                .iter()
-                .fold(0u64, |value, &b| (value << 8) | u64::from(b));
-            return value % n;
-        }
-        self.next() % n
-    }
-
-    /// True with probability `permille`/1000.
-    pub fn chance(&mut self, permille: u64) -> bool {
-        self.below(1000) < permille
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Entry {
-    Record,
-    Compacted,
-    Marker,
-}
-
-/// The partition's log as the broker holds it.
-struct Log {
-    entries: Vec<Entry>,
-    /// Retention deleted everything below.
-    low: i64,
-    /// A new leader briefly reports a lower high watermark.
-    lowered_high: Option<i64>,
-}
-
-impl Log {
-    fn high(&self) -> i64 {
-        self.entries.len() as i64
-    }
-
-    fn produce(&mut self, rng: &mut Rng) {
-        let entry = match rng.below(20) {
-            0 => Entry::Marker,
-            _ => Entry::Record,
-        };
-        self.entries.push(entry);
-    }
-
-    fn is_record(&self, offset: i64) -> bool {
-        offset >= self.low && self.entries.get(offset as usize) == Some(&Entry::Record)
-    }
-}
-
-fn payload(offset: i64) -> Vec<u8> {
-    offset.to_be_bytes().to_vec()
-}
-
-fn record(offset: i64) -> Record {
-    Record {
-        offset,
-        timestamp: Timestamp::NotAvailable,
-        key: None,
-        payload: Some(payload(offset)),
-        headers: Vec::new(),
-    }
-}
-
-/// What a simulated `poll` returns.
-enum Polled {
-    Message(i64),
-    EndOfPartition,
-    Transient,
-    OutOfRange,
-    BreaksChain,
-}
-
-/// A consumer's view of the partition, as librdkafka keeps it.
-#[derive(Debug)]
-struct Client {
-    /// `None`: not fetching (stopped by an out-of-range error).
-    fetch_pos: Option<i64>,
-    /// The application position: past the last message handed out (or marker passed).
-    app_pos: Option<i64>,
-    /// After a reassign the old position is still reported for a few calls (the reset runs on
-    /// another thread).
-    stale: Option<(i64, u32)>,
-    /// The end of partition already reported at this offset.
-    eof_at: Option<i64>,
-    faults: bool,
-}
-
-impl Client {
-    fn new(at: i64, faults: bool) -> Self {
-        Self {
-            fetch_pos: Some(at),
-            app_pos: None,
-            stale: None,
-            eof_at: None,
-            faults,
-        }
-    }
-
-    /// A consumer that has not been assigned the partition yet (it fetches nothing).
-    fn unassigned(faults: bool) -> Self {
-        Self {
-            fetch_pos: None,
-            app_pos: None,
-            stale: None,
-            eof_at: None,
-            faults,
-        }
-    }
-
-    fn assign(&mut self, at: i64, rng: &mut Rng) {
-        if let Some(old) = self.app_pos {
-            if rng.chance(500) {
-                self.stale = Some((old, 1 + rng.below(3) as u32));
-            }
-        }
-        self.fetch_pos = Some(at);
-        self.app_pos = None;
-        self.eof_at = None;
-    }
-
-    /// librdkafka's seek: refused unless the partition is fetching; moves the fetch and the
-    /// application position at once (the old fetch's messages are dropped by version).
-    fn seek(&mut self, at: i64, rng: &mut Rng) -> bool {
-        if self.fetch_pos.is_none() || (self.faults && rng.chance(100)) {
-            return false;
-        }
-        self.fetch_pos = Some(at);
-        self.app_pos = Some(at);
-        self.stale = None;
-        self.eof_at = None;
-        true
-    }
-
-    fn position(&mut self) -> Option<i64> {
-        if let Some((old, left)) = self.stale.as_mut() {
-            let old = *old;
-            *left -= 1;
-            if *left == 0 {
-                self.stale = None;
-            }
-            return Some(old);
-        }
-        self.app_pos
-    }
-
-    fn poll(&mut self, log: &Log, rng: &mut Rng) -> Option<Polled> {
-        let polled = self.poll_inner(log, rng);
-        if matches!(polled, Some(Polled::Message(_) | Polled::EndOfPartition)) {
-            // librdkafka resets the position when the old fetch stops, on the partition's op
-            // queue, before the new fetch starts: anything the new assignment hands out comes
-            // after the reset.
-            self.stale = None;
-        }
-        polled
-    }
-
-    fn poll_inner(&mut self, log: &Log, rng: &mut Rng) -> Option<Polled> {
-        let mut pos = self.fetch_pos?;
-        if self.faults {
-            if rng.chance(20) {
-                if rng.chance(500) {
-                    // A client that moves past a message it could not hand out.
-                    self.fetch_pos = Some(pos + 1);
-                }
-                return Some(Polled::BreaksChain);
-            }
-            if rng.chance(10) {
-                return Some(Polled::Transient);
-            }
-            if rng.chance(5) {
-                return Some(Polled::EndOfPartition); // spurious, e.g. a lowered watermark
-            }
-        }
-        loop {
-            if pos < log.low {
-                self.fetch_pos = None;
-                return Some(Polled::OutOfRange);
-            }
-            let high = log.lowered_high.unwrap_or(log.high()).min(log.high());
-            if pos > high {
-                // A new leader whose high watermark is below the fetch position: out of range,
-                // and with `auto.offset.reset=error` the partition stops fetching.
-                self.fetch_pos = None;
-                return Some(Polled::OutOfRange);
-            }
-            if pos >= high {
-                self.fetch_pos = Some(pos);
-                if self.eof_at != Some(pos) {
-                    self.eof_at = Some(pos);
-                    return Some(Polled::EndOfPartition);
-                }
-                return None;
-            }
-            match log.entries[pos as usize] {
-                Entry::Record => {
-                    self.fetch_pos = Some(pos + 1);
-                    self.app_pos = Some(pos + 1);
-                    return Some(Polled::Message(pos));
-                }
-                Entry::Compacted => pos += 1,
-                Entry::Marker => {
-                    pos += 1;
-                    self.app_pos = Some(pos);
-                }
-            }
-        }
-    }
-}
+use catchup::store::{Buffer, BufferOptions, Lane, PartitionLayout, PartitionState, StoreError};
 
 /// One fetcher of one partition: a simulated client and the production lane state machine
 /// (`fetch::LanePartition`), driven in the order the adapters drive it.
@@ -386,13 +141,14 @@ struct Part {
 }
 
 impl Part {
-    fn new(rng: &mut Rng) -> Self {
+    /// A partition whose log starts with fewer than `entries` entries.
+    fn new(rng: &mut Rng, entries: u64) -> Self {
         let mut log = Log {
             entries: Vec::new(),
             low: 0,
             lowered_high: None,
         };
-        for _ in 0..rng.below(400) {
+        for _ in 0..rng.below(entries) {
             log.produce(rng);
         }
         // Compaction gaps anywhere but the last entry.
@@ -513,13 +269,14 @@ impl Sim {
     /// A new simulation in `dir` (a buffer directory shared by sequential runs; each seed
     /// uses its own topic), or `buffer` already open there.
     pub fn new(seed: u64, dir: PathBuf, buffer: Option<Buffer>) -> Result<Self, Failure> {
-        Self::with_choices(seed, &[], dir, buffer)
+        Self::with_choices(seed, &[], SEED_SHAPE, dir, buffer)
     }
 
     /// A simulation whose choices come from `choices` first (a fuzzer's bytes), then `seed`.
     pub fn with_choices(
         seed: u64,
         choices: &[u8],
+        shape: Shape,
         dir: PathBuf,
         buffer: Option<Buffer>,
     ) -> Result<Self, Failure> {
@@ -529,7 +286,9 @@ impl Sim {
             None => Buffer::open(&dir, BufferOptions::default()).map_err(|e| err("open", e))?,
         };
         let count = 1 + rng.below(MAX_PARTITIONS);
-        let parts: Vec<Part> = (0..count).map(|_| Part::new(&mut rng)).collect();
+        let parts: Vec<Part> = (0..count)
+            .map(|_| Part::new(&mut rng, shape.log_entries))
+            .collect();
         let min_lag = (!rng.chance(250)).then(|| 1 + rng.below(100));
         let eager = rng.chance(300);
         let mut sim = Self {
@@ -1397,18 +1156,39 @@ impl Sim {
     }
 }
 
+/// How long a history is: its faulty steps (then it drains), and fewer than how many
+/// entries each log starts with.
+#[derive(Debug, Clone)]
+pub struct Shape {
+    pub steps: std::ops::Range<u64>,
+    pub log_entries: u64,
+}
+
+/// The suite's histories: 200 to 1,000 faulty steps over logs of up to 400 entries.
+pub const SEED_SHAPE: Shape = Shape {
+    steps: 200..1000,
+    log_entries: 400,
+};
+
+/// A fuzzer's histories: short (10 to 60 faulty steps, logs of up to 60 entries), so that
+/// the fuzzer runs many and its choices steer each.
+pub const INPUT_SHAPE: Shape = Shape {
+    steps: 10..60,
+    log_entries: 60,
+};
+
 /// Runs one seed in `dir`, reusing `buffer` if given; returns the buffer for the next seed.
 pub fn run_seed(
     seed: u64,
     dir: PathBuf,
     buffer: Option<Buffer>,
 ) -> (Result<Stats, Failure>, Option<Buffer>) {
-    run_choices(seed, &[], 200..1000, dir, buffer)
+    run_choices(seed, &[], SEED_SHAPE, dir, buffer)
 }
 
 /// Runs the history a fuzzer's input describes: its first eight bytes are the seed, the rest
-/// the choices, with a short history (20 to 120 faulty steps). The fuzz target and the
-/// replay of its corpus run exactly this.
+/// the choices, in the fuzzer's shape. The fuzz target and the replay of its corpus run
+/// exactly this.
 pub fn run_input(
     input: &[u8],
     dir: PathBuf,
@@ -1418,20 +1198,20 @@ pub fn run_input(
     let len = input.len().min(8);
     seed[..len].copy_from_slice(&input[..len]);
     let seed = u64::from_le_bytes(seed);
-    run_choices(seed, &input[len..], 20..120, dir, buffer)
+    run_choices(seed, &input[len..], INPUT_SHAPE, dir, buffer)
 }
 
-/// Runs a history whose choices come from `choices` first, then `seed`, with a number of
-/// faulty steps in `steps` (then it drains); returns the buffer for the next run, without
-/// this run's partitions.
+/// Runs a history whose choices come from `choices` first, then `seed`, in `shape`; returns
+/// the buffer for the next run, without this run's partitions.
 pub fn run_choices(
     seed: u64,
     choices: &[u8],
-    steps: std::ops::Range<u64>,
+    shape: Shape,
     dir: PathBuf,
     buffer: Option<Buffer>,
 ) -> (Result<Stats, Failure>, Option<Buffer>) {
-    let mut sim = match Sim::with_choices(seed, choices, dir, buffer) {
+    let steps = shape.steps.clone();
+    let mut sim = match Sim::with_choices(seed, choices, shape, dir, buffer) {
         Ok(sim) => sim,
         Err(failure) => return (Err(failure), None),
     };

@@ -1,0 +1,254 @@
+//! The simulated world the consumer runs in: the choices that drive a history, one
+//! partition's log as the broker holds it, and a client's view of one partition as
+//! librdkafka keeps it (positions, resets, ends of partition, errors).
+
+use catchup::store::{Record, Timestamp};
+
+/// The simulation's choices: taken from a fuzzer's bytes while they last (each choice
+/// reads as few bytes as its range needs, so coverage can steer every decision), then from
+/// splitmix64 — small, fast, and the same everywhere.
+pub struct Rng {
+    state: u64,
+    choices: Vec<u8>,
+    taken: usize,
+}
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Self::with_choices(seed, &[])
+    }
+
+    /// Choices from `choices` first, then from `seed`.
+    pub fn with_choices(seed: u64, choices: &[u8]) -> Self {
+        Self {
+            state: seed,
+            choices: choices.to_vec(),
+            taken: 0,
+        }
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.state = self.state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        let n = n.max(1);
+        let width = match n {
+            0..=0x100 => 1,
+            0x101..=0x1_0000 => 2,
+            _ => 8,
+        };
+        if self.taken + width <= self.choices.len() {
+            let bytes = &self.choices[self.taken..self.taken + width];
+            self.taken += width;
+            let value = bytes
+                .iter()
+                .fold(0u64, |value, &b| (value << 8) | u64::from(b));
+            return value % n;
+        }
+        self.next() % n
+    }
+
+    /// True with probability `permille`/1000.
+    pub fn chance(&mut self, permille: u64) -> bool {
+        self.below(1000) < permille
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Entry {
+    Record,
+    Compacted,
+    Marker,
+}
+
+/// The partition's log as the broker holds it.
+pub(super) struct Log {
+    pub(super) entries: Vec<Entry>,
+    /// Retention deleted everything below.
+    pub(super) low: i64,
+    /// A new leader briefly reports a lower high watermark.
+    pub(super) lowered_high: Option<i64>,
+}
+
+impl Log {
+    pub(super) fn high(&self) -> i64 {
+        self.entries.len() as i64
+    }
+
+    pub(super) fn produce(&mut self, rng: &mut Rng) {
+        let entry = match rng.below(20) {
+            0 => Entry::Marker,
+            _ => Entry::Record,
+        };
+        self.entries.push(entry);
+    }
+
+    pub(super) fn is_record(&self, offset: i64) -> bool {
+        offset >= self.low && self.entries.get(offset as usize) == Some(&Entry::Record)
+    }
+}
+
+pub(super) fn payload(offset: i64) -> Vec<u8> {
+    offset.to_be_bytes().to_vec()
+}
+
+pub(super) fn record(offset: i64) -> Record {
+    Record {
+        offset,
+        timestamp: Timestamp::NotAvailable,
+        key: None,
+        payload: Some(payload(offset)),
+        headers: Vec::new(),
+    }
+}
+
+/// What a simulated `poll` returns.
+pub(super) enum Polled {
+    Message(i64),
+    EndOfPartition,
+    Transient,
+    OutOfRange,
+    BreaksChain,
+}
+
+/// A consumer's view of the partition, as librdkafka keeps it.
+#[derive(Debug)]
+pub(super) struct Client {
+    /// `None`: not fetching (stopped by an out-of-range error).
+    pub(super) fetch_pos: Option<i64>,
+    /// The application position: past the last message handed out (or marker passed).
+    pub(super) app_pos: Option<i64>,
+    /// After a reassign the old position is still reported for a few calls (the reset runs on
+    /// another thread).
+    pub(super) stale: Option<(i64, u32)>,
+    /// The end of partition already reported at this offset.
+    pub(super) eof_at: Option<i64>,
+    pub(super) faults: bool,
+}
+
+impl Client {
+    pub(super) fn new(at: i64, faults: bool) -> Self {
+        Self {
+            fetch_pos: Some(at),
+            app_pos: None,
+            stale: None,
+            eof_at: None,
+            faults,
+        }
+    }
+
+    /// A consumer that has not been assigned the partition yet (it fetches nothing).
+    pub(super) fn unassigned(faults: bool) -> Self {
+        Self {
+            fetch_pos: None,
+            app_pos: None,
+            stale: None,
+            eof_at: None,
+            faults,
+        }
+    }
+
+    pub(super) fn assign(&mut self, at: i64, rng: &mut Rng) {
+        if let Some(old) = self.app_pos {
+            if rng.chance(500) {
+                self.stale = Some((old, 1 + rng.below(3) as u32));
+            }
+        }
+        self.fetch_pos = Some(at);
+        self.app_pos = None;
+        self.eof_at = None;
+    }
+
+    /// librdkafka's seek: refused unless the partition is fetching; moves the fetch and the
+    /// application position at once (the old fetch's messages are dropped by version).
+    pub(super) fn seek(&mut self, at: i64, rng: &mut Rng) -> bool {
+        if self.fetch_pos.is_none() || (self.faults && rng.chance(100)) {
+            return false;
+        }
+        self.fetch_pos = Some(at);
+        self.app_pos = Some(at);
+        self.stale = None;
+        self.eof_at = None;
+        true
+    }
+
+    pub(super) fn position(&mut self) -> Option<i64> {
+        if let Some((old, left)) = self.stale.as_mut() {
+            let old = *old;
+            *left -= 1;
+            if *left == 0 {
+                self.stale = None;
+            }
+            return Some(old);
+        }
+        self.app_pos
+    }
+
+    pub(super) fn poll(&mut self, log: &Log, rng: &mut Rng) -> Option<Polled> {
+        let polled = self.poll_inner(log, rng);
+        if matches!(polled, Some(Polled::Message(_) | Polled::EndOfPartition)) {
+            // librdkafka resets the position when the old fetch stops, on the partition's op
+            // queue, before the new fetch starts: anything the new assignment hands out comes
+            // after the reset.
+            self.stale = None;
+        }
+        polled
+    }
+
+    pub(super) fn poll_inner(&mut self, log: &Log, rng: &mut Rng) -> Option<Polled> {
+        let mut pos = self.fetch_pos?;
+        if self.faults {
+            if rng.chance(20) {
+                if rng.chance(500) {
+                    // A client that moves past a message it could not hand out.
+                    self.fetch_pos = Some(pos + 1);
+                }
+                return Some(Polled::BreaksChain);
+            }
+            if rng.chance(10) {
+                return Some(Polled::Transient);
+            }
+            if rng.chance(5) {
+                return Some(Polled::EndOfPartition); // spurious, e.g. a lowered watermark
+            }
+        }
+        loop {
+            if pos < log.low {
+                self.fetch_pos = None;
+                return Some(Polled::OutOfRange);
+            }
+            let high = log.lowered_high.unwrap_or(log.high()).min(log.high());
+            if pos > high {
+                // A new leader whose high watermark is below the fetch position: out of range,
+                // and with `auto.offset.reset=error` the partition stops fetching.
+                self.fetch_pos = None;
+                return Some(Polled::OutOfRange);
+            }
+            if pos >= high {
+                self.fetch_pos = Some(pos);
+                if self.eof_at != Some(pos) {
+                    self.eof_at = Some(pos);
+                    return Some(Polled::EndOfPartition);
+                }
+                return None;
+            }
+            match log.entries[pos as usize] {
+                Entry::Record => {
+                    self.fetch_pos = Some(pos + 1);
+                    self.app_pos = Some(pos + 1);
+                    return Some(Polled::Message(pos));
+                }
+                Entry::Compacted => pos += 1,
+                Entry::Marker => {
+                    pos += 1;
+                    self.app_pos = Some(pos);
+                }
+            }
+        }
+    }
+}
