@@ -1,9 +1,10 @@
 //! Drives the fetch-layer simulation (`tests/sim/harness.rs`) from the fuzzer's bytes: the
 //! first eight are a seed, every later byte a choice of the history (faults, produce,
 //! retention, revokes, restarts, which fetcher polls, what the client answers), so coverage
-//! steers the decisions themselves. Histories are short (10 to 60 faulty steps over logs of up to 60 entries) and share
-//! one buffer database, in memory where `/dev/shm` exists. `cargo test --test simulation
-//! fuzz_corpus_replays` replays the corpus (and a crash input put there) without the fuzzer.
+//! steers the decisions themselves. Histories are short (10 to 60 faulty steps over logs of
+//! under 60 entries) and share one buffer database, in memory where `/dev/shm` exists.
+//! `cargo test --test simulation fuzz_corpus_replays` replays the corpus (and a crash input
+//! put there) without the fuzzer.
 //!
 //! ```text
 //! cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run fetch_sim
