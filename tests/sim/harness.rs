@@ -137,6 +137,10 @@ struct Part {
     side_entry: Option<SideEntry>,
     main_committed: i64,
     readers: [Reader; 2],
+    /// `Ordered`: where the reader goes on in delivery order, and the last offset it handed
+    /// out in this process lifetime.
+    ordered_next: i64,
+    last_ordered: Option<i64>,
     delivered: BTreeSet<i64>,
 }
 
@@ -175,6 +179,8 @@ impl Part {
             side_entry: None,
             main_committed: start,
             readers: [Reader::new(Lane::Catchup, 0), Reader::new(Lane::Live, 0)],
+            ordered_next: 0,
+            last_ordered: None,
             delivered: BTreeSet::new(),
         }
     }
@@ -232,6 +238,8 @@ pub struct Sim {
     faults: bool,
     /// `None`: mode `Off` (never split).
     min_lag: Option<u64>,
+    /// The mode's reader: `Ordered` (else `Concurrent`).
+    ordered: bool,
     /// The group's protocol is eager: a refused seek is followed by an assignment of
     /// everything (the incremental forms are refused outside a rebalance).
     eager: bool,
@@ -291,6 +299,7 @@ impl Sim {
             .collect();
         let min_lag = (!rng.chance(250)).then(|| 1 + rng.below(100));
         let eager = rng.chance(300);
+        let ordered = rng.chance(500);
         let mut sim = Self {
             rng,
             dir,
@@ -300,6 +309,7 @@ impl Sim {
             fetchers: Vec::new(),
             faults: true,
             min_lag,
+            ordered,
             eager,
             catchup_created: false,
             create_hold: Hold::default(),
@@ -540,10 +550,18 @@ impl Sim {
             .layout_id(&self.topic, id(part))
             .map_err(|e| err("layout id", e))?
             .ok_or("no layout id")?;
-        self.parts[part].readers = [
+        let runtime = &mut self.parts[part];
+        runtime.readers = [
             Reader::new(Lane::Catchup, state.catchup.committed_next),
             Reader::new(Lane::Live, state.live.committed_next),
         ];
+        // As the engine's runtime starts it (`PartitionRuntime::new`).
+        runtime.ordered_next = if state.catchup_committed() {
+            state.live.committed_next
+        } else {
+            state.catchup.committed_next
+        };
+        runtime.last_ordered = None;
         self.fetchers.retain(|f| f.part != part || f.zombie);
         if !state.catchup_fetched() {
             let mut client = Client::unassigned(self.faults);
@@ -628,8 +646,9 @@ impl Sim {
 
     fn describe(&self) -> Result<String, Failure> {
         let mut text = format!(
-            "{} partitions, eager {}, catch-up consumer {}",
+            "{} partitions, ordered {}, eager {}, catch-up consumer {}",
             self.parts.len(),
+            self.ordered,
             self.eager,
             self.catchup_created
         );
@@ -947,13 +966,27 @@ impl Sim {
         self.assign(&[part])
     }
 
+    /// The application reads: in `Ordered` mode the partition's next records in delivery
+    /// order (`Buffer::read_ordered`, as the engine's reader does: the catch-up ranges, then
+    /// the live lane), in `Concurrent` mode the next records of `lane`.
     fn read(&mut self, part: usize, lane: Lane) -> Result<(), Failure> {
         let max = 1 + self.rng.below(50) as usize;
-        let next = self.parts[part].readers[lane_index(lane)].next;
-        let batch = self
-            .buffer()?
-            .read(lane, &self.topic, id(part), next, max)
-            .map_err(|e| err("read", e))?;
+        let buffer = self.buffer()?;
+        let (lane, batch) = if self.ordered {
+            let from = self.parts[part].ordered_next;
+            let batch = buffer
+                .read_ordered(&self.topic, id(part), from, max)
+                .map_err(|e| err("ordered read", e))?;
+            self.parts[part].ordered_next = batch.next;
+            (batch.lane, batch)
+        } else {
+            let next = self.parts[part].readers[lane_index(lane)].next;
+            let batch = buffer
+                .read(lane, &self.topic, id(part), next, max)
+                .map_err(|e| err("read", e))?;
+            (lane, batch)
+        };
+        let ordered = self.ordered;
         let state = &mut self.parts[part];
         for record in &batch.records {
             let offset = record.offset;
@@ -969,6 +1002,14 @@ impl Sim {
                     reader.last_delivered
                 ));
             }
+            // `Ordered`: strictly in offset order across the lanes within a lifetime.
+            if ordered && state.last_ordered.is_some_and(|last| offset <= last) {
+                return Err(format!(
+                    "Ordered delivered {offset} of partition {part} after {:?}",
+                    state.last_ordered
+                ));
+            }
+            state.last_ordered = Some(offset);
             reader.last_delivered = Some(offset);
             reader.acks.delivered(offset, 1);
             reader.unacked.push(offset);
