@@ -60,6 +60,19 @@ pub use kafka::KafkaError;
 pub use rdkafka;
 pub use store::{Header, Timestamp};
 
+/// The metrics catchup reports through the `metrics` facade (install any recorder, e.g.
+/// `metrics-exporter-prometheus`): their names, and the buckets the time-to-fresh histogram
+/// is meant to be exported with. Every series carries the consumer's `group`; see
+/// `docs/operations.md` for each one's labels and alert rules.
+pub mod metrics {
+    pub use crate::engine::telemetry::{
+        BROKER_ERRORS, BUFFERED_BYTES, COMPACTIONS, LAG_OFFSETS, MERGES, PARTITION_BACKLOG,
+        PARTITION_BACKLOG_ETA, PARTITION_LIVE_LAG, PARTITION_LIVE_LAG_SECONDS,
+        PARTITIONS_DISCARDED, RECORDS_DELIVERED, RECORDS_FETCHED, STALE_STATE, TIME_TO_FIRST_FRESH,
+        TIME_TO_FIRST_FRESH_BUCKETS, TRUNCATED_OFFSETS,
+    };
+}
+
 /// The README's Rust examples, compiled as doctests.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]

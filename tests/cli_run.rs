@@ -179,6 +179,9 @@ fn bad_usage_exits_2() {
         .collect();
     for args in [
         missing_group,
+        // No output: it would commit records it wrote nowhere.
+        base.to_vec(),
+        with(&["--sink", "-", "--exec", "cat"]),
         with(&["--config", "novalue"]),
         with(&["--mode", "fast"]),
         vec!["frobnicate"],

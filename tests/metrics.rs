@@ -138,6 +138,7 @@ async fn catchup_run_serves_prometheus_metrics() {
             &group,
             "--topic",
             &topic,
+            "--discard",
             "--buffer-dir",
             &dir.path().join("buffer").display().to_string(),
             "--metrics-addr",
@@ -152,7 +153,10 @@ async fn catchup_run_serves_prometheus_metrics() {
     let page = loop {
         let page = scrape(port).unwrap_or_default();
         // The gauges are set at the first commit, a moment after the records arrive.
-        if page.contains(&fetched) && page.contains("# TYPE catchup_buffered_bytes gauge") {
+        if page.contains(&fetched)
+            && page.contains("# TYPE catchup_buffered_bytes gauge")
+            && page.contains("catchup_partition_live_lag_seconds{")
+        {
             break page;
         }
         assert!(
@@ -170,6 +174,28 @@ async fn catchup_run_serves_prometheus_metrics() {
     let _ = child.wait();
     assert!(
         page.contains("# HELP catchup_records_fetched_total"),
+        "{page}"
+    );
+    // Per partition: no backlog (no split), the live lane caught up with the log end.
+    for gauge in [
+        "catchup_partition_backlog_offsets",
+        "catchup_partition_live_lag_offsets",
+        "catchup_partition_live_lag_seconds",
+    ] {
+        let line = page
+            .lines()
+            .find(|line| line.starts_with(&format!("{gauge}{{")))
+            .unwrap_or_else(|| panic!("no {gauge} in:\n{page}"));
+        assert!(
+            line.contains(&format!("topic=\"{topic}\"")) && line.contains("partition=\"0\""),
+            "{line}"
+        );
+        assert!(line.ends_with(" 0"), "{line}");
+    }
+    // Time to fresh is a histogram with buckets, not a summary.
+    assert!(
+        page.contains("# TYPE catchup_time_to_first_fresh_seconds histogram")
+            && page.contains("catchup_time_to_first_fresh_seconds_bucket{"),
         "{page}"
     );
 }

@@ -60,6 +60,7 @@ fn catchup_run_exits_1_with_one_line_naming_the_topic() {
             &unique("missing-topic-cli"),
             "--topic",
             &topic,
+            "--discard",
             "--buffer-dir",
             &dir.path().join("buffer").display().to_string(),
         ])

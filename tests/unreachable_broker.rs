@@ -24,6 +24,7 @@ fn connect_timeout_exits_1_after_one_warn_line() {
             "g",
             "--topic",
             "t",
+            "--discard",
             "--buffer-dir",
             &temp.path().join("buffer").display().to_string(),
             "--connect-timeout",

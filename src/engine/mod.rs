@@ -6,6 +6,7 @@
 
 mod commit;
 mod health;
+mod progress;
 mod reader;
 mod stopped;
 pub(crate) mod telemetry;
@@ -67,6 +68,10 @@ pub(crate) struct PartitionRuntime {
     pub live: LanePartition,
     /// When the partition was assigned, until its first live record is delivered.
     awaiting_fresh_since: Option<std::time::Instant>,
+    /// The timestamp (ms) of the newest live record handed out: the live lag in seconds.
+    newest_live_ms: Option<i64>,
+    /// How fast the backlog is processed: its ETA.
+    backlog_rate: crate::plan::BacklogRate,
 }
 
 impl PartitionRuntime {
@@ -99,6 +104,8 @@ impl PartitionRuntime {
             counted_from: [state.catchup.fetched_next, state.live.fetched_next],
             live: LanePartition::live(layout_id, state.live.fetched_next),
             awaiting_fresh_since: Some(std::time::Instant::now()),
+            newest_live_ms: None,
+            backlog_rate: crate::plan::BacklogRate::default(),
         }
     }
 

@@ -155,6 +155,19 @@ impl Shared {
             }
         }
         telemetry::records_delivered(&self.group, lane.as_str(), records.len() as u64);
+        if lane == Lane::Live {
+            let newest = records
+                .iter()
+                .rev()
+                .find_map(|record| match record.timestamp {
+                    crate::store::Timestamp::CreateTime(ms)
+                    | crate::store::Timestamp::LogAppendTime(ms) => Some(ms),
+                    crate::store::Timestamp::NotAvailable => None,
+                });
+            if newest.is_some() {
+                runtime.newest_live_ms = newest;
+            }
+        }
         let acks = &mut runtime.acks[lane_index(lane)];
         let mut out = Vec::with_capacity(records.len());
         for record in records {

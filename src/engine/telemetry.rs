@@ -15,6 +15,10 @@
 //! | `catchup_truncated_offsets_total` | counter | offsets | group, topic |
 //! | `catchup_stale_state_total` | counter | decisions | group, topic |
 //! | `catchup_partitions_discarded_total` | counter | partitions | group, topic |
+//! | `catchup_partition_backlog_offsets` | gauge | offsets | group, topic, partition |
+//! | `catchup_partition_backlog_eta_seconds` | gauge | seconds | group, topic, partition |
+//! | `catchup_partition_live_lag_offsets` | gauge | offsets | group, topic, partition |
+//! | `catchup_partition_live_lag_seconds` | gauge | seconds | group, topic, partition |
 
 use metrics::{
     Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
@@ -45,6 +49,22 @@ pub const STALE_STATE: &str = "catchup_stale_state_total";
 /// Partitions whose buffered records were discarded and fetched again
 /// (`Event::LocalDiscarded`).
 pub const PARTITIONS_DISCARDED: &str = "catchup_partitions_discarded_total";
+
+/// Offsets of the backlog not processed yet, per partition (0 when not split).
+pub const PARTITION_BACKLOG: &str = "catchup_partition_backlog_offsets";
+/// Seconds until the backlog is processed at the rate it is being processed, per partition
+/// (not reported while nothing is processed).
+pub const PARTITION_BACKLOG_ETA: &str = "catchup_partition_backlog_eta_seconds";
+/// Offsets between what the live lane processed and the log end, per partition.
+pub const PARTITION_LIVE_LAG: &str = "catchup_partition_live_lag_offsets";
+/// Seconds since the newest record the live lane handed out was written, while it lags
+/// (0 when caught up), per partition.
+pub const PARTITION_LIVE_LAG_SECONDS: &str = "catchup_partition_live_lag_seconds";
+
+/// Buckets (seconds) of the time-to-fresh histogram, for exporters that need them.
+pub const TIME_TO_FIRST_FRESH_BUCKETS: &[f64] = &[
+    0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+];
 
 /// Registers the description and unit of every metric with the installed recorder (once
 /// per process is enough; again is harmless).
@@ -104,6 +124,26 @@ pub fn describe() {
         Unit::Count,
         "Partitions whose buffered records were discarded and fetched again"
     );
+    describe_gauge!(
+        PARTITION_BACKLOG,
+        Unit::Count,
+        "Offsets of the backlog not processed yet, per partition"
+    );
+    describe_gauge!(
+        PARTITION_BACKLOG_ETA,
+        Unit::Seconds,
+        "Seconds until the backlog is processed at the current rate, per partition"
+    );
+    describe_gauge!(
+        PARTITION_LIVE_LAG,
+        Unit::Count,
+        "Offsets between what the live lane processed and the log end, per partition"
+    );
+    describe_gauge!(
+        PARTITION_LIVE_LAG_SECONDS,
+        Unit::Seconds,
+        "Seconds since the newest record the live lane handed out was written, per partition"
+    );
 }
 
 /// Counts what an event tells that operators alert on: offsets lost to retention, stale
@@ -137,6 +177,50 @@ pub fn records_delivered(group: &str, lane: &'static str, records: u64) {
 pub fn lag(group: &str, lane: &'static str, offsets: i64, bytes: u64) {
     gauge!(LAG_OFFSETS, "group" => group.to_owned(), "lane" => lane).set(offsets as f64);
     gauge!(BUFFERED_BYTES, "group" => group.to_owned(), "lane" => lane).set(bytes as f64);
+}
+
+/// One partition's progress (see `plan::progress`); `None`: not known this time.
+pub struct Progress {
+    pub backlog: i64,
+    pub backlog_eta_seconds: Option<f64>,
+    pub live_lag: Option<i64>,
+    pub live_lag_seconds: Option<f64>,
+}
+
+pub fn partition_progress(group: &str, (topic, partition): &(String, i32), progress: Progress) {
+    let labels = [
+        ("group", group.to_owned()),
+        ("topic", topic.clone()),
+        ("partition", partition.to_string()),
+    ];
+    gauge!(PARTITION_BACKLOG, &labels).set(progress.backlog as f64);
+    if let Some(eta) = progress.backlog_eta_seconds {
+        gauge!(PARTITION_BACKLOG_ETA, &labels).set(eta);
+    }
+    if let Some(lag) = progress.live_lag {
+        gauge!(PARTITION_LIVE_LAG, &labels).set(lag as f64);
+    }
+    if let Some(seconds) = progress.live_lag_seconds {
+        gauge!(PARTITION_LIVE_LAG_SECONDS, &labels).set(seconds);
+    }
+}
+
+/// A partition left this consumer: its gauges read 0 here (the member that has it now
+/// reports it).
+pub fn partition_gone(group: &str, (topic, partition): &(String, i32)) {
+    let labels = [
+        ("group", group.to_owned()),
+        ("topic", topic.clone()),
+        ("partition", partition.to_string()),
+    ];
+    for name in [
+        PARTITION_BACKLOG,
+        PARTITION_BACKLOG_ETA,
+        PARTITION_LIVE_LAG,
+        PARTITION_LIVE_LAG_SECONDS,
+    ] {
+        gauge!(name, &labels).set(0.0);
+    }
 }
 
 pub fn time_to_first_fresh(group: &str, seconds: f64) {

@@ -2,6 +2,7 @@
 //! catch-up fetcher, and the side log. Thin I/O around the decisions in [`crate::plan`].
 
 mod budget;
+mod cached_watermarks;
 mod catchup_fetcher;
 mod context;
 mod ffi;

@@ -9,6 +9,7 @@ mod commit;
 mod cycle;
 mod incarnation;
 mod lag;
+mod progress;
 mod reconcile;
 mod refusal;
 mod secret;
@@ -23,6 +24,7 @@ pub use commit::{CommitPlan, CommitWrites, Progress, plan_commit};
 pub use cycle::CommitCycle;
 pub use incarnation::incarnation_unknown;
 pub use lag::{SideStatus, TrueLag, true_lag};
+pub use progress::{BacklogRate, RATE_WINDOW, backlog_left, live_lag, live_lag_seconds};
 pub use reconcile::{
     Committed, Decision, Inputs, LocalAction, MainLogCommit, OffsetReset, PlanEvent, SideValue,
     SideWrite, clip_ranges, local_action, reconcile, trusted_side_entry,

@@ -17,7 +17,7 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use serde_json::json;
 
 use crate::Failure;
-use crate::run::{Processing, client_config, process};
+use crate::run::{Output, Processing, client_config, process};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -311,8 +311,9 @@ async fn restart(
     let progress = std::cell::RefCell::new(Progress::default());
     let mut processing = Processing {
         process_us: args.process_us,
-        sink: None,
+        output: Output::Discard,
         exit_when_idle: None,
+        max_records: None,
     };
     let deadline = started + Duration::from_secs(600);
     let summary = process(

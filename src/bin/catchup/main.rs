@@ -5,11 +5,13 @@
 
 mod demo;
 mod dump;
+mod exec;
 mod inspect;
 mod lag;
 mod run;
 mod schema;
 mod serve;
+mod sink;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

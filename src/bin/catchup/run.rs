@@ -1,8 +1,6 @@
 //! `catchup run`: a reference consumer with a file sink, and the processing loop the demo
 //! shares.
 
-use std::fs::File;
-use std::io::{BufWriter, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,9 +8,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use catchup::{CatchupConfig, CatchupConsumer, Delivery, DiskFloor, Mode};
 use rdkafka::ClientConfig;
-use serde_json::{Value, json};
 
 use crate::Failure;
+use crate::exec::{ExecOptions, ExecSink, OnFailure};
+use crate::sink::{Sink, record_line};
 
 /// Arguments of `catchup run`.
 #[derive(clap::Args)]
@@ -54,12 +53,40 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 256)]
     pub budget_mib: u64,
     /// Append one JSON line per processed record to this file (fsynced before the ack), or
-    /// write them to stdout with `-` (flushed, not fsynced).
-    #[arg(long)]
+    /// write them to stdout with `-` (flushed, not fsynced). One of --sink and --exec is
+    /// required.
+    #[arg(long, conflicts_with_all = ["exec", "discard"])]
     pub sink: Option<PathBuf>,
-    /// Simulated work per record, in microseconds.
-    #[arg(long, default_value_t = 0)]
+    /// Hand processed records to this command (run with `sh -c` and kept running) as JSON
+    /// lines, a batch at a time; a batch is acknowledged only once the command answers `ok`
+    /// for it on its stdout (`fail [reason]`: sent again after a backoff).
+    #[arg(long, value_name = "CMD", conflicts_with = "discard")]
+    pub exec: Option<String>,
+    /// With --exec: what to do with a batch that still fails after the retries (`stop`:
+    /// exit 1, nothing from it on committed; `skip`: send its records one at a time and skip
+    /// those that still fail, each reported on stderr).
+    #[arg(long, value_enum, default_value = "stop")]
+    pub on_failure: OnFailure,
+    /// With --exec: attempts of a failed batch after the first (0.5 s, doubling to 30 s,
+    /// between them).
+    #[arg(long, default_value_t = 5)]
+    pub retries: u32,
+    /// With --exec: seconds the command may take to answer for a batch (then it is started
+    /// again and the batch counts as failed).
+    #[arg(long, default_value_t = 60)]
+    pub exec_timeout: u64,
+    /// Exit after processing this many records (what was processed is committed first).
+    #[arg(long)]
+    pub max_records: Option<u64>,
+    /// Acknowledge records without writing them anywhere (benchmarks and tests).
+    #[arg(long, hide = true)]
+    pub discard: bool,
+    /// Simulated work per record, in microseconds (benchmarks and tests).
+    #[arg(long, default_value_t = 0, hide = true)]
     pub process_us: u64,
+    /// The first wait before a failed --exec batch is sent again, in milliseconds.
+    #[arg(long, default_value_t = 500, hide = true)]
+    pub retry_backoff_ms: u64,
     /// Exit once the group has assigned partitions (possibly none), nothing arrived for this
     /// many seconds, everything is committed and merged, and nothing is left between the
     /// committed offsets and the log ends.
@@ -187,99 +214,31 @@ pub fn client_config(
     config
 }
 
-/// Appends processed records as JSON lines; durable before they are acknowledged.
-pub struct Sink {
-    path: PathBuf,
-    writer: BufWriter<SinkTarget>,
-}
-
-/// Where the sink writes: a file, fsynced at every sync point, or stdout (`-`), where an
-/// fsync means nothing (a pipe or a terminal refuses it): flushed only.
-enum SinkTarget {
-    File(File),
-    Stdout(std::io::Stdout),
-}
-
-impl Write for SinkTarget {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        match self {
-            SinkTarget::File(file) => file.write(bytes),
-            SinkTarget::Stdout(stdout) => stdout.write(bytes),
-        }
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        match self {
-            SinkTarget::File(file) => file.flush(),
-            SinkTarget::Stdout(stdout) => stdout.flush(),
-        }
-    }
-}
-
-impl Sink {
-    pub fn open(path: PathBuf) -> Result<Self, Failure> {
-        let target = if path.as_os_str() == "-" {
-            SinkTarget::Stdout(std::io::stdout())
-        } else {
-            SinkTarget::File(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(&path)
-                    .map_err(|e| {
-                        Failure::Usage(format!("cannot open the sink {}: {e}", path.display()))
-                    })?,
-            )
-        };
-        Ok(Self {
-            path,
-            writer: BufWriter::new(target),
-        })
-    }
-
-    /// One line: the record in the schema `dump` prints (see `schema`), with the assignment
-    /// it was delivered under and when it was processed.
-    fn write(&mut self, delivery: &Delivery, processed_at_ms: u128) -> Result<(), Failure> {
-        let mut line = crate::schema::record_json(crate::schema::RecordView {
-            topic: &delivery.topic,
-            partition: delivery.partition,
-            lane: delivery.lane.as_str(),
-            offset: delivery.offset,
-            timestamp: delivery.timestamp,
-            key: delivery.key.as_deref(),
-            value: delivery.payload.as_deref(),
-            headers: &delivery.headers,
-        });
-        line.insert("assignment".into(), json!(delivery.assignment()));
-        line.insert("processed_at_ms".into(), json!(processed_at_ms as u64));
-        writeln!(self.writer, "{}", Value::Object(line)).map_err(|e| self.error(e))
-    }
-
-    /// Flushes and fsyncs: everything written so far survives a crash (stdout: flushed).
-    fn sync(&mut self) -> Result<(), Failure> {
-        self.writer.flush().map_err(|e| self.error(e))?;
-        match self.writer.get_ref() {
-            SinkTarget::File(file) => file.sync_data().map_err(|e| self.error(e)),
-            SinkTarget::Stdout(_) => Ok(()),
-        }
-    }
-
-    fn error(&self, err: std::io::Error) -> Failure {
-        Failure::Runtime(format!("writing the sink {}: {err}", self.path.display()))
-    }
+/// Where processed records go.
+pub enum Output {
+    /// Nowhere: acknowledged as they are handed out (the demo, benchmarks and tests).
+    Discard,
+    /// A file or stdout.
+    File(Sink),
+    /// A long-running command.
+    Exec(Box<ExecSink>),
 }
 
 /// How records are processed.
 pub struct Processing {
     pub process_us: u64,
-    pub sink: Option<Sink>,
+    pub output: Output,
     pub exit_when_idle: Option<Duration>,
+    /// Stop after this many records.
+    pub max_records: Option<u64>,
 }
 
 /// What a processing loop did.
 #[derive(Debug, Default, Clone)]
 pub struct Summary {
     pub processed: u64,
+    /// Records the `--exec` command failed and `--on-failure skip` skipped.
+    pub skipped: u64,
     pub elapsed: Duration,
 }
 
@@ -376,7 +335,13 @@ pub async fn process(
     let mut last_delivery = Instant::now();
     let mut waiting = Waiting::default();
     let mut batch = Vec::with_capacity(BATCH);
+    let mut lines = Vec::with_capacity(BATCH);
     while !stop() {
+        let room = match processing.max_records {
+            Some(max) if summary.processed >= max => break,
+            Some(max) => (max - summary.processed).min(BATCH as u64) as usize,
+            None => BATCH,
+        };
         let first = tokio::time::timeout(Duration::from_millis(100), consumer.recv()).await;
         match first {
             Ok(delivery) => batch.push(delivery.map_err(|e| Failure::Runtime(e.to_string()))?),
@@ -398,7 +363,7 @@ pub async fn process(
                 continue;
             }
         }
-        while batch.len() < BATCH {
+        while batch.len() < room {
             match consumer
                 .try_recv()
                 .map_err(|e| Failure::Runtime(e.to_string()))?
@@ -410,12 +375,22 @@ pub async fn process(
         for delivery in &batch {
             work(processing.process_us);
             observe(delivery);
-            if let Some(sink) = &mut processing.sink {
-                sink.write(delivery, now_ms())?;
+            match &mut processing.output {
+                Output::Discard => {}
+                Output::File(sink) => sink.write(delivery, now_ms())?,
+                Output::Exec(_) => lines.push(record_line(delivery, now_ms())),
             }
         }
-        if let Some(sink) = &mut processing.sink {
-            sink.sync()?;
+        match &mut processing.output {
+            Output::Discard => {}
+            Output::File(sink) => sink.sync()?,
+            Output::Exec(exec) => {
+                let skipped_before = exec.skipped;
+                let delivered = exec.deliver(&batch, &lines).await;
+                lines.clear();
+                delivered?;
+                summary.skipped += exec.skipped - skipped_before;
+            }
         }
         summary.processed += batch.len() as u64;
         for delivery in batch.drain(..) {
@@ -460,6 +435,7 @@ fn watch_brokers(consumer: &Arc<CatchupConsumer>, limit: Duration, brokers: Stri
 /// `catchup run`.
 pub async fn run(args: RunArgs) -> Result<(), Failure> {
     let client = args.connection.client()?;
+    let output = output(&args)?;
     let brokers = client
         .get("bootstrap.servers")
         .unwrap_or_default()
@@ -503,8 +479,9 @@ pub async fn run(args: RunArgs) -> Result<(), Failure> {
     consumer.subscribe(&topics).map_err(crate::failure)?;
     let mut processing = Processing {
         process_us: args.process_us,
-        sink: args.sink.clone().map(Sink::open).transpose()?,
+        output,
         exit_when_idle: args.exit_when_idle.map(Duration::from_secs),
+        max_records: args.max_records,
     };
     let stop = stop_on_signals()
         .map_err(|e| Failure::Runtime(format!("installing signal handlers: {e}")))?;
@@ -517,14 +494,44 @@ pub async fn run(args: RunArgs) -> Result<(), Failure> {
     .await;
     // Whatever happened, commit what was acknowledged and leave the group cleanly.
     let closed = consumer.close().await;
+    if let Output::Exec(exec) = &mut processing.output {
+        exec.finish().await;
+    }
     let summary = result?;
     closed.map_err(|e| Failure::Runtime(e.to_string()))?;
+    let skipped = match summary.skipped {
+        0 => String::new(),
+        skipped => format!(" ({skipped} skipped: the --exec command failed them)"),
+    };
     eprintln!(
-        "catchup: processed {} record(s) in {:.1} s",
+        "catchup: processed {} record(s){skipped} in {:.1} s",
         summary.processed,
         summary.elapsed.as_secs_f64()
     );
     Ok(())
+}
+
+/// Where `catchup run` writes: exactly one of `--sink`, `--exec` and `--discard`. A run
+/// without any is refused: it would commit records it wrote nowhere.
+fn output(args: &RunArgs) -> Result<Output, Failure> {
+    if let Some(command) = &args.exec {
+        return Ok(Output::Exec(Box::new(ExecSink::new(ExecOptions {
+            command: command.clone(),
+            timeout: Duration::from_secs(args.exec_timeout.max(1)),
+            retries: args.retries,
+            on_failure: args.on_failure,
+            backoff: Duration::from_millis(args.retry_backoff_ms),
+        }))));
+    }
+    if let Some(path) = &args.sink {
+        return Ok(Output::File(Sink::open(path.clone())?));
+    }
+    if args.discard {
+        return Ok(Output::Discard);
+    }
+    Err(Failure::Usage(
+        "no output: give --sink FILE, --sink - (stdout) or --exec CMD (catchup run commits what it processed, so it must write it somewhere)".into(),
+    ))
 }
 
 fn parse_percent(text: &str) -> Result<f64, String> {

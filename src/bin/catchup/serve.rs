@@ -19,7 +19,13 @@ pub type Probe = Arc<OnceLock<Arc<CatchupConsumer>>>;
 /// Installs the Prometheus recorder and serves it with `/healthz` on `addr`.
 pub async fn serve(addr: SocketAddr) -> Result<Probe, Failure> {
     let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
-        .install_recorder()
+        .set_buckets_for_metric(
+            metrics_exporter_prometheus::Matcher::Full(
+                catchup::metrics::TIME_TO_FIRST_FRESH.to_owned(),
+            ),
+            catchup::metrics::TIME_TO_FIRST_FRESH_BUCKETS,
+        )
+        .and_then(|builder| builder.install_recorder())
         .map_err(|e| Failure::Usage(format!("serving metrics on {addr}: {e}")))?;
     let listener = TcpListener::bind(addr)
         .await

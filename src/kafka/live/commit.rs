@@ -30,6 +30,21 @@ impl LiveState {
     /// partitions in one OffsetCommit, then the side-log writes of those whose main-log
     /// write succeeded (or had none) sent together, then what Kafka now holds recorded in
     /// the buffer. The first error is returned; every one is reported.
+    /// Reports every partition's progress, with the log ends librdkafka last heard of (no
+    /// request is made).
+    pub(super) fn report_progress(&self, consumer: &BaseConsumer<LiveContext>) {
+        let keys: Vec<PartitionId> = self.shared.partitions().keys().cloned().collect();
+        let log_ends = keys
+            .into_iter()
+            .filter_map(|key| {
+                let high =
+                    crate::kafka::cached_watermarks::cached_high(consumer.client(), &key.0, key.1)?;
+                Some((key, high))
+            })
+            .collect();
+        self.shared.report_progress(&log_ends);
+    }
+
     pub(super) fn commit(
         &self,
         consumer: &BaseConsumer<LiveContext>,

@@ -408,6 +408,7 @@ fn run(
             let started = Instant::now();
             let _ = state.commit(&consumer, None);
             schedule.committed(started, Instant::now());
+            state.report_progress(&consumer);
         }
         if due.prune {
             state.prune_unowned(&consumer);

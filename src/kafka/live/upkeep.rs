@@ -260,6 +260,7 @@ impl LiveState {
             for key in &partitions {
                 runtimes.remove(key);
                 unreconciled.remove(key);
+                telemetry::partition_gone(&self.shared.group, key);
             }
         }
         self.shared.revocations.fetch_add(1, Ordering::Relaxed);

@@ -1,0 +1,99 @@
+//! The file sink of `catchup run`: processed records as JSON lines in a file, fsynced before
+//! they are acknowledged, or on stdout.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::PathBuf;
+
+use catchup::Delivery;
+use serde_json::{Value, json};
+
+use crate::Failure;
+
+/// One line: the record in the schema `dump` prints (see `schema`), with the assignment it
+/// was delivered under and when it was processed.
+pub fn record_line(delivery: &Delivery, processed_at_ms: u128) -> String {
+    let mut line = crate::schema::record_json(crate::schema::RecordView {
+        topic: &delivery.topic,
+        partition: delivery.partition,
+        lane: delivery.lane.as_str(),
+        offset: delivery.offset,
+        timestamp: delivery.timestamp,
+        key: delivery.key.as_deref(),
+        value: delivery.payload.as_deref(),
+        headers: &delivery.headers,
+    });
+    line.insert("assignment".into(), json!(delivery.assignment()));
+    line.insert("processed_at_ms".into(), json!(processed_at_ms as u64));
+    Value::Object(line).to_string()
+}
+
+/// Appends processed records as JSON lines; durable before they are acknowledged.
+pub struct Sink {
+    path: PathBuf,
+    writer: BufWriter<SinkTarget>,
+}
+
+/// Where the sink writes: a file, fsynced at every sync point, or stdout (`-`), where an
+/// fsync means nothing (a pipe or a terminal refuses it): flushed only.
+enum SinkTarget {
+    File(File),
+    Stdout(std::io::Stdout),
+}
+
+impl Write for SinkTarget {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        match self {
+            SinkTarget::File(file) => file.write(bytes),
+            SinkTarget::Stdout(stdout) => stdout.write(bytes),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            SinkTarget::File(file) => file.flush(),
+            SinkTarget::Stdout(stdout) => stdout.flush(),
+        }
+    }
+}
+
+impl Sink {
+    pub fn open(path: PathBuf) -> Result<Self, Failure> {
+        let target = if path.as_os_str() == "-" {
+            SinkTarget::Stdout(std::io::stdout())
+        } else {
+            SinkTarget::File(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&path)
+                    .map_err(|e| {
+                        Failure::Usage(format!("cannot open the sink {}: {e}", path.display()))
+                    })?,
+            )
+        };
+        Ok(Self {
+            path,
+            writer: BufWriter::new(target),
+        })
+    }
+
+    /// Appends `delivery`'s line.
+    pub fn write(&mut self, delivery: &Delivery, processed_at_ms: u128) -> Result<(), Failure> {
+        let line = record_line(delivery, processed_at_ms);
+        writeln!(self.writer, "{line}").map_err(|e| self.error(e))
+    }
+
+    /// Flushes and fsyncs: everything written so far survives a crash (stdout: flushed).
+    pub fn sync(&mut self) -> Result<(), Failure> {
+        self.writer.flush().map_err(|e| self.error(e))?;
+        match self.writer.get_ref() {
+            SinkTarget::File(file) => file.sync_data().map_err(|e| self.error(e)),
+            SinkTarget::Stdout(_) => Ok(()),
+        }
+    }
+
+    fn error(&self, err: std::io::Error) -> Failure {
+        Failure::Runtime(format!("writing the sink {}: {err}", self.path.display()))
+    }
+}

@@ -1,0 +1,40 @@
+//! Each partition's progress as gauges (`plan::progress`): the backlog left and its ETA, the
+//! live lane's lag in offsets and in seconds.
+
+use std::collections::BTreeMap;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use super::*;
+use crate::plan::{backlog_left, live_lag, live_lag_seconds};
+
+impl Shared {
+    /// Reports every partition's progress; `log_ends` holds the log ends known (a partition
+    /// without one reports no live lag this time).
+    pub fn report_progress(&self, log_ends: &BTreeMap<PartitionId, i64>) {
+        let now = Instant::now();
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |since| since.as_millis() as i64);
+        let mut partitions = self.partitions();
+        for (key, runtime) in partitions.iter_mut() {
+            let catchup_processed = runtime.acks[0].committable();
+            runtime.backlog_rate.observe(now, catchup_processed);
+            let backlog = backlog_left(&runtime.layout, catchup_processed);
+            let live = log_ends
+                .get(key)
+                .map(|&end| live_lag(&runtime.layout, runtime.acks[1].committable(), end));
+            let seconds =
+                live.and_then(|lag| live_lag_seconds(lag, runtime.newest_live_ms, now_ms));
+            telemetry::partition_progress(
+                &self.group,
+                key,
+                telemetry::Progress {
+                    backlog,
+                    backlog_eta_seconds: runtime.backlog_rate.eta(backlog),
+                    live_lag: live,
+                    live_lag_seconds: seconds,
+                },
+            );
+        }
+    }
+}
