@@ -122,8 +122,23 @@ impl BrokerHealth {
     /// A client reported that authentication failed: one WARN and an event when a run of
     /// failures begins; the consumer stops if it lasts (`plan::Refusal`).
     pub fn authentication_failed(&self, role: &str, reason: &str) {
+        self.refused_by(role, reason, Refusal::failed);
+    }
+
+    /// The application's token hook failed for the client playing `role`: the cause the
+    /// consumer reports should the refusal become final (`Refusal::source_failed`).
+    pub fn token_failed(&self, role: &str, reason: &str) {
+        self.refused_by(role, reason, Refusal::source_failed);
+    }
+
+    fn refused_by(
+        &self,
+        role: &str,
+        reason: &str,
+        record: fn(&mut Refusal, Instant, &str) -> bool,
+    ) {
         let mut refusal = self.refusal();
-        let begins = refusal.failed(Instant::now(), reason);
+        let begins = record(&mut refusal, Instant::now(), reason);
         self.refusing.store(true, Ordering::Relaxed);
         drop(refusal);
         if begins {

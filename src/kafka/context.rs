@@ -63,10 +63,14 @@ impl BrokerHealth {
         role: &str,
         oauthbearer_config: Option<&str>,
     ) -> Result<OAuthToken, Box<dyn std::error::Error>> {
-        match self.hooks() {
+        let token = match self.hooks() {
             Some(hooks) => hooks.oauth_token(role, oauthbearer_config),
             None => Err(NO_TOKEN_HOOK.into()),
+        };
+        if let Err(error) = &token {
+            self.token_failed(role, &error.to_string());
         }
+        token
     }
 
     /// A client-wide error of the client playing `role`.

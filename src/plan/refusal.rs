@@ -32,6 +32,20 @@ impl Refusal {
         self.final_reason.is_none()
     }
 
+    /// The application's own source of credentials failed (a token hook's error) at `now`:
+    /// that is the cause to report, whatever the brokers said before it (a session ended by
+    /// the expired token may be refused before the hook is asked for a new one). The run of
+    /// failures keeps its start. Whether a run begins.
+    pub fn source_failed(&mut self, now: Instant, reason: &str) -> bool {
+        match &mut self.failing {
+            Some((_, cause)) => {
+                *cause = reason.to_owned();
+                false
+            }
+            None => self.failed(now, reason),
+        }
+    }
+
     /// A request got through: the credentials are accepted (a final refusal stays). Whether
     /// a run of failures ended.
     pub fn succeeded(&mut self) -> bool {
@@ -66,6 +80,7 @@ mod tests {
         let at = |secs: u64| start + Duration::from_secs(secs);
         enum Step {
             Fail(&'static str),
+            SourceFail(&'static str),
             Succeed,
             Check,
         }
@@ -103,6 +118,21 @@ mod tests {
                 ],
             ),
             (
+                "the token hook's error is the cause, even after the brokers refused",
+                vec![
+                    (Fail("handshake failed"), 0, true, None),
+                    (SourceFail("the identity provider is down"), 3, false, None),
+                    (Fail("handshake failed"), 4, false, None),
+                    (Check, 10, false, Some("the identity provider is down")),
+                    (
+                        SourceFail("later"),
+                        11,
+                        false,
+                        Some("the identity provider is down"),
+                    ),
+                ],
+            ),
+            (
                 "a success without failures changes nothing",
                 vec![(Succeed, 0, false, None), (Check, 100, false, None)],
             ),
@@ -113,6 +143,7 @@ mod tests {
                 let now = at(secs);
                 let got = match step {
                     Fail(reason) => refusal.failed(now, reason),
+                    SourceFail(reason) => refusal.source_failed(now, reason),
                     Succeed => refusal.succeeded(),
                     Check => false,
                 };
