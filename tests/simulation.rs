@@ -67,7 +67,8 @@ fn the_consumer_never_loses_a_record() {
         "{count} seeds over {} partitions, {} steps, {} splits ({} layouts with several ranges), \
          {} merges, {} truncations, {} positions held past the log end, {} errors naming no \
          partition, {} assignments of everything (eager), {} main-log writes refused, {} failed \
-         creations of the catch-up consumer, {} topic ids unreadable: no loss, no stall",
+         creations of the catch-up consumer, {} topic ids unreadable, {} partitions assigned \
+         again within a poll round: no loss, no stall",
         stats.partitions,
         stats.steps,
         stats.splits,
@@ -80,6 +81,7 @@ fn the_consumer_never_loses_a_record() {
         stats.commit_refusals,
         stats.create_failures,
         stats.id_failures,
+        stats.rebalances_in_a_round,
     );
     assert!(stats.steps > 0);
     if count >= 1000 {
@@ -95,7 +97,8 @@ fn the_consumer_never_loses_a_record() {
                 && stats.eager_reassigns > 0
                 && stats.commit_refusals > 0
                 && stats.create_failures > 0
-                && stats.id_failures > 0,
+                && stats.id_failures > 0
+                && stats.rebalances_in_a_round > 0,
             "{stats:?}"
         );
     }

@@ -15,11 +15,16 @@ use crate::store::Record;
 pub struct Round<K> {
     /// `None`: an event that names no partition.
     polled: Vec<(Option<K>, Polled)>,
+    /// The next record starts a run of its own (see [`Round::seal_run`]).
+    sealed: bool,
 }
 
 impl<K> Default for Round<K> {
     fn default() -> Self {
-        Self { polled: Vec::new() }
+        Self {
+            polled: Vec::new(),
+            sealed: false,
+        }
     }
 }
 
@@ -43,14 +48,24 @@ impl<K: Ord + Clone> Round<K> {
         is_key: impl FnOnce(&K) -> bool,
         key: impl FnOnce() -> K,
     ) {
-        if let Some((Some(last), Polled::Messages(run))) = self.polled.last_mut() {
+        if let (false, Some((Some(last), Polled::Messages(run)))) =
+            (self.sealed, self.polled.last_mut())
+        {
             if is_key(last) {
                 run.push(record);
                 return;
             }
         }
+        self.sealed = false;
         self.polled
             .push((Some(key()), Polled::Messages(vec![record])));
+    }
+
+    /// The next record starts a new run, under a key built afresh: the consumer's
+    /// assignment changed during the round, and a key that carries the assignment (a
+    /// generation) must not be carried over from the run before.
+    pub fn seal_run(&mut self) {
+        self.sealed = true;
     }
 
     /// What a poll brought for the partition `key`, or (`None`) for whichever partition it
@@ -67,12 +82,10 @@ impl<K: Ord + Clone> Round<K> {
     }
 
     /// Feeds the round to `lanes`: each lane gets what was polled for it and every event
-    /// that named no partition, in the order polled. What was polled for a partition without
-    /// a lane (revoked during the round, or never ours) is dropped.
-    pub fn feed<'a>(self, lanes: impl IntoIterator<Item = (&'a K, &'a mut LanePartition)>)
-    where
-        K: 'a,
-    {
+    /// that named no partition, in the order polled. What was polled under a key no lane
+    /// has (a partition revoked during the round, or assigned again under a new generation,
+    /// or never ours) is dropped.
+    pub fn feed<'a>(self, lanes: impl IntoIterator<Item = (K, &'a mut LanePartition)>) {
         let mut named: BTreeMap<K, Vec<(usize, Polled)>> = BTreeMap::new();
         let mut unnamed: Vec<(usize, Polled)> = Vec::new();
         for (index, (key, polled)) in self.polled.into_iter().enumerate() {
@@ -82,7 +95,7 @@ impl<K: Ord + Clone> Round<K> {
             }
         }
         for (key, lane) in lanes {
-            let own = named.remove(key).unwrap_or_default();
+            let own = named.remove(&key).unwrap_or_default();
             let mut own = own.into_iter().peekable();
             for (index, event) in &unnamed {
                 while let Some((_, polled)) = own.next_if(|(at, _)| at < index) {
@@ -140,7 +153,7 @@ mod tests {
         }
         assert_eq!(round.polled.len(), 3, "runs of one partition");
         let mut lanes = lanes(3);
-        round.feed(lanes.iter_mut());
+        round.feed(lanes.iter_mut().map(|(key, lane)| (*key, lane)));
         assert_eq!(appends(&mut lanes), vec![Some((0, 3)), Some((0, 1)), None]);
     }
 
@@ -153,7 +166,7 @@ mod tests {
         round.push(None, Polled::BreaksChain);
         round.push(Some(0), Polled::Messages(vec![record(2)]));
         let mut lanes = lanes(2);
-        round.feed(lanes.iter_mut());
+        round.feed(lanes.iter_mut().map(|(key, lane)| (*key, lane)));
         // What came before the error is proven; nothing after it is, on any lane.
         assert_eq!(appends(&mut lanes), vec![Some((0, 2)), None]);
         for lane in lanes.values() {
@@ -166,7 +179,7 @@ mod tests {
         let mut round: Round<i32> = Round::new();
         round.push(None, Polled::OutOfRange);
         let mut lanes = lanes(3);
-        round.feed(lanes.iter_mut());
+        round.feed(lanes.iter_mut().map(|(key, lane)| (*key, lane)));
         let now = std::time::Instant::now();
         assert!(lanes.values().all(|lane| lane.poll_watermarks(now)));
     }
@@ -177,9 +190,28 @@ mod tests {
         round.push(Some(1), Polled::BreaksChain);
         round.push(Some(0), Polled::Messages(vec![record(0)]));
         let mut lanes = lanes(2);
-        round.feed(lanes.iter_mut());
+        round.feed(lanes.iter_mut().map(|(key, lane)| (*key, lane)));
         assert!(lanes[&0].cursor().reposition().is_none());
         assert!(lanes[&1].cursor().reposition().is_some());
+    }
+
+    #[test]
+    fn a_sealed_run_is_not_joined_across_a_change_of_assignment() {
+        // Partition 0 under generation 1, then (the assignment changed during the round)
+        // under generation 2: the records polled under 1 reach no lane of generation 2.
+        let mut round = Round::new();
+        let mut generation = 1;
+        for offset in [500, 501] {
+            round.push_record(record(offset), |(p, _)| *p == 0, || (0, generation));
+        }
+        round.seal_run();
+        generation = 2;
+        round.push_record(record(0), |(p, _)| *p == 0, || (0, generation));
+        let mut lane = LanePartition::live(LayoutId(1), 0);
+        round.feed([((0, 2), &mut lane)]);
+        let append = lane.poll_append().expect("generation 2's record");
+        assert_eq!((append.continues_from, append.next), (0, 1));
+        assert_eq!(append.records.len(), 1);
     }
 
     #[test]
@@ -187,7 +219,7 @@ mod tests {
         let mut round = Round::new();
         round.push(Some(7), Polled::Messages(vec![record(0)]));
         let mut lanes = lanes(1);
-        round.feed(lanes.iter_mut());
+        round.feed(lanes.iter_mut().map(|(key, lane)| (*key, lane)));
         assert_eq!(appends(&mut lanes), vec![None]);
     }
 }

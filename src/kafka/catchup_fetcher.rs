@@ -298,7 +298,7 @@ impl Fetcher {
         polled.feed(
             self.tracked
                 .iter_mut()
-                .map(|(key, tracked)| (key, &mut tracked.lane)),
+                .map(|(key, tracked)| (key.clone(), &mut tracked.lane)),
         );
         // Positions move past offsets without records (compaction, transaction markers);
         // each lane decides whether its generation's position can be trusted.

@@ -57,6 +57,9 @@ struct Fetcher {
     lane: Lane,
     /// The partition (its index in `Sim::parts`).
     part: usize,
+    /// Which assignment of the partition it fetches for (what the live fetcher's rounds
+    /// key polled records by: `PartitionRuntime::generation`).
+    generation: u64,
     client: Client,
     state: LanePartition,
     /// A writer left behind by a revoke: every append it makes must be refused.
@@ -206,6 +209,8 @@ pub struct Stats {
     pub commit_refusals: u64,
     /// Failed creations of the catch-up consumer.
     pub create_failures: u64,
+    /// Partitions revoked and assigned again inside a poll round of the group member.
+    pub rebalances_in_a_round: u64,
     /// Assignments during which the topic's id could not be read.
     pub id_failures: u64,
 }
@@ -223,6 +228,7 @@ impl std::ops::AddAssign for Stats {
         self.eager_reassigns += other.eager_reassigns;
         self.commit_refusals += other.commit_refusals;
         self.create_failures += other.create_failures;
+        self.rebalances_in_a_round += other.rebalances_in_a_round;
         self.id_failures += other.id_failures;
     }
 }
@@ -247,6 +253,8 @@ pub struct Sim {
     /// its hold, its partitions waiting meanwhile.
     catchup_created: bool,
     create_hold: Hold,
+    /// Fetchers created so far: each one's generation.
+    generations: u64,
     stats: Stats,
     /// Simulated time: a step takes `STEP_TIME`.
     now: Instant,
@@ -313,6 +321,7 @@ impl Sim {
             eager,
             catchup_created: false,
             create_hold: Hold::default(),
+            generations: 0,
             stats: Stats {
                 partitions: count,
                 ..Stats::default()
@@ -568,9 +577,11 @@ impl Sim {
             if self.ensure_catchup_consumer() {
                 client.assign(state.catchup.fetched_next, &mut self.rng);
             }
+            self.generations += 1;
             self.fetchers.push(Fetcher {
                 lane: Lane::Catchup,
                 part,
+                generation: self.generations,
                 client,
                 state: LanePartition::catchup(
                     layout,
@@ -580,9 +591,11 @@ impl Sim {
                 zombie: false,
             });
         }
+        self.generations += 1;
         self.fetchers.push(Fetcher {
             lane: Lane::Live,
             part,
+            generation: self.generations,
             client: Client::new(state.live.fetched_next, self.faults),
             state: LanePartition::live(layout, state.live.fetched_next),
             zombie: false,
@@ -765,7 +778,7 @@ impl Sim {
                 .filter(|&i| self.fetchers[i].lane == lane && !self.fetchers[i].zombie)
                 .collect()
         };
-        self.poll_round(lane, &members);
+        let members = self.poll_round(lane, members)?;
         let mut refused = Vec::new();
         let mut leaving = Vec::new();
         for &member in &members {
@@ -785,25 +798,40 @@ impl Sim {
     /// Polls the consumer of `members` (indices of fetchers of one lane) and feeds the round
     /// to their lanes through the production [`Round`]: the group member's errors name no
     /// partition and it ignores ends of partition; the catch-up consumer's errors name their
-    /// partition, except those of its main queue.
-    fn poll_round(&mut self, lane: Lane, members: &[usize]) {
+    /// partition, except those of its main queue. A rebalance inside one of the group
+    /// member's polls may revoke a partition and assign it again: the round then ends, and
+    /// what was polled before reaches only the lanes of the assignments it was polled under
+    /// (records are keyed by partition and generation, as the live fetcher keys them).
+    /// Returns the members after the round.
+    fn poll_round(&mut self, lane: Lane, members: Vec<usize>) -> Result<Vec<usize>, Failure> {
         let mut round = Round::new();
+        let mut members = members;
         for _ in 0..self.rng.below(40) {
+            let group_member = lane == Lane::Live && !self.fetchers[members[0]].zombie;
+            if group_member && self.faults && !round.is_empty() && self.rng.chance(10) {
+                let part = self.random_part();
+                self.stats.rebalances_in_a_round += 1;
+                self.revoke_and_reassign(part)?;
+                members = (0..self.fetchers.len())
+                    .filter(|&i| self.fetchers[i].lane == Lane::Live && !self.fetchers[i].zombie)
+                    .collect();
+                break;
+            }
             let member = members[self.rng.below(members.len() as u64) as usize];
             let fetcher = &mut self.fetchers[member];
-            let part = fetcher.part;
-            let Some(polled) = fetcher.client.poll(&self.parts[part].log, &mut self.rng) else {
+            let key = (fetcher.part, fetcher.generation);
+            let Some(polled) = fetcher.client.poll(&self.parts[key.0].log, &mut self.rng) else {
                 continue;
             };
             let error = match polled {
                 Polled::Transient => break,
                 Polled::Message(offset) => {
-                    round.push(Some(part), LanePolled::Messages(vec![record(offset)]));
+                    round.push(Some(key), LanePolled::Messages(vec![record(offset)]));
                     continue;
                 }
                 Polled::EndOfPartition => {
                     if lane == Lane::Catchup {
-                        round.push(Some(part), LanePolled::EndOfPartition);
+                        round.push(Some(key), LanePolled::EndOfPartition);
                     }
                     continue;
                 }
@@ -814,7 +842,7 @@ impl Sim {
             if !named {
                 self.stats.unnamed_errors += 1;
             }
-            round.push(named.then_some(part), error);
+            round.push(named.then_some(key), error);
             break;
         }
         round.feed(
@@ -822,14 +850,15 @@ impl Sim {
                 .iter_mut()
                 .enumerate()
                 .filter(|(index, _)| members.contains(index))
-                .map(|(_, fetcher)| (&fetcher.part, &mut fetcher.state)),
+                .map(|(_, fetcher)| ((fetcher.part, fetcher.generation), &mut fetcher.state)),
         );
-        for &member in members {
+        for &member in &members {
             let fetcher = &mut self.fetchers[member];
             if let Some(position) = fetcher.client.position() {
                 fetcher.state.handle_position(position);
             }
         }
+        Ok(members)
     }
 
     /// What follows a poll round for one fetcher, as the adapters run it: the proven append,

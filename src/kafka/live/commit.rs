@@ -26,10 +26,6 @@ impl LiveState {
         Ok(backlog)
     }
 
-    /// One commit cycle (of every partition, or of `only`): the main-log writes of all
-    /// partitions in one OffsetCommit, then the side-log writes of those whose main-log
-    /// write succeeded (or had none) sent together, then what Kafka now holds recorded in
-    /// the buffer. The first error is returned; every one is reported.
     /// Reports every partition's progress, with the log ends librdkafka last heard of (no
     /// request is made).
     pub(super) fn report_progress(&self, consumer: &BaseConsumer<LiveContext>) {
@@ -45,6 +41,10 @@ impl LiveState {
         self.shared.report_progress(&log_ends);
     }
 
+    /// One commit cycle (of every partition, or of `only`): the main-log writes of all
+    /// partitions in one OffsetCommit, then the side-log writes of those whose main-log
+    /// write succeeded (or had none) sent together, then what Kafka now holds recorded in
+    /// the buffer. The first error is returned; every one is reported.
     pub(super) fn commit(
         &self,
         consumer: &BaseConsumer<LiveContext>,

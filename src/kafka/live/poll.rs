@@ -4,6 +4,8 @@
 
 use super::*;
 
+use std::collections::BTreeMap;
+
 /// One poll round of the live lane: up to `POLL_BATCH` messages fed to the partitions'
 /// cursors, the appends they prove, and the repositioning of every partition whose chain of
 /// proof broke (DESIGN invariant 8).
@@ -19,13 +21,14 @@ pub(super) fn poll_into_buffer(
     let positions = consumer.position().ok();
     let appends: Vec<(PartitionId, PendingAppend)> = {
         let mut partitions = shared.partitions();
-        // What was polled for a partition a rebalance of this round took away is dropped;
-        // an error naming no partition ends every chain (and after an out-of-range error
+        // What was polled for a partition under an assignment a rebalance of this round
+        // ended is dropped (its key carries the generation it was polled under); an error
+        // naming no partition ends every chain (and after an out-of-range error
         // every partition's watermarks tell whose it was).
         polled.feed(
             partitions
                 .iter_mut()
-                .map(|(key, runtime)| (key, &mut runtime.live)),
+                .map(|(key, runtime)| ((key.clone(), runtime.generation), &mut runtime.live)),
         );
         for element in positions.iter().flat_map(|list| list.elements()) {
             let key = (element.topic().to_owned(), element.partition());
@@ -58,23 +61,55 @@ pub(super) fn poll_into_buffer(
 /// What one round of `poll` brought.
 #[derive(Default)]
 pub(super) struct LiveRound {
-    /// Messages in runs of one partition, and the error that ended the round (the group
-    /// member's errors name no partition).
-    polled: Round<PartitionId>,
+    /// Messages in runs of one partition, each run under the generation of the partition's
+    /// assignment it was polled in, and the error that ended the round (the group member's
+    /// errors name no partition).
+    polled: Round<(PartitionId, u64)>,
     /// That error is one polling on does not get past (an unknown topic, access refused).
     fatal: Option<(FatalKind, String)>,
+}
+
+/// The generation of every partition's current assignment, and a count of the rebalances
+/// so far (a callback run by `poll` changes it).
+fn generations(shared: &Shared) -> (u64, BTreeMap<PartitionId, u64>) {
+    let rebalances =
+        shared.assignments.load(Ordering::Relaxed) + shared.revocations.load(Ordering::Relaxed);
+    let generations = shared
+        .partitions()
+        .iter()
+        .map(|(key, runtime)| (key.clone(), runtime.generation))
+        .collect();
+    (rebalances, generations)
 }
 
 pub(super) fn poll_round(consumer: &BaseConsumer<LiveContext>, shared: &Shared) -> LiveRound {
     let mut round = LiveRound::default();
     let mut timeout = Duration::from_millis(50);
+    // A rebalance inside a `poll` of this round may revoke a partition and assign it again:
+    // what was polled before it belongs to the old assignment and must not reach the new
+    // one's lane (a record far ahead of the new position would "prove" the offsets between).
+    let (mut rebalances, mut generation) = generations(shared);
     for _ in 0..POLL_BATCH {
-        match consumer.poll(timeout) {
+        let polled = consumer.poll(timeout);
+        let now =
+            shared.assignments.load(Ordering::Relaxed) + shared.revocations.load(Ordering::Relaxed);
+        if now != rebalances {
+            (rebalances, generation) = generations(shared);
+            round.polled.seal_run();
+        }
+        match polled {
             None => break,
             Some(Ok(message)) => round.polled.push_record(
                 to_record(&message),
-                |(topic, partition)| *partition == message.partition() && topic == message.topic(),
-                || (message.topic().to_owned(), message.partition()),
+                |((topic, partition), _)| {
+                    *partition == message.partition() && topic == message.topic()
+                },
+                || {
+                    let key = (message.topic().to_owned(), message.partition());
+                    // Not assigned here (yet): no lane takes it.
+                    let polled_under = generation.get(&key).copied().unwrap_or(u64::MAX);
+                    (key, polled_under)
+                },
             ),
             // An error is not the end of what was polled (DESIGN §6): what came before it
             // stays in the round.
