@@ -15,24 +15,27 @@ use support::{Kafka, unique};
 
 const WAIT: Duration = Duration::from_secs(120);
 
-/// Appends every record line to `out.jsonl` in the working directory and answers `ok` at the
-/// end of each batch; a batch with a record at `offset` 42 is answered `fail poison` (when
-/// `POISON` is set); the second batch kills the command once (when `CRASH_ONCE` is set,
-/// leaving `crashed` behind).
+/// Appends every record line to `out.jsonl` in the working directory and answers `ok N` at
+/// the end of batch N; a batch with a record at `offset` 42 is answered `fail N poison`
+/// (when `POISON` is set), every batch is (when `FAIL_ALL` is set); the second batch kills
+/// the command once (when `CRASH_ONCE` is set, leaving `crashed` behind).
 const COMMAND: &str = r#"batches=0
 pending=""
 while IFS= read -r line; do
   case "$line" in
     '{"end_of_batch"'*)
       batches=$((batches + 1))
+      n=${line#*:}; n=${n%%,*}
       if [ -n "$CRASH_ONCE" ] && [ "$batches" = 2 ] && [ ! -e crashed ]; then
         touch crashed; exit 3
       fi
-      if [ -n "$POISON" ] && printf '%s' "$pending" | grep -q '"offset":42,'; then
-        echo "fail poison"
+      if [ -n "$FAIL_ALL" ]; then
+        echo "fail $n database down"
+      elif [ -n "$POISON" ] && printf '%s' "$pending" | grep -q '"offset":42,'; then
+        echo "fail $n poison"
       else
         printf '%s' "$pending" >> out.jsonl
-        echo ok
+        echo "ok $n"
       fi
       pending="" ;;
     *) pending="$pending$line
@@ -113,7 +116,7 @@ async fn every_record_reaches_the_command_and_a_dead_command_is_started_again() 
         temp.path().join("crashed").exists(),
         "the command was killed once"
     );
-    assert!(stderr.contains("the command exited"), "{stderr}");
+    assert!(stderr.contains("the command exited with 3"), "{stderr}");
     let kept: BTreeSet<(i64, i64)> = kept(temp.path()).into_iter().collect();
     let expected: BTreeSet<(i64, i64)> = (0..2)
         .flat_map(|p| (0..1500).map(move |o| (p, o)))
@@ -179,6 +182,34 @@ async fn a_poison_record_stops_the_run_or_is_skipped_alone() {
     let expected: BTreeSet<i64> = (0..100).filter(|offset| *offset != 42).collect();
     assert_eq!(kept, expected);
     assert_eq!(kafka.committed(&group, &topic, 1), vec![Some(100)]);
+}
+
+/// `skip` skips what the command judges poison, not an outage: a command that fails every
+/// record stops the run, and nothing is committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn skip_does_not_skip_through_an_outage() {
+    let kafka = Kafka::connect();
+    let topic = unique("cli-exec-outage");
+    kafka.create_topic(&topic, 1).await;
+    kafka.produce(&topic, 1, 20).await;
+    let group = unique("cli-exec-outage-group");
+    let temp = tempfile::tempdir().expect("tempdir");
+    let output = run(
+        &kafka,
+        &group,
+        &topic,
+        temp.path(),
+        &["--retries", "0", "--on-failure", "skip"],
+        &[("FAIL_ALL", "1")],
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("the command is failing, not a record"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("skipped"), "{stderr}");
+    assert_eq!(kafka.committed(&group, &topic, 1), vec![None]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,7 +10,7 @@ use catchup::{CatchupConfig, CatchupConsumer, Delivery, DiskFloor, Mode};
 use rdkafka::ClientConfig;
 
 use crate::Failure;
-use crate::exec::{ExecOptions, ExecSink, OnFailure};
+use crate::exec::{ExecOptions, ExecSink, Handed, OnFailure};
 use crate::sink::{Sink, record_line};
 
 /// Arguments of `catchup run`.
@@ -58,22 +58,23 @@ pub struct RunArgs {
     #[arg(long, conflicts_with_all = ["exec", "discard"])]
     pub sink: Option<PathBuf>,
     /// Hand processed records to this command (run with `sh -c` and kept running) as JSON
-    /// lines, a batch at a time; a batch is acknowledged only once the command answers `ok`
-    /// for it on its stdout (`fail [reason]`: sent again after a backoff).
+    /// lines, a batch at a time; a batch is acknowledged only once the command answers
+    /// `ok N` for it on its stdout (`fail N [reason]`: sent again after a backoff).
     #[arg(long, value_name = "CMD", conflicts_with = "discard")]
     pub exec: Option<String>,
     /// With --exec: what to do with a batch that still fails after the retries (`stop`:
     /// exit 1, nothing from it on committed; `skip`: send its records one at a time and skip
-    /// those that still fail, each reported on stderr).
-    #[arg(long, value_enum, default_value = "stop")]
+    /// those the command still answers `fail` for, each reported on stderr — unless it fails
+    /// them all, or fails itself: then it stops).
+    #[arg(long, value_enum, default_value = "stop", requires = "exec")]
     pub on_failure: OnFailure,
     /// With --exec: attempts of a failed batch after the first (0.5 s, doubling to 30 s,
     /// between them).
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, requires = "exec")]
     pub retries: u32,
     /// With --exec: seconds the command may take to answer for a batch (then it is started
     /// again and the batch counts as failed).
-    #[arg(long, default_value_t = 60)]
+    #[arg(long, default_value_t = 60, requires = "exec")]
     pub exec_timeout: u64,
     /// Exit after processing this many records (what was processed is committed first).
     #[arg(long)]
@@ -386,9 +387,11 @@ pub async fn process(
             Output::File(sink) => sink.sync()?,
             Output::Exec(exec) => {
                 let skipped_before = exec.skipped;
-                let delivered = exec.deliver(&batch, &lines).await;
+                let handed = exec.deliver(&batch, &lines).await;
                 lines.clear();
-                delivered?;
+                if handed? == Handed::Stopped {
+                    break; // a signal: nothing of the batch is acknowledged
+                }
                 summary.skipped += exec.skipped - skipped_before;
             }
         }
@@ -435,7 +438,9 @@ fn watch_brokers(consumer: &Arc<CatchupConsumer>, limit: Duration, brokers: Stri
 /// `catchup run`.
 pub async fn run(args: RunArgs) -> Result<(), Failure> {
     let client = args.connection.client()?;
-    let output = output(&args)?;
+    let stop = stop_on_signals()
+        .map_err(|e| Failure::Runtime(format!("installing signal handlers: {e}")))?;
+    let output = output(&args, &stop)?;
     let brokers = client
         .get("bootstrap.servers")
         .unwrap_or_default()
@@ -483,8 +488,6 @@ pub async fn run(args: RunArgs) -> Result<(), Failure> {
         exit_when_idle: args.exit_when_idle.map(Duration::from_secs),
         max_records: args.max_records,
     };
-    let stop = stop_on_signals()
-        .map_err(|e| Failure::Runtime(format!("installing signal handlers: {e}")))?;
     let result = process(
         &consumer,
         &mut processing,
@@ -513,7 +516,7 @@ pub async fn run(args: RunArgs) -> Result<(), Failure> {
 
 /// Where `catchup run` writes: exactly one of `--sink`, `--exec` and `--discard`. A run
 /// without any is refused: it would commit records it wrote nowhere.
-fn output(args: &RunArgs) -> Result<Output, Failure> {
+fn output(args: &RunArgs, stop: &Arc<AtomicBool>) -> Result<Output, Failure> {
     if let Some(command) = &args.exec {
         return Ok(Output::Exec(Box::new(ExecSink::new(ExecOptions {
             command: command.clone(),
@@ -521,6 +524,7 @@ fn output(args: &RunArgs) -> Result<Output, Failure> {
             retries: args.retries,
             on_failure: args.on_failure,
             backoff: Duration::from_millis(args.retry_backoff_ms),
+            stop: stop.clone(),
         }))));
     }
     if let Some(path) = &args.sink {
