@@ -23,8 +23,9 @@ impl Shared {
             let live = log_ends
                 .get(key)
                 .map(|&end| live_lag(&runtime.layout, runtime.acks[1].committable(), end));
-            let seconds =
-                live.and_then(|lag| live_lag_seconds(lag, runtime.newest_live_ms, now_ms));
+            let live_processed = runtime.acks[1].committable();
+            let waiting = runtime.live.cursor().stored_next() > live_processed;
+            let seconds = live_lag_seconds(waiting, runtime.newest_live_ms, now_ms);
             telemetry::partition_progress(
                 &self.group,
                 key,

@@ -194,9 +194,8 @@ pub fn partition_progress(group: &str, (topic, partition): &(String, i32), progr
         ("partition", partition.to_string()),
     ];
     gauge!(PARTITION_BACKLOG, &labels).set(progress.backlog as f64);
-    if let Some(eta) = progress.backlog_eta_seconds {
-        gauge!(PARTITION_BACKLOG_ETA, &labels).set(eta);
-    }
+    // Unknown reads NaN, never an old estimate.
+    gauge!(PARTITION_BACKLOG_ETA, &labels).set(progress.backlog_eta_seconds.unwrap_or(f64::NAN));
     if let Some(lag) = progress.live_lag {
         gauge!(PARTITION_LIVE_LAG, &labels).set(lag as f64);
     }
@@ -205,8 +204,8 @@ pub fn partition_progress(group: &str, (topic, partition): &(String, i32), progr
     }
 }
 
-/// A partition left this consumer: its gauges read 0 here (the member that has it now
-/// reports it).
+/// A partition left this consumer: its gauges read 0 here, its ETA NaN (the member that has
+/// it now reports it).
 pub fn partition_gone(group: &str, (topic, partition): &(String, i32)) {
     let labels = [
         ("group", group.to_owned()),
@@ -215,12 +214,12 @@ pub fn partition_gone(group: &str, (topic, partition): &(String, i32)) {
     ];
     for name in [
         PARTITION_BACKLOG,
-        PARTITION_BACKLOG_ETA,
         PARTITION_LIVE_LAG,
         PARTITION_LIVE_LAG_SECONDS,
     ] {
         gauge!(name, &labels).set(0.0);
     }
+    gauge!(PARTITION_BACKLOG_ETA, &labels).set(f64::NAN);
 }
 
 pub fn time_to_first_fresh(group: &str, seconds: f64) {

@@ -24,11 +24,14 @@ pub fn live_lag(layout: &PartitionLayout, live_processed: i64, log_end: i64) -> 
     (log_end - live_processed.max(layout.live_from)).max(0)
 }
 
-/// Seconds the live lane is behind: from when the newest record it handed out was written
-/// (`newest_ms`, its timestamp) to `now_ms`, while it has a lag; 0 without one. `None` while
-/// lagging with no timestamped record handed out yet.
-pub fn live_lag_seconds(lag: i64, newest_ms: Option<i64>, now_ms: i64) -> Option<f64> {
-    if lag <= 0 {
+/// Seconds the application is behind on the live lane: how long ago the newest record handed
+/// out was written (`newest_ms`, its timestamp), while records fetched for it wait to be
+/// processed (`waiting`); 0 once it processed everything fetched — what is not fetched yet
+/// shows in [`live_lag`] (and a trailing transaction marker, proven only by the next record,
+/// must not look like minutes of lag on an idle topic). `None`: records wait, but none with a
+/// timestamp was handed out yet.
+pub fn live_lag_seconds(waiting: bool, newest_ms: Option<i64>, now_ms: i64) -> Option<f64> {
+    if !waiting {
         return Some(0.0);
     }
     newest_ms.map(|written| (now_ms - written).max(0) as f64 / 1000.0)
@@ -132,11 +135,15 @@ mod tests {
 
     #[test]
     fn lag_in_seconds_comes_from_the_newest_record_handed_out() {
-        assert_eq!(live_lag_seconds(0, None, 10_000), Some(0.0));
-        assert_eq!(live_lag_seconds(5, Some(4_000), 10_000), Some(6.0));
-        assert_eq!(live_lag_seconds(5, None, 10_000), None);
         assert_eq!(
-            live_lag_seconds(5, Some(11_000), 10_000),
+            live_lag_seconds(false, Some(4_000), 10_000),
+            Some(0.0),
+            "nothing waits"
+        );
+        assert_eq!(live_lag_seconds(true, Some(4_000), 10_000), Some(6.0));
+        assert_eq!(live_lag_seconds(true, None, 10_000), None);
+        assert_eq!(
+            live_lag_seconds(true, Some(11_000), 10_000),
             Some(0.0),
             "clock skew"
         );
