@@ -16,7 +16,8 @@ fn catchup() -> Command {
     // Only what each test sets: the suite's own CATCHUP_BROKERS must not leak in.
     command
         .env_remove("CATCHUP_BROKERS")
-        .env_remove("CATCHUP_GROUP");
+        .env_remove("CATCHUP_GROUP")
+        .env_remove("CATCHUP_CONFIG");
     command
 }
 
@@ -52,6 +53,10 @@ async fn environment_config_file_and_sink_on_stdout() {
     let child = catchup()
         .env("CATCHUP_BROKERS", &kafka.bootstrap)
         .env("CATCHUP_GROUP", &group)
+        .env(
+            "CATCHUP_CONFIG",
+            "client.rack=rack-1\nfetch.wait.max.ms=100",
+        )
         .args([
             "run",
             "--topic",
@@ -91,6 +96,25 @@ async fn environment_config_file_and_sink_on_stdout() {
     }
     assert!(stderr.contains("processed 50 record(s)"), "{stderr}");
     assert_eq!(kafka.committed(&group, &topic, 1), [Some(50)]);
+}
+
+/// Every connection flag has an environment variable: `CATCHUP_CONFIG` holds `--config`
+/// properties, one per line, checked as strictly.
+#[test]
+fn config_properties_from_the_environment_are_checked() {
+    let temp = tempfile::tempdir().expect("tempdir");
+    let output = catchup()
+        .env("CATCHUP_BROKERS", "127.0.0.1:1")
+        .env("CATCHUP_GROUP", "g")
+        .env("CATCHUP_CONFIG", "client.rack=rack-1\nnovalue")
+        .args(["run", "--topic", "t", "--discard", "--buffer-dir"])
+        .arg(temp.path().join("buffer"))
+        .output()
+        .expect("run");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("novalue"), "{stderr}");
+    assert!(!temp.path().join("buffer").exists(), "nothing was started");
 }
 
 #[test]

@@ -120,8 +120,14 @@ pub struct ConnectionArgs {
     /// kcat's `-F`: keeps secrets off the command line. `--config` wins over it.
     #[arg(long, env = "CATCHUP_CONFIG_FILE")]
     pub config_file: Option<PathBuf>,
-    /// An rdkafka property, `KEY=VALUE` (repeatable), e.g. `group.protocol=consumer`.
-    #[arg(long = "config", value_parser = parse_key_value)]
+    /// An rdkafka property, `KEY=VALUE` (repeatable), e.g. `group.protocol=consumer`; in the
+    /// environment, one per line.
+    #[arg(
+        long = "config",
+        env = "CATCHUP_CONFIG",
+        value_delimiter = '\n',
+        value_parser = parse_key_value
+    )]
     pub config: Vec<(String, String)>,
 }
 
