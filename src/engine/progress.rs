@@ -25,7 +25,13 @@ impl Shared {
                 .map(|&end| live_lag(&runtime.layout, runtime.acks[1].committable(), end));
             let live_processed = runtime.acks[1].committable();
             let waiting = runtime.live.cursor().stored_next() > live_processed;
-            let seconds = live_lag_seconds(waiting, runtime.newest_live_ms, now_ms);
+            // Before the first live record is handed out (`Ordered` during a split), fresh
+            // records have waited at most since the assignment.
+            let seconds = live_lag_seconds(waiting, runtime.newest_live_ms, now_ms).or_else(|| {
+                runtime
+                    .awaiting_fresh_since
+                    .map(|since| since.elapsed().as_secs_f64())
+            });
             telemetry::partition_progress(
                 &self.group,
                 key,
