@@ -15,7 +15,7 @@ use rdkafka::error::KafkaError as RdError;
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
 use super::side_log::for_other_consumers;
-use super::{Budget, KafkaError, RoleContext, for_role, to_record};
+use super::{Budget, KafkaError, Rebootstrap, RoleContext, for_role, to_record};
 use crate::engine::telemetry;
 use crate::engine::types::Event;
 use crate::engine::{PartitionId, Shared};
@@ -81,6 +81,7 @@ impl CatchupFetcher {
             .name("catchup-fetcher".into())
             .spawn(move || {
                 Fetcher {
+                    rebootstrap: Rebootstrap::new(&config),
                     config,
                     shared,
                     consumer: None,
@@ -108,6 +109,7 @@ struct Fetcher {
     create_hold: Hold,
     tracked: HashMap<PartitionId, Tracked>,
     budget: Budget,
+    rebootstrap: Rebootstrap,
 }
 
 impl Fetcher {
@@ -160,6 +162,14 @@ impl Fetcher {
                     CatchupCommand::Shutdown => return,
                 }
                 continue; // drain all commands before fetching
+            }
+            if let Some(consumer) = &self.consumer {
+                self.rebootstrap.observe(
+                    consumer.client(),
+                    !self.shared.health.is_unreachable(),
+                    Instant::now(),
+                    "catchup",
+                );
             }
             if !self.tracked.is_empty() {
                 if let Err(message) = self.fetch() {
@@ -579,6 +589,7 @@ mod tests {
             // librdkafka refuses it: creation fails, as with a rotated certificate file.
             .set("session.timeout.ms", "not a number");
         let mut fetcher = Fetcher {
+            rebootstrap: Rebootstrap::new(&config),
             config,
             shared,
             consumer: None,

@@ -10,6 +10,7 @@ mod group_offsets;
 mod live;
 mod offset_commit;
 mod prefetch;
+mod rebootstrap;
 mod side_log;
 mod topic_id;
 
@@ -22,6 +23,7 @@ pub(crate) use context::{
 pub(crate) use group_offsets::committed_partitions;
 pub(crate) use live::{LiveCommand, LiveFetcher, Reply};
 pub(crate) use offset_commit::commit_each;
+pub(crate) use rebootstrap::Rebootstrap;
 pub(crate) use side_log::{SideLog, for_other_consumers, read_side_entries};
 
 use rdkafka::Message;

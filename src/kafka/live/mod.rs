@@ -23,7 +23,7 @@ use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientConfig, ClientContext, Message, Offset, TopicPartitionList};
 
 use super::side_log::SideLogWrite;
-use super::{Budget, CatchupCommand, KafkaError, SideLog, to_record};
+use super::{Budget, CatchupCommand, KafkaError, Rebootstrap, SideLog, to_record};
 use crate::engine::telemetry;
 use crate::engine::types::{Event, Mode};
 use crate::engine::{PartitionId, PartitionRuntime, Shared, Stopped};
@@ -311,6 +311,7 @@ impl LiveFetcher {
             compacting: Mutex::new(None),
             subscribed: Mutex::new(Subscription::default()),
         });
+        let rebootstrap = Rebootstrap::new(&config);
         let consumer: BaseConsumer<LiveContext> = config
             .create_with_context(LiveContext {
                 state: state.clone(),
@@ -319,7 +320,7 @@ impl LiveFetcher {
         let (commands, receiver) = crossbeam_channel::unbounded();
         let thread = std::thread::Builder::new()
             .name("catchup-live".into())
-            .spawn(move || run(consumer, receiver, state))
+            .spawn(move || run(consumer, receiver, state, rebootstrap))
             .map_err(|error| KafkaError::Spawn {
                 thread: "live",
                 error,
@@ -332,6 +333,7 @@ fn run(
     consumer: BaseConsumer<LiveContext>,
     commands: Receiver<LiveCommand>,
     state: Arc<LiveState>,
+    mut rebootstrap: Rebootstrap,
 ) {
     let shared = state.shared.clone();
     let _stop_on_panic = shared.stop_on_panic("live");
@@ -342,6 +344,12 @@ fn run(
     );
     let mut budget = Budget::new("live", Lane::Live, shared.config.buffer_budget_bytes);
     loop {
+        rebootstrap.observe(
+            consumer.client(),
+            !shared.health.is_unreachable(),
+            Instant::now(),
+            "live",
+        );
         while let Ok(command) = commands.try_recv() {
             match command {
                 LiveCommand::Subscribe(topics, generation) => {
