@@ -211,28 +211,7 @@ pub(crate) fn for_role(config: &ClientConfig, role: &str) -> ClientConfig {
     let mut config = config.clone();
     let base = config.get("client.id").unwrap_or("rdkafka").to_owned();
     config.set("client.id", format!("{base}-{role}"));
-    rebootstrap_sooner(&mut config);
     config
-}
-
-/// How long (ms) a client may go without metadata from any broker before it connects to
-/// `bootstrap.servers` again, unless the user chose.
-const REBOOTSTRAP_AFTER_MS: &str = "10000";
-
-/// librdkafka (2.10 and later) forgets the brokers a metadata response leaves out, and a
-/// broker still recovering after a restart can answer with none: the client then has no
-/// broker to talk to until it bootstraps again — after 5 minutes by default (librdkafka issue
-/// 5301). Ten seconds instead.
-pub(crate) fn rebootstrap_sooner(config: &mut ClientConfig) {
-    if config
-        .get("metadata.recovery.rebootstrap.trigger.ms")
-        .is_none()
-    {
-        config.set(
-            "metadata.recovery.rebootstrap.trigger.ms",
-            REBOOTSTRAP_AFTER_MS,
-        );
-    }
 }
 
 #[cfg(test)]

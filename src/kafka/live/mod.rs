@@ -279,7 +279,6 @@ impl LiveFetcher {
         config
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false");
-        super::context::rebootstrap_sooner(&mut config);
         if config.get("partition.assignment.strategy").is_none()
             && config.get("group.protocol") != Some("consumer")
         {
