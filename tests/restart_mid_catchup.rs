@@ -26,8 +26,10 @@ fn config(dir: &Path) -> CatchupConfig {
     }
 }
 
-/// Processes `count` records (acking each) and commits; returns the offsets.
-async fn process(consumer: &CatchupConsumer, count: usize) -> Vec<i64> {
+/// Processes `count` records (acking each) and commits; returns the offsets. With `say`,
+/// each offset is printed before it is acknowledged (the SIGKILL test's child: what it
+/// printed bounds what the group may have committed).
+async fn process(consumer: &CatchupConsumer, count: usize, say: bool) -> Vec<i64> {
     let mut offsets = Vec::new();
     while offsets.len() < count {
         let delivery = tokio::time::timeout(WAIT, consumer.recv())
@@ -35,6 +37,9 @@ async fn process(consumer: &CatchupConsumer, count: usize) -> Vec<i64> {
             .expect("delivery in time")
             .expect("recv");
         offsets.push(delivery.offset);
+        if say {
+            println!("processed {}", delivery.offset);
+        }
         consumer.ack(&delivery);
     }
     consumer.commit().await.expect("commit");
@@ -144,7 +149,7 @@ async fn drop_without_close_resumes_from_the_buffer() {
             ),
             "{split:?}"
         );
-        process(&consumer, FIRST_RUN).await
+        process(&consumer, FIRST_RUN, false).await
         // dropped here without close
     };
     resume_and_finish(&kafka, &topic, &group, dir.path(), &first_run).await;
@@ -166,7 +171,7 @@ fn child_entry() {
         let consumer = catchup_consumer(&kafka, group, config(Path::new(dir)));
         consumer.subscribe(&[topic]).expect("subscribe");
         loop {
-            let offsets = process(&consumer, 50).await;
+            let offsets = process(&consumer, 50, true).await;
             println!("committed {}", offsets.iter().max().map_or(0, |m| m + 1));
         }
     });
@@ -187,25 +192,33 @@ async fn sigkill_mid_catchup_resumes_from_the_buffer() {
         .expect("spawn child");
     let stdout = child.stdout.take().expect("child stdout");
     let progress = tokio::task::spawn_blocking(move || {
-        for line in BufReader::new(stdout).lines() {
+        let mut lines = BufReader::new(stdout).lines();
+        for line in lines.by_ref() {
             let line = line.expect("child output");
             if let Some(committed) = line
                 .strip_prefix("committed ")
                 .and_then(|n| n.parse::<i64>().ok())
             {
                 if committed >= FIRST_RUN as i64 {
-                    return committed;
+                    return lines;
                 }
             }
         }
         panic!("the child stopped before committing {FIRST_RUN} records");
     });
-    let committed = tokio::time::timeout(Duration::from_secs(120), progress)
+    let rest = tokio::time::timeout(Duration::from_secs(120), progress)
         .await
         .expect("child progress")
         .expect("join");
+    // Killed while it goes on processing (and its background commits with it): what it
+    // printed up to its death bounds what the group may hold.
     child.kill().expect("SIGKILL");
     child.wait().expect("reap");
-    let first_run: Vec<i64> = (0..committed).collect();
+    let processed = rest
+        .map_while(Result::ok)
+        .filter_map(|line| line.strip_prefix("processed ")?.parse::<i64>().ok())
+        .max()
+        .unwrap_or(FIRST_RUN as i64 - 1);
+    let first_run: Vec<i64> = (0..=processed.max(FIRST_RUN as i64 - 1)).collect();
     resume_and_finish(&kafka, &topic, &group, dir.path(), &first_run).await;
 }
