@@ -4,8 +4,6 @@
 
 use super::*;
 
-use std::collections::BTreeMap;
-
 /// One poll round of the live lane: up to `POLL_BATCH` messages fed to the partitions'
 /// cursors, the appends they prove, and the repositioning of every partition whose chain of
 /// proof broke (DESIGN invariant 8).
@@ -69,17 +67,9 @@ pub(super) struct LiveRound {
     fatal: Option<(FatalKind, String)>,
 }
 
-/// The generation of every partition's current assignment, and a count of the rebalances
-/// so far (a callback run by `poll` changes it).
-fn generations(shared: &Shared) -> (u64, BTreeMap<PartitionId, u64>) {
-    let rebalances =
-        shared.assignments.load(Ordering::Relaxed) + shared.revocations.load(Ordering::Relaxed);
-    let generations = shared
-        .partitions()
-        .iter()
-        .map(|(key, runtime)| (key.clone(), runtime.generation))
-        .collect();
-    (rebalances, generations)
+/// How many rebalances ran so far (a callback run by `poll` changes it).
+fn rebalances(shared: &Shared) -> u64 {
+    shared.assignments.load(Ordering::Relaxed) + shared.revocations.load(Ordering::Relaxed)
 }
 
 pub(super) fn poll_round(consumer: &BaseConsumer<LiveContext>, shared: &Shared) -> LiveRound {
@@ -88,13 +78,12 @@ pub(super) fn poll_round(consumer: &BaseConsumer<LiveContext>, shared: &Shared) 
     // A rebalance inside a `poll` of this round may revoke a partition and assign it again:
     // what was polled before it belongs to the old assignment and must not reach the new
     // one's lane (a record far ahead of the new position would "prove" the offsets between).
-    let (mut rebalances, mut generation) = generations(shared);
+    let mut seen = rebalances(shared);
     for _ in 0..POLL_BATCH {
         let polled = consumer.poll(timeout);
-        let now =
-            shared.assignments.load(Ordering::Relaxed) + shared.revocations.load(Ordering::Relaxed);
-        if now != rebalances {
-            (rebalances, generation) = generations(shared);
+        let now = rebalances(shared);
+        if now != seen {
+            seen = now;
             round.polled.seal_run();
         }
         match polled {
@@ -106,8 +95,12 @@ pub(super) fn poll_round(consumer: &BaseConsumer<LiveContext>, shared: &Shared) 
                 },
                 || {
                     let key = (message.topic().to_owned(), message.partition());
-                    // Not assigned here (yet): no lane takes it.
-                    let polled_under = generation.get(&key).copied().unwrap_or(u64::MAX);
+                    // Looked up once per run (runtimes change only in callbacks, which seal
+                    // the run). Not assigned here (yet): no lane takes it.
+                    let polled_under = shared
+                        .partitions()
+                        .get(&key)
+                        .map_or(u64::MAX, |runtime| runtime.generation);
                     (key, polled_under)
                 },
             ),
