@@ -258,17 +258,8 @@ impl FetchCursor {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::Timestamp;
 
-    fn record(offset: i64) -> Record {
-        Record {
-            offset,
-            timestamp: Timestamp::NotAvailable,
-            key: None,
-            payload: None,
-            headers: Vec::new(),
-        }
-    }
+    use crate::fetch::test_record as record;
 
     fn offsets(append: &PendingAppend) -> Vec<i64> {
         append.records.iter().map(|r| r.offset).collect()

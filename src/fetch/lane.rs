@@ -248,17 +248,8 @@ impl LanePartition {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::Timestamp;
 
-    fn record(offset: i64) -> Record {
-        Record {
-            offset,
-            timestamp: Timestamp::NotAvailable,
-            key: None,
-            payload: None,
-            headers: Vec::new(),
-        }
-    }
+    use crate::fetch::test_record as record;
 
     fn stored(next: i64) -> AppendResult {
         AppendResult::Stored { fetched_next: next }

@@ -27,3 +27,15 @@ pub use lane::{AfterOutOfRange, LanePartition, Polled};
 pub use poll_error::{FatalKind, PollErrorKind, classify_poll_error, fatal_kind};
 pub use round::Round;
 pub use schedule::{Due, Facts, Schedule};
+
+/// A record at `offset` with no key or payload, for the fetch layer's tests.
+#[cfg(test)]
+pub(crate) fn test_record(offset: i64) -> crate::store::Record {
+    crate::store::Record {
+        offset,
+        timestamp: crate::store::Timestamp::NotAvailable,
+        key: None,
+        payload: None,
+        headers: Vec::new(),
+    }
+}

@@ -112,17 +112,9 @@ impl<K: Ord + Clone> Round<K> {
 mod tests {
     use super::*;
     use crate::fetch::AppendResult;
-    use crate::store::{LayoutId, Timestamp};
+    use crate::store::LayoutId;
 
-    fn record(offset: i64) -> Record {
-        Record {
-            offset,
-            timestamp: Timestamp::NotAvailable,
-            key: None,
-            payload: Some(vec![1]),
-            headers: Vec::new(),
-        }
-    }
+    use crate::fetch::test_record as record;
 
     fn lanes(count: i32) -> BTreeMap<i32, LanePartition> {
         (0..count)
