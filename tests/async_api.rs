@@ -79,7 +79,7 @@ async fn subscribe_returns_at_once_and_recv_reports_what_the_client_refused() {
         .subscribe(&["^catchup-[unclosed"])
         .expect("subscribe");
     match tokio::time::timeout(WAIT, consumer.recv()).await {
-        Ok(Err(Error::Config(reason))) => {
+        Ok(Err(Error::Subscription { reason })) => {
             assert!(
                 reason.contains("subscribing to ^catchup-[unclosed"),
                 "{reason}"

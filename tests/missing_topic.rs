@@ -46,6 +46,61 @@ async fn recv_reports_a_topic_that_does_not_exist() {
     );
 }
 
+/// The stream goes on after a missing topic, as rdkafka's `MessageStream` goes on after an
+/// error: it yields `TopicMissing` once, yields nothing more while nothing changed (no loop
+/// on the same error), delivers once the application subscribed again, and ends after the
+/// consumer closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stream_goes_on_after_a_missing_topic() {
+    use futures::StreamExt;
+
+    let kafka = Kafka::connect();
+    let topic = unique("created-late");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let consumer = CatchupConsumer::new(
+        &kafka.consumer_config(&unique("missing-topic-stream")),
+        test_config(dir.path(), Mode::Ordered, 100),
+    )
+    .expect("consumer");
+    consumer.subscribe(&[&topic]).expect("subscribe");
+    let mut stream = consumer.stream();
+    match tokio::time::timeout(Duration::from_secs(30), stream.next()).await {
+        Ok(Some(Err(error @ Error::TopicMissing { .. }))) => {
+            assert!(error.is_recoverable());
+            assert!(error.to_string().contains(&topic), "{error}");
+        }
+        other => panic!("expected TopicMissing from the stream, got {other:?}"),
+    }
+    // Nothing changed: the stream neither ends nor repeats the error.
+    let quiet = tokio::time::timeout(Duration::from_secs(2), stream.next()).await;
+    assert!(
+        quiet.is_err(),
+        "after TopicMissing the stream gave {quiet:?}"
+    );
+
+    kafka.create_topic(&topic, 1).await;
+    kafka.produce(&topic, 1, 5).await;
+    consumer.subscribe(&[&topic]).expect("subscribe again");
+    let mut offsets = Vec::new();
+    while offsets.len() < 5 {
+        match tokio::time::timeout(Duration::from_secs(60), stream.next()).await {
+            Ok(Some(Ok(delivery))) => {
+                consumer.ack(&delivery);
+                offsets.push(delivery.offset);
+            }
+            other => panic!("expected a record once the topic exists, got {other:?}"),
+        }
+    }
+    assert_eq!(offsets, [0, 1, 2, 3, 4]);
+
+    consumer.close().await.expect("close");
+    assert!(matches!(stream.next().await, Some(Err(Error::Closed))));
+    assert!(
+        stream.next().await.is_none(),
+        "the stream ends after Closed"
+    );
+}
+
 #[test]
 fn catchup_run_exits_1_with_one_line_naming_the_topic() {
     let kafka = Kafka::connect();

@@ -92,7 +92,10 @@ impl CatchupConsumer {
         let client = client.clone();
         tokio::task::spawn_blocking(move || Self::new(&client, config))
             .await
-            .map_err(|e| Error::Config(format!("opening the consumer: the task failed: {e}")))?
+            .map_err(|e| Error::Internal {
+                doing: "opening the consumer".into(),
+                reason: e.to_string(),
+            })?
     }
 
     /// Creates the consumer from rdkafka settings (`bootstrap.servers` and `group.id` are
@@ -209,22 +212,48 @@ impl CatchupConsumer {
 
     /// The next record, in the order of the configured [`Mode`]. Waits until one is there.
     /// Cancel-safe: a `recv` dropped while waiting loses nothing.
+    ///
+    /// ```no_run
+    /// # async fn example(consumer: &catchup::CatchupConsumer) -> Result<(), catchup::Error> {
+    /// let delivery = consumer.recv().await?;
+    /// println!("{}/{} @{}", delivery.topic, delivery.partition, delivery.offset);
+    /// consumer.ack(&delivery);
+    /// # Ok(()) }
+    /// ```
     pub async fn recv(&self) -> Result<Delivery, Error> {
+        self.recv_past(None).await.map_err(|(error, _)| error)
+    }
+
+    /// [`recv`](Self::recv), except that an error of subscription `waived` (one a stream
+    /// already yielded) is waited out — until the next `subscribe` — rather than returned
+    /// again. An error comes with the subscription it may belong to: read before the error,
+    /// so that a later subscription's error is never taken for a waived one.
+    async fn recv_past(&self, waived: Option<u64>) -> Result<Delivery, (Error, u64)> {
         let mut reader = self.reader.lock().await;
+        let look = |reader: &mut Reader| {
+            let subscription = self.shared.subscription();
+            match self.next_ready(reader) {
+                Ok(ready) => Ok(ready),
+                Err(error) if error.is_subscription_error() && waived == Some(subscription) => {
+                    Ok(None)
+                }
+                Err(error) => Err((error, subscription)),
+            }
+        };
         loop {
             // Most calls find a record queued: no waiter is registered for them.
-            if let Some(delivery) = self.next_ready(&mut reader)? {
+            if let Some(delivery) = look(&mut reader)? {
                 return Ok(delivery);
             }
             let notified = self.shared.notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
             // Registered before looking again: an append between the two looks wakes us.
-            if let Some(delivery) = self.next_ready(&mut reader)? {
+            if let Some(delivery) = look(&mut reader)? {
                 return Ok(delivery);
             }
-            // Appends and assignments wake us; the timeout covers a wake-up that raced with
-            // the refill.
+            // Appends, assignments and subscriptions wake us; the timeout covers a wake-up
+            // that raced with the refill.
             let _ = tokio::time::timeout(Duration::from_millis(100), notified).await;
         }
     }
@@ -310,20 +339,58 @@ impl CatchupConsumer {
         Ok(reader.pop(1).or_else(|| reader.pop(0)))
     }
 
-    /// The deliveries as a stream; an error is its last item (`recv` would only repeat it:
-    /// the consumer was closed, or stopped for good). It is `Unpin`, so
-    /// `stream.next().await` works without pinning, as with rdkafka's `MessageStream`.
+    /// The deliveries as a stream, as rdkafka's `MessageStream`: errors are items, and the
+    /// stream goes on after those the consumer gets past ([`Error::is_recoverable`]). A
+    /// missing topic or a refused subscription is yielded once; the stream then waits for
+    /// the next [`subscribe`](Self::subscribe) (from another task, or a handler of the
+    /// error) and goes on with it. An error that ends the consumer (closed, a failed buffer,
+    /// refused access) is the stream's last item. It is `Unpin`, so `stream.next().await`
+    /// works without pinning.
+    ///
+    /// ```no_run
+    /// use futures::StreamExt;
+    /// # async fn example(consumer: &catchup::CatchupConsumer) -> Result<(), catchup::Error> {
+    /// let mut deliveries = consumer.stream();
+    /// while let Some(next) = deliveries.next().await {
+    ///     match next {
+    ///         Ok(delivery) => consumer.ack(&delivery),
+    ///         Err(error) if error.is_recoverable() => eprintln!("{error}"),
+    ///         Err(error) => return Err(error),
+    ///     }
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub fn stream(&self) -> futures::stream::BoxStream<'_, Result<Delivery, Error>> {
-        futures::stream::unfold((self, false), |(consumer, ended)| async move {
-            if ended {
-                return None;
-            }
-            let next = consumer.recv().await;
-            // After an error `recv` would only repeat (closed, stopped, a failed buffer):
-            // the stream yields it once and ends.
-            let ended = next.is_err();
-            Some((next, (consumer, ended)))
-        })
+        /// Where the stream is: going on (with the subscription whose error it yielded,
+        /// if any), or ended by an error the consumer cannot get past.
+        enum State {
+            Open { waived: Option<u64> },
+            Ended,
+        }
+        futures::stream::unfold(
+            (self, State::Open { waived: None }),
+            |(consumer, state)| async move {
+                let State::Open { waived } = state else {
+                    return None;
+                };
+                let (next, state) = match consumer.recv_past(waived).await {
+                    Ok(delivery) => (Ok(delivery), State::Open { waived }),
+                    Err((error, subscription)) => {
+                        let state = if error.is_subscription_error() {
+                            State::Open {
+                                waived: Some(subscription),
+                            }
+                        } else if error.is_recoverable() {
+                            State::Open { waived }
+                        } else {
+                            State::Ended
+                        };
+                        (Err(error), state)
+                    }
+                };
+                Some((next, (consumer, state)))
+            },
+        )
         .boxed()
     }
 
@@ -466,7 +533,10 @@ impl CatchupConsumer {
             let buffer = self.shared.buffer.clone();
             let released = tokio::task::spawn_blocking(move || buffer.release())
                 .await
-                .map_err(|e| Error::Config(format!("releasing the buffer failed: {e}")))?;
+                .map_err(|e| Error::Internal {
+                    doing: "releasing the buffer".into(),
+                    reason: e.to_string(),
+                })?;
             result.and(released.map_err(Error::from))
         } else {
             result

@@ -91,7 +91,14 @@ impl Shared {
     pub fn subscribing(&self) -> u64 {
         let generation = self.subscription.fetch_add(1, Ordering::SeqCst) + 1;
         self.resubscribed();
+        // A stream waiting out the last subscription's error goes on.
+        self.notify.notify_waiters();
         generation
+    }
+
+    /// The current subscription's generation ([`subscribing`](Self::subscribing)).
+    pub fn subscription(&self) -> u64 {
+        self.subscription.load(Ordering::SeqCst)
     }
 
     pub(super) fn record_stop(&self, mut slot: MutexGuard<'_, Option<Stopped>>, stopped: Stopped) {

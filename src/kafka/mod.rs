@@ -31,16 +31,18 @@ use rdkafka::message::{BorrowedMessage, Headers};
 
 use crate::store::{Header, Record, Timestamp};
 
-/// Errors of the Kafka layer, with what was being done.
+/// Errors of the Kafka layer, with what was being done. New variants may come in minor
+/// versions.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum KafkaError {
     /// A client call failed.
-    #[error("Kafka: {action}: {source}")]
+    #[error("Kafka: {action}: {error}")]
     Client {
         /// What was being done.
         action: String,
-        /// rdkafka's error.
-        source: rdkafka::error::KafkaError,
+        /// rdkafka's error (in the message, so not also a `source()`: printed once).
+        error: rdkafka::error::KafkaError,
     },
     /// The side topic cannot be created, read or written.
     #[error("side topic {topic}: {reason}")]
@@ -75,10 +77,16 @@ pub enum KafkaError {
 }
 
 impl KafkaError {
+    /// Whether the consumer goes on after it: a request that failed can be made again; a
+    /// thread that is gone or could not start cannot.
+    pub fn is_recoverable(&self) -> bool {
+        !matches!(self, KafkaError::Stopped(_) | KafkaError::Spawn { .. })
+    }
+
     pub(crate) fn client(action: &str, source: rdkafka::error::KafkaError) -> Self {
         KafkaError::Client {
             action: action.to_owned(),
-            source,
+            error: source,
         }
     }
 

@@ -273,7 +273,7 @@ impl Buffer {
         let io = |action: &str, source| StoreError::Io {
             dir: self.dir.clone(),
             action: format!("compacting into {}: {action}", new_dir.display()),
-            source,
+            error: source,
         };
         // Left over: partial copies, and an earlier generation a compaction kept (readers
         // held it, or its switch was not known durable: made so now).
@@ -400,7 +400,7 @@ impl Buffer {
         let io = |action: &str, source| StoreError::Io {
             dir: self.dir.clone(),
             action: format!("compacting into {}: {action}", new_dir.display()),
-            source,
+            error: source,
         };
         fsync::create_private_dir(new_dir).map_err(|e| io("creating it", e))?;
         let new_db = sled_config(new_dir, &self.options)
@@ -486,7 +486,7 @@ impl Buffer {
         fsync::sync_tree(new_dir).map_err(|source| StoreError::Io {
             dir: self.dir.clone(),
             action: format!("compacting into {}: fsync", new_dir.display()),
-            source,
+            error: source,
         })
     }
 }

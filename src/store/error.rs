@@ -3,17 +3,19 @@
 use super::*;
 
 /// Errors of the buffer. Each names the directory and, where it applies, the partition.
+/// New variants may come in minor versions.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StoreError {
     /// The directory could not be created, read or synced.
-    #[error("buffer {dir}: {action}: {source}")]
+    #[error("buffer {dir}: {action}: {error}")]
     Io {
         /// The buffer directory.
         dir: PathBuf,
         /// What was being done.
         action: String,
-        /// The underlying error.
-        source: std::io::Error,
+        /// The underlying error (in the message, so not also a `source()`: printed once).
+        error: std::io::Error,
     },
     /// Another process (or another handle in this one) holds the buffer open.
     #[error("buffer {dir} is in use by another process (a running consumer holds its lock)")]
@@ -60,12 +62,12 @@ pub enum StoreError {
         reason: String,
     },
     /// sled reported an error.
-    #[error("buffer {dir}: sled: {source}")]
+    #[error("buffer {dir}: sled: {error}")]
     Sled {
         /// The buffer directory.
         dir: PathBuf,
-        /// The underlying error.
-        source: sled::Error,
+        /// The underlying error (in the message, so not also a `source()`).
+        error: sled::Error,
     },
     /// An append fetched under an earlier layout of the partition (the partition was revoked,
     /// discarded or laid out again since): refused, the writer is stale.
@@ -158,11 +160,7 @@ impl StoreError {
     pub(super) fn for_dir(self, dir: &Path) -> Self {
         let dir = dir.to_path_buf();
         match self {
-            StoreError::Io { action, source, .. } => StoreError::Io {
-                dir,
-                action,
-                source,
-            },
+            StoreError::Io { action, error, .. } => StoreError::Io { dir, action, error },
             StoreError::Locked { .. } => StoreError::Locked { dir },
             StoreError::Released { .. } => StoreError::Released { dir },
             StoreError::Missing { .. } => StoreError::Missing { dir },
@@ -181,7 +179,7 @@ impl StoreError {
                 needed,
                 available,
             },
-            StoreError::Sled { source, .. } => StoreError::Sled { dir, source },
+            StoreError::Sled { error, .. } => StoreError::Sled { dir, error },
             StoreError::StaleLayout {
                 topic,
                 partition,
@@ -235,7 +233,7 @@ pub(super) fn classify_open_error(dir: PathBuf, err: sled::Error) -> StoreError 
         sled::Error::Io(io) => StoreError::Io {
             dir,
             action: "opening the database".into(),
-            source: io,
+            error: io,
         },
         sled::Error::Unsupported(reason) | sled::Error::ReportableBug(reason) => {
             StoreError::Damaged {
@@ -269,11 +267,11 @@ pub(super) fn sled_error(dir: &Path, files: &Path, source: sled::Error) -> Store
         sled::Error::Io(io) => StoreError::Io {
             dir: dir.to_path_buf(),
             action: "reading or writing the database".into(),
-            source: io,
+            error: io,
         },
         source => StoreError::Sled {
             dir: dir.to_path_buf(),
-            source,
+            error: source,
         },
     }
 }
@@ -288,7 +286,7 @@ pub(super) fn current_error(dir: &Path, err: std::io::Error) -> StoreError {
         _ => StoreError::Io {
             dir: dir.to_path_buf(),
             action: format!("reading {}", generation::CURRENT),
-            source: err,
+            error: err,
         },
     }
 }

@@ -11,7 +11,7 @@ impl Buffer {
         fsync::create_private_dir(&dir).map_err(|source| StoreError::Io {
             dir: dir.clone(),
             action: "creating the directory".into(),
-            source,
+            error: source,
         })?;
         Self::open_dir(dir, options, true)
     }
@@ -168,7 +168,7 @@ impl Buffer {
                 return Err(StoreError::Io {
                     dir: buffer.dir.clone(),
                     action: "removing an earlier generation of the database".into(),
-                    source,
+                    error: source,
                 });
             }
         }
@@ -179,7 +179,7 @@ impl Buffer {
                 StoreError::Io {
                     dir: buffer.dir.clone(),
                     action: format!("writing {MARKER}"),
-                    source,
+                    error: source,
                 }
             })?;
         }
@@ -239,7 +239,7 @@ impl Buffer {
             .map_err(|source| StoreError::Io {
                 dir: self.dir.clone(),
                 action: "fsync".into(),
-                source,
+                error: source,
             })
     }
 
@@ -279,7 +279,7 @@ impl Buffer {
         let io = |action: &str, source| StoreError::Io {
             dir: dir.clone(),
             action: action.into(),
-            source,
+            error: source,
         };
         let db_file = std::fs::File::open(sled_dir.join("db"))
             .map_err(|e| io("opening the database file", e))?;
@@ -312,7 +312,7 @@ impl Buffer {
                     "marking it untrusted after a failed write ({}); delete the directory before the next start",
                     marker.display()
                 ),
-                source,
+                error: source,
             })
     }
 
@@ -327,7 +327,7 @@ impl Buffer {
         std::fs::remove_file(&marker).map_err(|source| StoreError::Io {
             dir: dir.to_path_buf(),
             action: "removing the untrusted marker".into(),
-            source,
+            error: source,
         })?;
         Ok(true)
     }
@@ -341,7 +341,7 @@ impl Buffer {
         let io = |action: &str, source| StoreError::Io {
             dir: dir.to_path_buf(),
             action: action.into(),
-            source,
+            error: source,
         };
         if !Self::is_marked(dir) {
             return Err(StoreError::NotABuffer {
@@ -403,7 +403,7 @@ impl Buffer {
         free_space(&self.dir).map_err(|source| StoreError::Io {
             dir: self.dir.clone(),
             action: "reading the filesystem's free space".into(),
-            source,
+            error: source,
         })
     }
 }

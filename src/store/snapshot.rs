@@ -53,7 +53,7 @@ impl Buffer {
         let io = |action: &str, source| StoreError::Io {
             dir: dir.clone(),
             action: action.into(),
-            source,
+            error: source,
         };
         let current = generation::current(&dir).map_err(|err| super::current_error(&dir, err))?;
         let db_file =
@@ -133,7 +133,7 @@ pub(crate) fn check_buffer_dir(dir: &Path) -> Result<(), StoreError> {
             return Err(StoreError::Io {
                 dir: dir.into(),
                 action: "reading the directory".into(),
-                source,
+                error: source,
             });
         }
     }
