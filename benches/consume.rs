@@ -107,6 +107,7 @@ impl Reader {
             Reader::Library(Mode::Off) => "catchup off",
             Reader::Library(Mode::Ordered) => "catchup ordered",
             Reader::Library(Mode::Concurrent) => "catchup concurrent",
+            Reader::Library(_) => "catchup (another mode)",
             Reader::CliSink => "catchup run + sink",
         }
     }
@@ -639,13 +640,15 @@ mod child {
 
     fn consumer(spec: &Spec, auto_ack: bool, budget: Option<u64>) -> Result<CatchupConsumer> {
         let defaults = CatchupConfig::new(&spec.dir);
-        let config = CatchupConfig {
-            mode: mode(&spec.reader),
-            auto_ack,
-            commit_interval: Duration::from_millis(env_number("CATCHUP_BENCH_COMMIT_MS", 1000)),
-            buffer_budget_bytes: budget.unwrap_or(defaults.buffer_budget_bytes),
-            ..defaults
-        };
+        let budget = budget.unwrap_or(defaults.buffer_budget_bytes);
+        let config = defaults
+            .mode(mode(&spec.reader))
+            .auto_ack(auto_ack)
+            .commit_interval(Duration::from_millis(env_number(
+                "CATCHUP_BENCH_COMMIT_MS",
+                1000,
+            )))
+            .buffer_budget_bytes(budget);
         Ok(CatchupConsumer::new(&spec.client, config)?)
     }
 
@@ -936,11 +939,7 @@ fn wanted(reader: Reader) -> bool {
 }
 
 fn mode_name(mode: Mode) -> &'static str {
-    match mode {
-        Mode::Off => "off",
-        Mode::Ordered => "ordered",
-        Mode::Concurrent => "concurrent",
-    }
+    mode.as_str()
 }
 
 /// Bytes of the files under `dir`.

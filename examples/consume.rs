@@ -28,11 +28,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .set("group.id", &group)
         // Where a group without a commit starts.
         .set("auto.offset.reset", "earliest");
-    let config = CatchupConfig {
+    let config = CatchupConfig::new(&buffer_dir)
         // Fresh records while the backlog is read; each lane in offset order.
-        mode: Mode::Concurrent,
-        ..CatchupConfig::new(&buffer_dir)
-    };
+        .mode(Mode::Concurrent);
     let consumer = CatchupConsumer::connect(&kafka, config).await?;
     let mut events = consumer.events();
     consumer.subscribe(&[&topic])?;

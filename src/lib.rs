@@ -16,11 +16,9 @@
 //! async fn main() -> Result<(), catchup::Error> {
 //!     let mut kafka = ClientConfig::new();
 //!     kafka.set("bootstrap.servers", "127.0.0.1:9092").set("group.id", "orders-app");
-//!     let config = CatchupConfig {
-//!         mode: Mode::Concurrent,
-//!         min_lag: 10_000,
-//!         ..CatchupConfig::new("/var/lib/orders-app/buffer")
-//!     };
+//!     let config = CatchupConfig::new("/var/lib/orders-app/buffer")
+//!         .mode(Mode::Concurrent)
+//!         .min_lag(10_000);
 //!     let consumer = CatchupConsumer::connect(&kafka, config).await?;
 //!     consumer.subscribe(&["orders"])?;
 //!     loop {

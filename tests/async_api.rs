@@ -60,10 +60,7 @@ async fn subscribe_returns_at_once_and_recv_reports_what_the_client_refused() {
     let group = unique("async-subscribe-group");
     kafka.commit_as_operator(&group, &topic, &[0]);
     let dir = tempfile::tempdir().expect("tempdir");
-    let config = catchup::CatchupConfig {
-        auto_ack: true,
-        ..support::test_config(dir.path(), Mode::Ordered, 1_000)
-    };
+    let config = support::test_config(dir.path(), Mode::Ordered, 1_000).auto_ack(true);
     let consumer = CatchupConsumer::connect(&kafka.consumer_config(&group), config)
         .await
         .expect("consumer");

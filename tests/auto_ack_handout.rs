@@ -17,10 +17,7 @@ const TAKEN: i64 = 10;
 const WAIT: Duration = Duration::from_secs(60);
 
 fn config(dir: &tempfile::TempDir) -> CatchupConfig {
-    CatchupConfig {
-        auto_ack: true,
-        ..support::test_config(dir.path(), Mode::Off, 100)
-    }
+    support::test_config(dir.path(), Mode::Off, 100).auto_ack(true)
 }
 
 async fn next_offset(consumer: &CatchupConsumer) -> i64 {

@@ -21,12 +21,10 @@ async fn fetchers_pause_at_the_budget_and_resume_below_half() {
     let group = unique("budget-group");
     kafka.commit_as_operator(&group, &topic, &[0]);
     let dir = tempfile::tempdir().expect("tempdir");
-    let config = CatchupConfig {
-        mode: Mode::Ordered,
-        min_lag: 100,
-        buffer_budget_bytes: BUDGET,
-        ..CatchupConfig::new(dir.path())
-    };
+    let config = CatchupConfig::new(dir.path())
+        .mode(Mode::Ordered)
+        .min_lag(100)
+        .buffer_budget_bytes(BUDGET);
     let consumer = catchup_consumer(&kafka, &group, config);
     let mut events = consumer.events();
     consumer.subscribe(&[&topic]).expect("subscribe");

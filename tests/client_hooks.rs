@@ -67,14 +67,12 @@ async fn hooks_see_statistics_assignments_and_revocations() {
     kafka.commit_as_operator(&group, &topic, &[0, 0]);
     let recorder = Arc::new(Recorder::default());
     let dir = tempfile::tempdir().expect("tempdir");
-    let config = catchup::CatchupConfig {
-        auto_ack: true,
-        hooks: Some(recorder.clone()),
+    let config = test_config(dir.path(), Mode::Concurrent, 100)
+        .auto_ack(true)
+        .hooks(recorder.clone())
         // Small enough that the catch-up lane pauses until records are processed: its
         // consumer lives (and reports) until then.
-        buffer_budget_bytes: 64 << 10,
-        ..test_config(dir.path(), Mode::Concurrent, 100)
-    };
+        .buffer_budget_bytes(64 << 10);
     let mut client = kafka.consumer_config(&group);
     client.set("statistics.interval.ms", "100");
     let consumer = catchup::CatchupConsumer::new(&client, config).expect("consumer");

@@ -76,12 +76,10 @@ async fn one_offset_commit_per_cycle_for_eight_partitions() {
     let group = unique("commit-requests-group");
     let dir = tempfile::tempdir().expect("tempdir");
     let requests = Arc::new(Requests::default());
-    let config = catchup::CatchupConfig {
-        hooks: Some(requests.clone()),
+    let config = test_config(dir.path(), Mode::Ordered, u64::MAX)
+        .hooks(requests.clone())
         // Only the commit below: no periodic one in between.
-        commit_interval: Duration::from_secs(3600),
-        ..test_config(dir.path(), Mode::Ordered, u64::MAX)
-    };
+        .commit_interval(Duration::from_secs(3600));
     let mut client = kafka.consumer_config(&group);
     client.set("statistics.interval.ms", "100");
     let consumer = catchup::CatchupConsumer::new(&client, config).expect("catchup consumer");

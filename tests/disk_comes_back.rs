@@ -93,10 +93,7 @@ async fn a_drained_buffer_gives_its_disk_back() {
     kafka.commit_as_operator(&group, &topic, &[0; PARTITIONS as usize]);
     let dir = tempfile::tempdir().expect("tempdir");
     let buffer_dir = dir.path().join("buffer");
-    let config = catchup::CatchupConfig {
-        disk_allowance_bytes: 1 << 20,
-        ..test_config(&buffer_dir, Mode::Off, 100)
-    };
+    let config = test_config(&buffer_dir, Mode::Off, 100).disk_allowance_bytes(1 << 20);
 
     let consumer =
         CatchupConsumer::new(&kafka.consumer_config(&group), config.clone()).expect("consumer");

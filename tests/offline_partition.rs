@@ -74,10 +74,7 @@ async fn time_to_assigned(offline: bool) -> Duration {
         .set("group.id", group);
     let dir = tempfile::tempdir().expect("tempdir");
     let assigned = Arc::new(Assigned::default());
-    let config = catchup::CatchupConfig {
-        hooks: Some(assigned.clone()),
-        ..support::test_config(dir.path(), Mode::Ordered, 100)
-    };
+    let config = support::test_config(dir.path(), Mode::Ordered, 100).hooks(assigned.clone());
     let consumer = CatchupConsumer::new(&client, config).expect("consumer");
     let started = Instant::now();
     consumer.subscribe(&[topic]).expect("subscribe");

@@ -18,10 +18,10 @@ async fn reset_offsets_make_the_side_entry_stale() {
     kafka.produce(&topic, 1, 500).await;
     let group = unique("reset-group");
     let dir = tempfile::tempdir().expect("tempdir");
-    let config = || CatchupConfig {
-        mode: Mode::Ordered,
-        min_lag: 100,
-        ..CatchupConfig::new(dir.path())
+    let config = || {
+        CatchupConfig::new(dir.path())
+            .mode(Mode::Ordered)
+            .min_lag(100)
     };
     let side_key = format!("{group}/{topic}/0");
     {

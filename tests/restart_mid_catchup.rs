@@ -18,12 +18,10 @@ const FIRST_RUN: usize = 400;
 const WAIT: Duration = Duration::from_secs(60);
 
 fn config(dir: &Path) -> CatchupConfig {
-    CatchupConfig {
-        mode: Mode::Ordered,
-        min_lag: 100,
-        commit_interval: Duration::from_millis(100),
-        ..CatchupConfig::new(dir)
-    }
+    CatchupConfig::new(dir)
+        .mode(Mode::Ordered)
+        .min_lag(100)
+        .commit_interval(Duration::from_millis(100))
 }
 
 /// Processes `count` records (acking each) and commits; returns the offsets. With `say`,

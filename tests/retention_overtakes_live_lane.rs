@@ -42,13 +42,11 @@ async fn truncated_live_lane(assignor: Option<&str>) {
     let group = unique("retention-group");
     kafka.commit_as_operator(&group, &topic, &[0]);
     let dir = tempfile::tempdir().expect("tempdir");
-    let config = CatchupConfig {
-        mode: Mode::Ordered,
-        min_lag: 100,
-        buffer_budget_bytes: 32 << 10,
-        commit_interval: Duration::from_millis(200),
-        ..CatchupConfig::new(dir.path())
-    };
+    let config = CatchupConfig::new(dir.path())
+        .mode(Mode::Ordered)
+        .min_lag(100)
+        .buffer_budget_bytes(32 << 10)
+        .commit_interval(Duration::from_millis(200));
     let mut client = kafka.consumer_config(&group);
     if let Some(assignor) = assignor {
         client.set("partition.assignment.strategy", assignor);

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use catchup::{CatchupConfig, CatchupConsumer, ClientHooks, DeliveryLane, Error, Event, Mode};
+use catchup::{CatchupConsumer, ClientHooks, DeliveryLane, Error, Event, Mode};
 use rdkafka::client::OAuthToken;
 use support::cli::wait_with_deadline;
 use support::{Kafka, secure_client, side_value, unique, wait_for_event};
@@ -36,11 +36,11 @@ async fn round_trip(
     kafka.commit_as_operator(&group, &topic, &[70]);
     let side_topic = unique("secure-side");
     let dir = tempfile::tempdir().expect("tempdir");
-    let config = CatchupConfig {
-        side_topic: side_topic.clone(),
-        hooks,
-        ..support::test_config(dir.path(), Mode::Ordered, 10)
-    };
+    let mut config =
+        support::test_config(dir.path(), Mode::Ordered, 10).side_topic(side_topic.clone());
+    if let Some(hooks) = hooks {
+        config = config.hooks(hooks);
+    }
     let consumer = CatchupConsumer::connect(&secure_client(&group, overrides), config)
         .await
         .expect("consumer");

@@ -38,10 +38,7 @@ impl Victim {
     }
 
     fn config(&self, dir: &Path) -> CatchupConfig {
-        CatchupConfig {
-            side_topic: self.side_topic.clone(),
-            ..support::test_config(dir, Mode::Ordered, MIN_LAG)
-        }
+        support::test_config(dir, Mode::Ordered, MIN_LAG).side_topic(self.side_topic.clone())
     }
 }
 
@@ -60,10 +57,9 @@ async fn victim(kafka: &Kafka, name: &str, side_topic: &str) -> Victim {
         dir: tempfile::tempdir().expect("tempdir"),
         epoch: 0,
     };
-    let config = CatchupConfig {
-        side_topic: side_topic.to_owned(),
-        ..victim.config(victim.dir.path())
-    };
+    let config = victim
+        .config(victim.dir.path())
+        .side_topic(side_topic.to_owned());
     let consumer = catchup_consumer(kafka, &victim.group, config);
     let (_, split) = support::subscribe_until_split(&consumer, &victim.topic).await;
     let Event::SplitStarted {

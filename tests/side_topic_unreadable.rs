@@ -60,13 +60,11 @@ async fn produce(bootstrap: &str, from: i64, count: i64) {
 }
 
 fn config(dir: &std::path::Path, mode: Mode) -> CatchupConfig {
-    CatchupConfig {
-        mode,
-        min_lag: 100,
-        side_topic: SIDE_TOPIC.into(),
-        commit_interval: Duration::from_millis(200),
-        ..CatchupConfig::new(dir)
-    }
+    CatchupConfig::new(dir)
+        .mode(mode)
+        .min_lag(100)
+        .side_topic(SIDE_TOPIC)
+        .commit_interval(Duration::from_millis(200))
 }
 
 async fn next(consumer: &CatchupConsumer, what: &str) -> catchup::Delivery {

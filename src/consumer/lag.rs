@@ -16,6 +16,7 @@ const LAG_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The true progress of one partition of a group (see [`TrueLag`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PartitionLag {
     /// Topic.
     pub topic: String,
@@ -38,12 +39,10 @@ pub fn group_lag(
     topics: &[&str],
     side_topic: &str,
 ) -> Result<Vec<PartitionLag>, Error> {
-    let side_topic = CatchupConfig {
-        side_topic: side_topic.to_owned(),
-        ..CatchupConfig::new("")
-    }
-    .side_topic_for(group)
-    .map_err(Error::Config)?;
+    let side_topic = CatchupConfig::new("")
+        .side_topic(side_topic.to_owned())
+        .side_topic_for(group)
+        .map_err(Error::Config)?;
     // No hooks here: OAUTHBEARER tokens only through librdkafka's OIDC fetcher.
     crate::kafka::check_token_settings(client, false).map_err(Error::Config)?;
     let health = Arc::new(BrokerHealth::new(group, None));

@@ -7,8 +7,9 @@ use std::time::Duration;
 use crate::fetch::DiskFloor;
 use crate::store::{Header, OffsetRange, Timestamp};
 
-/// How the reader hands records to the application.
+/// How the reader hands records to the application. New modes may come in minor versions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum Mode {
     /// Per partition, all of the catch-up lane, then the live lane: strictly increasing
     /// offsets (the proposal's semantics).
@@ -21,8 +22,37 @@ pub enum Mode {
     Off,
 }
 
-/// Settings of a [`CatchupConsumer`](crate::CatchupConsumer) beyond rdkafka's.
+impl Mode {
+    /// `"ordered"`, `"concurrent"` or `"off"`: the name `catchup run --mode` takes.
+    ///
+    /// ```
+    /// assert_eq!(catchup::Mode::default().as_str(), "ordered");
+    /// ```
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Ordered => "ordered",
+            Mode::Concurrent => "concurrent",
+            Mode::Off => "off",
+        }
+    }
+}
+
+/// Settings of a [`CatchupConsumer`](crate::CatchupConsumer) beyond rdkafka's, built from
+/// [`CatchupConfig::new`] and its setters (new settings may come in minor versions, with
+/// defaults):
+///
+/// ```
+/// use std::time::Duration;
+/// use catchup::{CatchupConfig, Mode};
+///
+/// let config = CatchupConfig::new("/var/lib/orders-app/buffer")
+///     .mode(Mode::Concurrent)
+///     .min_lag(10_000)
+///     .commit_interval(Duration::from_millis(500));
+/// assert_eq!(config.mode, Mode::Concurrent);
+/// ```
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct CatchupConfig {
     /// The buffer directory (created 0700 if missing). One per consumer instance.
     pub buffer_dir: PathBuf,
@@ -104,6 +134,29 @@ pub trait ClientHooks: Send + Sync + 'static {
     }
 }
 
+/// Hooks shared with the application: `config.hooks(Arc::clone(&hooks))`.
+impl<H: ClientHooks + ?Sized> ClientHooks for Arc<H> {
+    fn statistics(&self, role: &str, json: &[u8]) {
+        (**self).statistics(role, json);
+    }
+
+    fn assigned(&self, partitions: &[(String, i32)]) {
+        (**self).assigned(partitions);
+    }
+
+    fn revoking(&self, partitions: &[(String, i32)], lost: bool) {
+        (**self).revoking(partitions, lost);
+    }
+
+    fn oauth_token(
+        &self,
+        role: &str,
+        oauthbearer_config: Option<&str>,
+    ) -> Result<rdkafka::client::OAuthToken, Box<dyn std::error::Error>> {
+        (**self).oauth_token(role, oauthbearer_config)
+    }
+}
+
 impl std::fmt::Debug for dyn ClientHooks {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("ClientHooks")
@@ -126,6 +179,74 @@ impl CatchupConfig {
             disk_allowance_bytes: 64 << 20,
             hooks: None,
         }
+    }
+
+    /// Sets [`mode`](Self::mode) (`Ordered` by default).
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Sets [`min_lag`](Self::min_lag): the least backlog, in offsets, a partition is split
+    /// for (1000 by default).
+    pub fn min_lag(mut self, offsets: u64) -> Self {
+        self.min_lag = offsets;
+        self
+    }
+
+    /// Sets [`side_topic`](Self::side_topic), a name or a `{group}` template
+    /// (`__catchup_side` by default).
+    pub fn side_topic(mut self, topic: impl Into<String>) -> Self {
+        self.side_topic = topic.into();
+        self
+    }
+
+    /// Sets [`commit_interval`](Self::commit_interval) (1 s by default).
+    pub fn commit_interval(mut self, interval: Duration) -> Self {
+        self.commit_interval = interval;
+        self
+    }
+
+    /// Sets [`auto_ack`](Self::auto_ack) (off by default: the application acknowledges).
+    pub fn auto_ack(mut self, auto_ack: bool) -> Self {
+        self.auto_ack = auto_ack;
+        self
+    }
+
+    /// Sets [`buffer_budget_bytes`](Self::buffer_budget_bytes) (256 MiB by default).
+    pub fn buffer_budget_bytes(mut self, bytes: u64) -> Self {
+        self.buffer_budget_bytes = bytes;
+        self
+    }
+
+    /// Sets [`disk_floor`](Self::disk_floor) (the larger of 256 MiB and 5 % by default).
+    pub fn disk_floor(mut self, floor: DiskFloor) -> Self {
+        self.disk_floor = floor;
+        self
+    }
+
+    /// Sets [`disk_allowance_bytes`](Self::disk_allowance_bytes) (64 MiB by default).
+    pub fn disk_allowance_bytes(mut self, bytes: u64) -> Self {
+        self.disk_allowance_bytes = bytes;
+        self
+    }
+
+    /// Plugs `hooks` into the clients catchup creates (an `Arc` of them serves too, so the
+    /// application can keep a handle).
+    ///
+    /// ```
+    /// struct Stats;
+    /// impl catchup::ClientHooks for Stats {
+    ///     fn statistics(&self, role: &str, json: &[u8]) {
+    ///         println!("{role}: {} bytes of statistics", json.len());
+    ///     }
+    /// }
+    /// let config = catchup::CatchupConfig::new("buffer").hooks(Stats);
+    /// assert!(config.hooks.is_some());
+    /// ```
+    pub fn hooks(mut self, hooks: impl ClientHooks) -> Self {
+        self.hooks = Some(Arc::new(hooks));
+        self
     }
 
     /// The side topic `group` uses: [`side_topic`](Self::side_topic) with `{group}`
@@ -178,7 +299,8 @@ mod tests {
     }
 }
 
-/// Which lane a delivered record came through.
+/// Which lane a delivered record came through. The three lanes are the model's (DESIGN):
+/// this enum stays exhaustive, so a `match` on it needs no wildcard.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DeliveryLane {
     /// The backlog below the boundary.
@@ -203,6 +325,7 @@ impl DeliveryLane {
 /// A record handed to the application. Acknowledge it with
 /// [`CatchupConsumer::ack`](crate::CatchupConsumer::ack) once processed.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Delivery {
     /// Topic.
     pub topic: String,
@@ -304,8 +427,10 @@ impl Delivery {
     }
 }
 
-/// What happened, for applications that want to know.
+/// What happened, for applications that want to know. New events may come in minor
+/// versions: match with a wildcard arm.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Event {
     /// Partitions were assigned to this member.
     Assigned {
@@ -470,6 +595,7 @@ pub enum Event {
 
 /// What is buffered for one lane of one partition.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LaneBuffer {
     /// Offsets the lane covers, as `[start, end)` ranges.
     pub ranges: Vec<OffsetRange>,
@@ -505,6 +631,7 @@ impl Health {
 
 /// What is buffered for one partition ([`CatchupConsumer::buffers`](crate::CatchupConsumer::buffers)).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PartitionBuffer {
     /// Topic.
     pub topic: String,

@@ -17,6 +17,7 @@ pub use crate::store::DiskSpace;
 
 /// The configured floor: the larger of a byte count and a share of the filesystem.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct DiskFloor {
     /// Always keep at least this many bytes free.
     pub min_free_bytes: u64,
@@ -40,6 +41,20 @@ impl DiskFloor {
         min_free_bytes: 0,
         min_free_percent: 0.0,
     };
+
+    /// A floor of at least `min_free_bytes` and at least `min_free_percent` of the
+    /// filesystem (0 to 100), whichever is larger.
+    ///
+    /// ```
+    /// let floor = catchup::DiskFloor::new(1 << 30, 10.0);
+    /// assert_eq!(floor.bytes(100 << 30), 10 << 30);
+    /// ```
+    pub fn new(min_free_bytes: u64, min_free_percent: f64) -> Self {
+        Self {
+            min_free_bytes,
+            min_free_percent,
+        }
+    }
 
     /// The floor in bytes on a filesystem of `total` bytes.
     pub fn bytes(&self, total: u64) -> u64 {

@@ -6,6 +6,7 @@ use super::{SealedSideEntry, SplitToken};
 
 /// The progress of one partition of a group.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct TrueLag {
     /// The group's committed offset (`None`: the group never committed one).
     pub committed: Option<i64>,
@@ -28,6 +29,7 @@ pub struct TrueLag {
 
 /// The side entry of a split partition, as found.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SideStatus {
     /// Not split: no side entry is used.
     NotSplit,

@@ -591,12 +591,10 @@ pub fn test_config(
     mode: catchup::Mode,
     min_lag: u64,
 ) -> catchup::CatchupConfig {
-    catchup::CatchupConfig {
-        mode,
-        min_lag,
-        commit_interval: Duration::from_millis(200),
-        ..catchup::CatchupConfig::new(dir)
-    }
+    catchup::CatchupConfig::new(dir)
+        .mode(mode)
+        .min_lag(min_lag)
+        .commit_interval(Duration::from_millis(200))
 }
 
 /// Subscribes `consumer` to `topic` and waits (bounded) for the first split; returns the

@@ -283,11 +283,9 @@ async fn restart(
     let backlog_total: i64 = backlog_ends.iter().sum();
     let buffer_dir =
         tempfile::tempdir().map_err(|e| Failure::Runtime(format!("temporary buffer: {e}")))?;
-    let config = CatchupConfig {
-        mode,
-        min_lag: 1000,
-        ..CatchupConfig::new(buffer_dir.path())
-    };
+    let config = CatchupConfig::new(buffer_dir.path())
+        .mode(mode)
+        .min_lag(1000);
 
     let stop_fresh = Arc::new(AtomicBool::new(false));
     let fresh = fresh_producer(

@@ -58,6 +58,7 @@ pub fn lag(args: LagArgs) -> Result<(), Failure> {
         topic,
         partition,
         lag,
+        ..
     } in &lags
     {
         println!(
@@ -85,6 +86,7 @@ fn side_text(side: &SideStatus) -> String {
         SideStatus::Verified => "verified".into(),
         SideStatus::Missing => "none yet".into(),
         SideStatus::Untrusted(reason) => format!("untrusted: {reason}"),
+        other => format!("{other:?}"),
     }
 }
 

@@ -451,19 +451,17 @@ pub async fn run(args: RunArgs) -> Result<(), Failure> {
         .get("bootstrap.servers")
         .unwrap_or_default()
         .to_owned();
-    let config = CatchupConfig {
-        mode: args.mode.into(),
-        min_lag: args.min_lag,
-        side_topic: args.side_topic.clone(),
-        commit_interval: Duration::from_millis(args.commit_interval_ms.max(1)),
-        buffer_budget_bytes: args.budget_mib.saturating_mul(1 << 20),
-        disk_floor: DiskFloor {
-            min_free_bytes: args.min_free_mib.saturating_mul(1 << 20),
-            min_free_percent: args.min_free_percent,
-        },
-        disk_allowance_bytes: args.disk_allowance_mib.saturating_mul(1 << 20),
-        ..CatchupConfig::new(&args.buffer_dir)
-    };
+    let config = CatchupConfig::new(&args.buffer_dir)
+        .mode(args.mode.into())
+        .min_lag(args.min_lag)
+        .side_topic(args.side_topic.clone())
+        .commit_interval(Duration::from_millis(args.commit_interval_ms.max(1)))
+        .buffer_budget_bytes(args.budget_mib.saturating_mul(1 << 20))
+        .disk_floor(DiskFloor::new(
+            args.min_free_mib.saturating_mul(1 << 20),
+            args.min_free_percent,
+        ))
+        .disk_allowance_bytes(args.disk_allowance_mib.saturating_mul(1 << 20));
     let probe = match args.metrics_addr {
         Some(addr) => Some(crate::serve::serve(addr).await?),
         None => None,
