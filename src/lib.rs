@@ -48,7 +48,7 @@ pub mod plan;
 pub mod store;
 
 pub use consumer::{
-    CatchupConfig, CatchupConsumer, ClientHooks, Delivery, DeliveryHeaders, DeliveryLane,
+    AckToken, CatchupConfig, CatchupConsumer, ClientHooks, Delivery, DeliveryHeaders, DeliveryLane,
     DiskFloor, Event, Health, Mode, PartitionBuffer, PartitionLag, SideStatus, TrueLag, group_lag,
 };
 pub use error::Error;

@@ -17,8 +17,8 @@ use tokio::sync::Mutex as AsyncMutex;
 use tokio::sync::broadcast;
 
 pub use crate::engine::types::{
-    CatchupConfig, ClientHooks, Delivery, DeliveryHeaders, DeliveryLane, Event, Health, LaneBuffer,
-    Mode, PartitionBuffer,
+    AckToken, CatchupConfig, ClientHooks, Delivery, DeliveryHeaders, DeliveryLane, Event, Health,
+    LaneBuffer, Mode, PartitionBuffer,
 };
 pub use crate::fetch::DiskFloor;
 
@@ -282,7 +282,7 @@ impl CatchupConsumer {
         let delivery = self.next_queued(reader)?;
         if self.shared.config.auto_ack {
             if let Some(delivery) = &delivery {
-                self.shared.ack(delivery);
+                self.shared.ack(delivery.ack_token());
             }
         }
         Ok(delivery)
@@ -394,11 +394,22 @@ impl CatchupConsumer {
         .boxed()
     }
 
-    /// Marks `delivery` processed: only acknowledged records count towards commits
-    /// (at-least-once). With [`CatchupConfig::auto_ack`] every delivery is acknowledged when
-    /// `recv` returns it.
-    pub fn ack(&self, delivery: &Delivery) {
-        self.shared.ack(delivery);
+    /// Marks a delivery processed — given itself (`&delivery`) or its
+    /// [`AckToken`] — : only acknowledged records count towards commits (at-least-once), in
+    /// any order. An acknowledgement of a partition revoked since the delivery is ignored
+    /// (the record belongs to the partition's new owner). With
+    /// [`CatchupConfig::auto_ack`] every delivery is acknowledged when `recv` returns it.
+    ///
+    /// ```no_run
+    /// # async fn example(consumer: &catchup::CatchupConsumer) -> Result<(), catchup::Error> {
+    /// let first = consumer.recv().await?;
+    /// let second = consumer.recv().await?;
+    /// consumer.ack(&second);
+    /// consumer.ack(first.ack_token());
+    /// # Ok(()) }
+    /// ```
+    pub fn ack(&self, delivery: impl Into<AckToken>) {
+        self.shared.ack(delivery.into());
     }
 
     /// Commits everything acknowledged so far (catch-up progress to the group, live progress
@@ -425,6 +436,21 @@ impl CatchupConsumer {
             .assignments
             .load(std::sync::atomic::Ordering::Relaxed)
             > 0
+    }
+
+    /// The partitions this member holds and delivers from, as `(topic, partition)`, sorted:
+    /// those assigned and reconciled (a partition whose reconciliation failed waits paused
+    /// for a retry, and is not among them until it succeeds).
+    ///
+    /// ```no_run
+    /// # fn example(consumer: &catchup::CatchupConsumer) {
+    /// for (topic, partition) in consumer.assignment() {
+    ///     println!("holding {topic}/{partition}");
+    /// }
+    /// # }
+    /// ```
+    pub fn assignment(&self) -> Vec<(String, i32)> {
+        self.shared.partitions().keys().cloned().collect()
     }
 
     /// Offsets of the current assignment the group has not committed: from each partition's

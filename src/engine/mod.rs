@@ -16,7 +16,7 @@ mod writable;
 pub(crate) use health::BrokerHealth;
 pub(crate) use stopped::{BufferFailure, Stopped};
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -25,7 +25,7 @@ use tokio::sync::{Notify, broadcast};
 use crate::fetch::LanePartition;
 use crate::plan::{AckTracker, CommitPlan, Progress, SideEntry, SplitToken, plan_commit};
 use crate::store::{Buffer, Lane, LayoutId, PartitionLayout, PartitionState, StoreError};
-use types::{CatchupConfig, Delivery, DeliveryLane, Event, Mode};
+use types::{AckToken, CatchupConfig, Delivery, DeliveryLane, Event, Mode};
 use writable::{Measured, Writability};
 
 /// The fewest records read from one partition per refill.
@@ -145,6 +145,9 @@ pub(crate) struct Shared {
     pub group: String,
     partitions: Mutex<BTreeMap<PartitionId, PartitionRuntime>>,
     generation: AtomicU64,
+    /// The partition each assignment generation was handed out for: an [`AckToken`]
+    /// names its partition by it (pruned to the live generations as it grows).
+    generations: Mutex<HashMap<u64, PartitionId>>,
     /// Woken when records are appended or partitions change.
     pub notify: Notify,
     /// Bumped on every live-lane append: lets `Concurrent` look for fresh records first.
@@ -192,6 +195,7 @@ impl Shared {
             group,
             partitions: Mutex::new(BTreeMap::new()),
             generation: AtomicU64::new(1),
+            generations: Mutex::new(HashMap::new()),
             notify: Notify::new(),
             live_appends: AtomicU64::new(0),
             processed_since_commit: AtomicU64::new(0),
@@ -292,8 +296,31 @@ impl Shared {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    pub fn next_generation(&self) -> u64 {
-        self.generation.fetch_add(1, Ordering::Relaxed)
+    /// A new assignment generation for partition `id`.
+    pub fn next_generation(&self, id: &PartitionId) -> u64 {
+        let generation = self.generation.fetch_add(1, Ordering::Relaxed);
+        // Entries of generations no longer assigned are dropped once they outnumber the
+        // assigned ones (the two locks are never held together).
+        let entries = self.generations().len();
+        let live: Option<HashSet<u64>> = (entries > 2 * self.partitions().len() + 64)
+            .then(|| self.partitions().values().map(|r| r.generation).collect());
+        let mut generations = self.generations();
+        if let Some(live) = live {
+            generations.retain(|generation, _| live.contains(generation));
+        }
+        generations.insert(generation, id.clone());
+        generation
+    }
+
+    /// The partition assignment `generation` was handed out for.
+    pub fn partition_of(&self, generation: u64) -> Option<PartitionId> {
+        self.generations().get(&generation).cloned()
+    }
+
+    fn generations(&self) -> MutexGuard<'_, HashMap<u64, PartitionId>> {
+        self.generations
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     pub fn emit(&self, event: Event) {

@@ -197,13 +197,18 @@ impl Shared {
     }
 
     /// Marks a delivery processed. Deliveries of a revoked assignment are ignored.
-    pub fn ack(&self, delivery: &Delivery) {
+    pub fn ack(&self, token: AckToken) {
+        // The assignment names the partition; an ack of an earlier assignment of it (the
+        // partition was revoked since) finds another generation there and is ignored.
+        let Some(key) = self.partition_of(token.generation) else {
+            return;
+        };
         let mut partitions = self.partitions();
-        if let Some(runtime) = partitions.get_mut(&(delivery.topic.clone(), delivery.partition)) {
-            if runtime.generation == delivery.generation {
-                let lane = lane_index(store_lane(delivery.lane));
-                let freed = runtime.acks[lane].ack(delivery.offset) as i64;
-                if delivery.offset >= runtime.counted_from[lane] {
+        if let Some(runtime) = partitions.get_mut(&key) {
+            if runtime.generation == token.generation {
+                let lane = lane_index(store_lane(token.lane));
+                let freed = runtime.acks[lane].ack(token.offset) as i64;
+                if token.offset >= runtime.counted_from[lane] {
                     runtime.buffered_bytes[lane] -= freed;
                 }
                 self.processed_since_commit

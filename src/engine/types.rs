@@ -417,6 +417,27 @@ impl rdkafka::Message for Delivery {
 }
 
 impl Delivery {
+    /// What acknowledging this record takes, without the record: a small `Copy` value for a
+    /// pipeline that moves the payload on (into a task, a batch) and acknowledges later.
+    ///
+    /// ```no_run
+    /// # async fn example(consumer: &catchup::CatchupConsumer) -> Result<(), catchup::Error> {
+    /// let delivery = consumer.recv().await?;
+    /// let token = delivery.ack_token();
+    /// let payload = delivery.payload; // moved away
+    /// tokio::spawn(async move { drop(payload) }).await.ok();
+    /// consumer.ack(token);
+    /// # Ok(()) }
+    /// ```
+    pub fn ack_token(&self) -> AckToken {
+        AckToken {
+            generation: self.generation,
+            partition: self.partition,
+            offset: self.offset,
+            lane: self.lane,
+        }
+    }
+
     /// The assignment of its partition this record was delivered under (a number that grows
     /// with every assignment of any partition to this consumer). Within one assignment a
     /// partition's records arrive in order (per lane in `Concurrent` mode); after a
@@ -424,6 +445,40 @@ impl Delivery {
     /// record not yet committed, so records acknowledged but not committed come again.
     pub fn assignment(&self) -> u64 {
         self.generation
+    }
+}
+
+/// What [`CatchupConsumer::ack`](crate::CatchupConsumer::ack) needs of a delivery
+/// ([`Delivery::ack_token`]): its assignment, partition, offset and lane. `Copy`, so it
+/// outlives the delivery it came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AckToken {
+    pub(crate) generation: u64,
+    pub(crate) partition: i32,
+    pub(crate) offset: i64,
+    pub(crate) lane: DeliveryLane,
+}
+
+impl AckToken {
+    /// The record's offset.
+    pub fn offset(&self) -> i64 {
+        self.offset
+    }
+
+    /// The record's partition (of the topic its delivery named).
+    pub fn partition(&self) -> i32 {
+        self.partition
+    }
+
+    /// The lane the record came through.
+    pub fn lane(&self) -> DeliveryLane {
+        self.lane
+    }
+}
+
+impl From<&Delivery> for AckToken {
+    fn from(delivery: &Delivery) -> Self {
+        delivery.ack_token()
     }
 }
 

@@ -432,7 +432,7 @@ impl LiveState {
             KafkaError::Assignment(format!("{topic}/{partition} vanished from the buffer"))
         })?;
         let runtime = PartitionRuntime::new(
-            shared.next_generation(),
+            shared.next_generation(&(topic.to_owned(), partition)),
             &state,
             layout_id,
             decision.token,
