@@ -22,41 +22,60 @@
 //!     let consumer = CatchupConsumer::connect(&kafka, config).await?;
 //!     consumer.subscribe(&["orders"])?;
 //!     loop {
-//!         let delivery = consumer.recv().await?;
-//!         println!("{}/{} @{} via {}", delivery.topic, delivery.partition, delivery.offset, delivery.lane.as_str());
-//!         consumer.ack(&delivery); // only acknowledged records are committed
+//!         tokio::select! {
+//!             delivery = consumer.recv() => {
+//!                 let delivery = delivery?;
+//!                 println!("{}/{} @{} via {}", delivery.topic, delivery.partition, delivery.offset, delivery.lane.as_str());
+//!                 consumer.ack(&delivery); // only acknowledged records are committed
+//!             }
+//!             _ = tokio::signal::ctrl_c() => break,
+//!         }
 //!     }
+//!     // Commits what was acknowledged, leaves the group and lets go of the buffer.
+//!     consumer.close().await
 //! }
 //! ```
 //!
-//! The layers, each a module (see the README):
+//! The public API is what this page lists: [`CatchupConsumer`] and its vocabulary,
+//! [`group_lag`], the errors and the metric names. Inside, the layers are modules
+//! (`docs/layout.md` in the repository walks through them); three are reachable but hidden,
+//! for the command line and the test harnesses, and are not covered by semver:
 //!
-//! * [`store`] — the crash-safe on-disk buffer (sled) both lanes write into;
-//! * [`plan`] — pure decisions: reconciliation on assignment, commits, token formats;
-//! * [`fetch`] — pure decisions of the fetchers: what a poll proves, what to append, when to
+//! * `store` — the crash-safe on-disk buffer (sled) both lanes write into;
+//! * `plan` — pure decisions: reconciliation on assignment, commits, token formats;
+//! * `fetch` — pure decisions of the fetchers: what a poll proves, what to append, when to
 //!   reposition, which partitions to pause;
 //! * `engine` — the per-partition state the fetchers and the reader share;
 //! * `kafka` — rdkafka adapters (live fetcher, catch-up fetcher, side log);
-//! * [`consumer`] — the public API around [`CatchupConsumer`].
+//! * `consumer` — the public API around [`CatchupConsumer`].
+
+#![warn(missing_docs)]
 
 pub mod consumer;
 mod engine;
 mod error;
+// `fetch`, `plan` and `store` are public for the command line, the simulation, the fuzzers
+// and the storage tests only: hidden from the docs and outside the semver promise (they may
+// change in any release). What the public API needs of them is re-exported below.
+#[doc(hidden)]
 pub mod fetch;
 mod kafka;
+#[doc(hidden)]
 pub mod plan;
+#[doc(hidden)]
 pub mod store;
 
 pub use consumer::{
     AckToken, CatchupConfig, CatchupConsumer, ClientHooks, Delivery, DeliveryHeaders, DeliveryLane,
-    DiskFloor, Event, Health, Mode, PartitionBuffer, PartitionLag, SideStatus, TrueLag, group_lag,
+    DiskFloor, Event, Header, Health, LaneBuffer, Mode, PartitionBuffer, PartitionLag, SideStatus,
+    Timestamp, TrueLag, group_lag,
 };
 pub use error::Error;
 pub use kafka::KafkaError;
 /// The rdkafka this crate is built against: `catchup::rdkafka::ClientConfig` always matches
 /// the one [`CatchupConsumer::connect`] takes.
 pub use rdkafka;
-pub use store::{Header, Timestamp};
+pub use store::StoreError;
 
 /// The metrics catchup reports through the `metrics` facade (install any recorder, e.g.
 /// `metrics-exporter-prometheus`): their names, and the buckets the time-to-fresh histogram

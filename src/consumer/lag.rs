@@ -33,6 +33,18 @@ pub struct PartitionLag {
 /// verified under the split's secret). `client` gives the connection settings;
 /// `side_topic` is [`CatchupConfig::side_topic`] (`{group}` is replaced). It blocks on
 /// network requests (up to 30 s each): from async code, call it in `spawn_blocking`.
+///
+/// ```no_run
+/// # fn example() -> Result<(), catchup::Error> {
+/// let mut kafka = catchup::rdkafka::ClientConfig::new();
+/// kafka.set("bootstrap.servers", "127.0.0.1:9092");
+/// for partition in catchup::group_lag(&kafka, "orders-app", &["orders"], "__catchup_side")? {
+///     let lag = &partition.lag;
+///     println!("{}/{}: {} backlog left, live lag {:?} (lag tools report {:?})",
+///         partition.topic, partition.partition, lag.catchup_remaining, lag.live_lag, lag.reported_lag);
+/// }
+/// # Ok(()) }
+/// ```
 pub fn group_lag(
     client: &ClientConfig,
     group: &str,

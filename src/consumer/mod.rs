@@ -17,8 +17,8 @@ use tokio::sync::Mutex as AsyncMutex;
 use tokio::sync::broadcast;
 
 pub use crate::engine::types::{
-    AckToken, CatchupConfig, ClientHooks, Delivery, DeliveryHeaders, DeliveryLane, Event, Health,
-    LaneBuffer, Mode, PartitionBuffer,
+    AckToken, CatchupConfig, ClientHooks, Delivery, DeliveryHeaders, DeliveryLane, Event, Header,
+    Health, LaneBuffer, Mode, PartitionBuffer, Timestamp,
 };
 pub use crate::fetch::DiskFloor;
 
@@ -88,6 +88,14 @@ impl CatchupConsumer {
     /// opening the buffer and checking the side topic must not hold up the runtime's workers.
     /// Dropped before it returns, it lets the opening finish in the background (the buffer
     /// directory is free again once it has).
+    ///
+    /// ```no_run
+    /// # async fn example() -> Result<(), catchup::Error> {
+    /// let mut kafka = catchup::rdkafka::ClientConfig::new();
+    /// kafka.set("bootstrap.servers", "127.0.0.1:9092").set("group.id", "orders-app");
+    /// let consumer = catchup::CatchupConsumer::connect(&kafka, catchup::CatchupConfig::new("buffer")).await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn connect(client: &ClientConfig, config: CatchupConfig) -> Result<Self, Error> {
         let client = client.clone();
         tokio::task::spawn_blocking(move || Self::new(&client, config))
@@ -102,6 +110,15 @@ impl CatchupConsumer {
     /// required) and catchup's own. Opens (or creates) the buffer directory and checks (or
     /// creates) the side topic: it blocks on the disk and the brokers — about a minute when
     /// they do not answer — so async code calls [`connect`](Self::connect) instead.
+    ///
+    /// ```no_run
+    /// # fn example() -> Result<(), catchup::Error> {
+    /// let mut kafka = catchup::rdkafka::ClientConfig::new();
+    /// kafka.set("bootstrap.servers", "127.0.0.1:9092").set("group.id", "orders-app");
+    /// // Outside async code (a CLI, a test's setup): blocks while it opens.
+    /// let consumer = catchup::CatchupConsumer::new(&kafka, catchup::CatchupConfig::new("buffer"))?;
+    /// # Ok(()) }
+    /// ```
     pub fn new(client: &ClientConfig, config: CatchupConfig) -> Result<Self, Error> {
         let group = client
             .get("group.id")
@@ -177,6 +194,12 @@ impl CatchupConsumer {
     /// replacing any earlier subscription. Like rdkafka's `subscribe` it returns at once: the
     /// group member joins in the background. Malformed names are an error here; what the
     /// member's client refuses, and topics the cluster does not have, `recv` reports.
+    ///
+    /// ```no_run
+    /// # fn example(consumer: &catchup::CatchupConsumer) -> Result<(), catchup::Error> {
+    /// consumer.subscribe(&["orders", "^payments-.*"])?;
+    /// # Ok(()) }
+    /// ```
     pub fn subscribe(&self, topics: &[&str]) -> Result<(), Error> {
         crate::plan::check_subscription(topics).map_err(Error::Config)?;
         let topics = topics.iter().map(|t| (*t).to_owned()).collect();
@@ -260,6 +283,14 @@ impl CatchupConsumer {
 
     /// The next record if one is ready now, without waiting: `None` also while another
     /// task is inside [`recv`](Self::recv) (which gets the next record).
+    ///
+    /// ```no_run
+    /// # fn example(consumer: &catchup::CatchupConsumer) -> Result<(), catchup::Error> {
+    /// while let Some(delivery) = consumer.try_recv()? {
+    ///     consumer.ack(&delivery);
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub fn try_recv(&self) -> Result<Option<Delivery>, Error> {
         match self.reader.try_lock() {
             Ok(mut reader) => self.next_ready(&mut reader),
@@ -414,16 +445,43 @@ impl CatchupConsumer {
 
     /// Commits everything acknowledged so far (catch-up progress to the group, live progress
     /// to the side topic while split, merging when a catch-up lane is done).
+    ///
+    /// ```no_run
+    /// # async fn example(consumer: &catchup::CatchupConsumer) -> Result<(), catchup::Error> {
+    /// let delivery = consumer.recv().await?;
+    /// consumer.ack(&delivery);
+    /// consumer.commit().await?; // without waiting for the commit interval
+    /// # Ok(()) }
+    /// ```
     pub async fn commit(&self) -> Result<(), Error> {
         self.request("committing", LiveCommand::Commit).await
     }
 
     /// Events: assignments, splits, merges, truncations, discarded buffers, errors.
+    ///
+    /// ```no_run
+    /// # async fn example(consumer: &catchup::CatchupConsumer) -> Result<(), catchup::Error> {
+    /// let mut events = consumer.events();
+    /// tokio::spawn(async move {
+    ///     while let Ok(event) = events.recv().await {
+    ///         if let catchup::Event::Merged { topic, partition, offset, .. } = event {
+    ///             println!("{topic}/{partition} caught up at {offset}");
+    ///         }
+    ///     }
+    /// });
+    /// # Ok(()) }
+    /// ```
     pub fn events(&self) -> broadcast::Receiver<Event> {
         self.shared.subscribe_events()
     }
 
     /// The consumer group.
+    ///
+    /// ```no_run
+    /// # fn example(consumer: &catchup::CatchupConsumer) {
+    /// println!("consuming as group {}", consumer.group());
+    /// # }
+    /// ```
     pub fn group(&self) -> &str {
         &self.shared.group
     }
@@ -431,6 +489,14 @@ impl CatchupConsumer {
     /// Whether the group has assigned this member its partitions at least once (an empty
     /// assignment counts: the member was told it holds none). Until then there is nothing to
     /// consume yet — which is not the same as nothing left to consume.
+    ///
+    /// ```no_run
+    /// # async fn example(consumer: &catchup::CatchupConsumer) {
+    /// while !consumer.has_assignment() {
+    ///     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    /// }
+    /// # }
+    /// ```
     pub fn has_assignment(&self) -> bool {
         self.shared
             .assignments
@@ -455,6 +521,12 @@ impl CatchupConsumer {
 
     /// Offsets of the current assignment the group has not committed: from each partition's
     /// committed offset to its log end (asks the brokers for the log ends).
+    ///
+    /// ```no_run
+    /// # async fn example(consumer: &catchup::CatchupConsumer) -> Result<(), catchup::Error> {
+    /// println!("{} offsets not committed yet", consumer.backlog().await?);
+    /// # Ok(()) }
+    /// ```
     pub async fn backlog(&self) -> Result<u64, Error> {
         self.request("reading the log ends", LiveCommand::Backlog)
             .await
@@ -462,16 +534,41 @@ impl CatchupConsumer {
 
     /// Whether every assigned partition is merged and everything delivered is acknowledged
     /// and committed.
+    ///
+    /// ```no_run
+    /// # async fn example(consumer: &catchup::CatchupConsumer) -> Result<(), catchup::Error> {
+    /// // Before a planned shutdown: let the splits merge and the commits land.
+    /// while !consumer.settled() {
+    ///     consumer.commit().await?;
+    ///     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub fn settled(&self) -> bool {
         self.shared.settled()
     }
 
     /// Delivered records not acknowledged yet.
+    ///
+    /// ```no_run
+    /// # fn example(consumer: &catchup::CatchupConsumer) {
+    /// println!("{} records in flight", consumer.unacked());
+    /// # }
+    /// ```
     pub fn unacked(&self) -> usize {
         self.shared.unacked()
     }
 
     /// What is buffered per assigned partition and lane.
+    ///
+    /// ```no_run
+    /// # fn example(consumer: &catchup::CatchupConsumer) -> Result<(), catchup::Error> {
+    /// for buffer in consumer.buffers()? {
+    ///     println!("{}/{}: {} catch-up records, {} live", buffer.topic, buffer.partition,
+    ///         buffer.catchup.records, buffer.live.records);
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub fn buffers(&self) -> Result<Vec<PartitionBuffer>, Error> {
         let stats = self.shared.buffer.stats()?;
         let assigned = self.shared.partitions();
@@ -523,6 +620,13 @@ impl CatchupConsumer {
     /// Returns within about two minutes whatever the brokers do: a thread still waiting on
     /// them then is left behind with [`Error::Timeout`], and the buffer directory stays
     /// locked until the process ends (nothing is lost: the next start resumes from Kafka).
+    ///
+    /// ```no_run
+    /// # async fn example(consumer: &catchup::CatchupConsumer) -> Result<(), catchup::Error> {
+    /// tokio::signal::ctrl_c().await.ok();
+    /// consumer.close().await?; // commits what was acknowledged and leaves the group
+    /// # Ok(()) }
+    /// ```
     pub async fn close(&self) -> Result<(), Error> {
         let mut done = self.close_done.lock().await;
         if *done {
@@ -574,6 +678,14 @@ impl CatchupConsumer {
     /// Whether the brokers answer, as the consumer's clients last reported it (`false` from
     /// the first "all brokers are down" until a request gets through again): for health
     /// checks, next to [`Event::BrokersUnreachable`] and [`Event::BrokersReachable`].
+    ///
+    /// ```no_run
+    /// # fn example(consumer: &catchup::CatchupConsumer) {
+    /// if !consumer.brokers_reachable() {
+    ///     eprintln!("the brokers do not answer");
+    /// }
+    /// # }
+    /// ```
     pub fn brokers_reachable(&self) -> bool {
         !self.shared.health.is_unreachable()
     }

@@ -178,8 +178,8 @@ impl Shared {
                 offset: record.offset,
                 key: record.key,
                 payload: record.payload,
-                headers: types::DeliveryHeaders(record.headers),
-                timestamp: record.timestamp,
+                headers: types::DeliveryHeaders::stored(record.headers),
+                timestamp: types::Timestamp::stored(record.timestamp),
                 lane: delivery_lane,
                 generation: runtime.generation,
             });

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::fetch::DiskFloor;
-use crate::store::{Header, OffsetRange, Timestamp};
+use crate::store::OffsetRange;
 
 /// How the reader hands records to the application. New modes may come in minor versions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -81,7 +81,7 @@ pub struct CatchupConfig {
     pub disk_floor: DiskFloor,
     /// Disk the buffer may occupy beyond twice the payload it holds before it is compacted
     /// into a fresh database, giving back what sled keeps after a backlog drained
-    /// ([`BufferOptions::disk_allowance_bytes`](crate::store::BufferOptions)); 64 MiB.
+    /// (the buffer's compaction is in `docs/buffer.md`); 64 MiB.
     pub disk_allowance_bytes: u64,
     /// What the application plugs into the Kafka clients catchup creates (statistics,
     /// rebalance notifications); none by default.
@@ -166,6 +166,11 @@ impl std::fmt::Debug for dyn ClientHooks {
 impl CatchupConfig {
     /// Defaults: `Ordered`, `min_lag` 1000, side topic `__catchup_side`, commits every second,
     /// explicit acks, a 256 MiB budget, a free-space floor of the larger of 256 MiB and 5 %.
+    ///
+    /// ```
+    /// let config = catchup::CatchupConfig::new("/var/lib/orders-app/buffer");
+    /// assert_eq!(config.mode, catchup::Mode::Ordered);
+    /// ```
     pub fn new(buffer_dir: impl Into<PathBuf>) -> Self {
         Self {
             buffer_dir: buffer_dir.into(),
@@ -182,6 +187,10 @@ impl CatchupConfig {
     }
 
     /// Sets [`mode`](Self::mode) (`Ordered` by default).
+    ///
+    /// ```
+    /// let config = catchup::CatchupConfig::new("buffer").mode(catchup::Mode::Concurrent);
+    /// ```
     pub fn mode(mut self, mode: Mode) -> Self {
         self.mode = mode;
         self
@@ -189,6 +198,10 @@ impl CatchupConfig {
 
     /// Sets [`min_lag`](Self::min_lag): the least backlog, in offsets, a partition is split
     /// for (1000 by default).
+    ///
+    /// ```
+    /// let config = catchup::CatchupConfig::new("buffer").min_lag(50_000);
+    /// ```
     pub fn min_lag(mut self, offsets: u64) -> Self {
         self.min_lag = offsets;
         self
@@ -196,36 +209,63 @@ impl CatchupConfig {
 
     /// Sets [`side_topic`](Self::side_topic), a name or a `{group}` template
     /// (`__catchup_side` by default).
+    ///
+    /// ```
+    /// let config = catchup::CatchupConfig::new("buffer").side_topic("catchup-side.{group}");
+    /// assert_eq!(config.side_topic_for("orders").unwrap(), "catchup-side.orders");
+    /// ```
     pub fn side_topic(mut self, topic: impl Into<String>) -> Self {
         self.side_topic = topic.into();
         self
     }
 
     /// Sets [`commit_interval`](Self::commit_interval) (1 s by default).
+    ///
+    /// ```
+    /// let config = catchup::CatchupConfig::new("buffer")
+    ///     .commit_interval(std::time::Duration::from_millis(250));
+    /// ```
     pub fn commit_interval(mut self, interval: Duration) -> Self {
         self.commit_interval = interval;
         self
     }
 
     /// Sets [`auto_ack`](Self::auto_ack) (off by default: the application acknowledges).
+    ///
+    /// ```
+    /// let config = catchup::CatchupConfig::new("buffer").auto_ack(true);
+    /// ```
     pub fn auto_ack(mut self, auto_ack: bool) -> Self {
         self.auto_ack = auto_ack;
         self
     }
 
     /// Sets [`buffer_budget_bytes`](Self::buffer_budget_bytes) (256 MiB by default).
+    ///
+    /// ```
+    /// let config = catchup::CatchupConfig::new("buffer").buffer_budget_bytes(1 << 30);
+    /// ```
     pub fn buffer_budget_bytes(mut self, bytes: u64) -> Self {
         self.buffer_budget_bytes = bytes;
         self
     }
 
     /// Sets [`disk_floor`](Self::disk_floor) (the larger of 256 MiB and 5 % by default).
+    ///
+    /// ```
+    /// let config = catchup::CatchupConfig::new("buffer")
+    ///     .disk_floor(catchup::DiskFloor::new(2 << 30, 10.0));
+    /// ```
     pub fn disk_floor(mut self, floor: DiskFloor) -> Self {
         self.disk_floor = floor;
         self
     }
 
     /// Sets [`disk_allowance_bytes`](Self::disk_allowance_bytes) (64 MiB by default).
+    ///
+    /// ```
+    /// let config = catchup::CatchupConfig::new("buffer").disk_allowance_bytes(256 << 20);
+    /// ```
     pub fn disk_allowance_bytes(mut self, bytes: u64) -> Self {
         self.disk_allowance_bytes = bytes;
         self
@@ -252,6 +292,12 @@ impl CatchupConfig {
     /// The side topic `group` uses: [`side_topic`](Self::side_topic) with `{group}`
     /// replaced by the group id. An error when the result is not a legal topic name (Kafka
     /// allows ASCII letters, digits, `.`, `_` and `-`, at most 249 of them).
+    ///
+    /// ```
+    /// let config = catchup::CatchupConfig::new("buffer").side_topic("side.{group}");
+    /// assert_eq!(config.side_topic_for("orders"), Ok("side.orders".to_owned()));
+    /// assert!(config.side_topic_for("team/orders").is_err());
+    /// ```
     pub fn side_topic_for(&self, group: &str) -> Result<String, String> {
         let name = self.side_topic.replace("{group}", group);
         let legal = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
@@ -313,6 +359,10 @@ pub enum DeliveryLane {
 
 impl DeliveryLane {
     /// `"catchup"`, `"live"` or `"plain"`.
+    ///
+    /// ```
+    /// assert_eq!(catchup::DeliveryLane::Live.as_str(), "live");
+    /// ```
     pub fn as_str(self) -> &'static str {
         match self {
             DeliveryLane::Catchup => "catchup",
@@ -347,10 +397,71 @@ pub struct Delivery {
     pub(crate) generation: u64,
 }
 
+/// A record's timestamp, as Kafka reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Timestamp {
+    /// The broker sent no timestamp.
+    NotAvailable,
+    /// Set by the producer (`message.timestamp.type=CreateTime`), in ms since the epoch.
+    CreateTime(i64),
+    /// Set by the broker on append (`message.timestamp.type=LogAppendTime`), in ms.
+    LogAppendTime(i64),
+}
+
+impl Timestamp {
+    /// The milliseconds since the epoch, whichever kind (`None`: not available).
+    ///
+    /// ```
+    /// assert_eq!(catchup::Timestamp::CreateTime(1_700).to_millis(), Some(1_700));
+    /// assert_eq!(catchup::Timestamp::NotAvailable.to_millis(), None);
+    /// ```
+    pub fn to_millis(self) -> Option<i64> {
+        match self {
+            Timestamp::CreateTime(ms) | Timestamp::LogAppendTime(ms) => Some(ms),
+            Timestamp::NotAvailable => None,
+        }
+    }
+
+    /// The buffer's stored timestamp, as delivered.
+    pub(crate) fn stored(stored: crate::store::Timestamp) -> Self {
+        match stored {
+            crate::store::Timestamp::NotAvailable => Timestamp::NotAvailable,
+            crate::store::Timestamp::CreateTime(ms) => Timestamp::CreateTime(ms),
+            crate::store::Timestamp::LogAppendTime(ms) => Timestamp::LogAppendTime(ms),
+        }
+    }
+}
+
+/// One record header: a name and an optional value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Header {
+    /// Header name.
+    pub key: String,
+    /// Header value; `None` is a null value, distinct from an empty one.
+    pub value: Option<Vec<u8>>,
+}
+
 /// The headers of a [`Delivery`]: a list of [`Header`]s (a slice through `Deref`), also
 /// readable through rdkafka's [`Headers`](rdkafka::message::Headers) trait.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct DeliveryHeaders(pub Vec<Header>);
+
+impl DeliveryHeaders {
+    /// The buffer's stored headers, as delivered (the vector is reused: the two header
+    /// types have one layout).
+    pub(crate) fn stored(stored: Vec<crate::store::Header>) -> Self {
+        DeliveryHeaders(
+            stored
+                .into_iter()
+                .map(|header| Header {
+                    key: header.key,
+                    value: header.value,
+                })
+                .collect(),
+        )
+    }
+}
 
 impl std::ops::Deref for DeliveryHeaders {
     type Target = [Header];
@@ -443,6 +554,14 @@ impl Delivery {
     /// partition's records arrive in order (per lane in `Concurrent` mode); after a
     /// revocation — a lost one included — the next assignment may start again at the first
     /// record not yet committed, so records acknowledged but not committed come again.
+    ///
+    /// ```no_run
+    /// # async fn example(consumer: &catchup::CatchupConsumer) -> Result<(), catchup::Error> {
+    /// let delivery = consumer.recv().await?;
+    /// println!("{}/{} @{} (assignment {})", delivery.topic, delivery.partition,
+    ///     delivery.offset, delivery.assignment());
+    /// # Ok(()) }
+    /// ```
     pub fn assignment(&self) -> u64 {
         self.generation
     }
@@ -461,6 +580,14 @@ pub struct AckToken {
 
 impl AckToken {
     /// The record's offset.
+    ///
+    /// ```no_run
+    /// # async fn example(consumer: &catchup::CatchupConsumer) -> Result<(), catchup::Error> {
+    /// let token = consumer.recv().await?.ack_token();
+    /// println!("acknowledging {}@{} ({})", token.partition(), token.offset(), token.lane().as_str());
+    /// consumer.ack(token);
+    /// # Ok(()) }
+    /// ```
     pub fn offset(&self) -> i64 {
         self.offset
     }
@@ -616,7 +743,7 @@ pub enum Event {
         floor_bytes: u64,
     },
     /// The buffer occupied more than twice what it stores plus
-    /// [`BufferOptions::disk_allowance_bytes`](crate::store::BufferOptions) and was
+    /// [`CatchupConfig::disk_allowance_bytes`] and was
     /// compacted into a fresh database: the disk sled held is given back.
     BufferCompacted {
         /// The buffer directory.
@@ -679,6 +806,12 @@ pub struct Health {
 
 impl Health {
     /// Whether the consumer is working: the brokers answer and nothing stopped it.
+    ///
+    /// ```no_run
+    /// # fn example(consumer: &catchup::CatchupConsumer) {
+    /// let status = if consumer.health().is_healthy() { 200 } else { 503 };
+    /// # }
+    /// ```
     pub fn is_healthy(&self) -> bool {
         self.brokers_reachable && self.stopped.is_none()
     }

@@ -57,6 +57,13 @@ impl DiskFloor {
     }
 
     /// The floor in bytes on a filesystem of `total` bytes.
+    ///
+    /// ```
+    /// let floor = catchup::DiskFloor::default(); // the larger of 256 MiB and 5 %
+    /// assert_eq!(floor.bytes(1 << 30), 256 << 20);
+    /// assert_eq!(floor.bytes(100 << 30), 5 << 30);
+    /// assert_eq!(catchup::DiskFloor::DISABLED.bytes(100 << 30), 0);
+    /// ```
     pub fn bytes(&self, total: u64) -> u64 {
         let percent = self.min_free_percent.clamp(0.0, 100.0);
         let share = (total as f64 * percent / 100.0) as u64;

@@ -79,6 +79,10 @@ pub enum KafkaError {
 impl KafkaError {
     /// Whether the consumer goes on after it: a request that failed can be made again; a
     /// thread that is gone or could not start cannot.
+    ///
+    /// ```
+    /// assert!(!catchup::KafkaError::Stopped("live fetcher").is_recoverable());
+    /// ```
     pub fn is_recoverable(&self) -> bool {
         !matches!(self, KafkaError::Stopped(_) | KafkaError::Spawn { .. })
     }

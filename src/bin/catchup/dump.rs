@@ -109,9 +109,13 @@ fn record_json(topic: &str, partition: i32, lane: Lane, record: &Record) -> Valu
         partition,
         lane: lane.as_str(),
         offset: record.offset,
-        timestamp: record.timestamp,
+        timestamp: crate::schema::stored_timestamp(record.timestamp),
         key: record.key.as_deref(),
         value: record.payload.as_deref(),
-        headers: &record.headers,
+        headers: record
+            .headers
+            .iter()
+            .map(|h| (h.key.as_str(), h.value.as_deref()))
+            .collect(),
     }))
 }

@@ -4,7 +4,7 @@
 //! (`[{"key": …, "value": …}]`, values encoded the same way).
 
 use base64::Engine;
-use catchup::{Header, Timestamp};
+use catchup::Timestamp;
 use serde_json::{Map, Value, json};
 
 /// A JSON field for `bytes`: `name` with the text when it is UTF-8, else `name_b64` with
@@ -31,7 +31,17 @@ pub struct RecordView<'a> {
     pub timestamp: Timestamp,
     pub key: Option<&'a [u8]>,
     pub value: Option<&'a [u8]>,
-    pub headers: &'a [Header],
+    /// `(name, value)` in the producer's order.
+    pub headers: Vec<(&'a str, Option<&'a [u8]>)>,
+}
+
+/// A timestamp of the buffer, as the public type.
+pub fn stored_timestamp(stored: catchup::store::Timestamp) -> Timestamp {
+    match stored {
+        catchup::store::Timestamp::NotAvailable => Timestamp::NotAvailable,
+        catchup::store::Timestamp::CreateTime(ms) => Timestamp::CreateTime(ms),
+        catchup::store::Timestamp::LogAppendTime(ms) => Timestamp::LogAppendTime(ms),
+    }
 }
 
 /// The record as a JSON object.
@@ -55,9 +65,9 @@ pub fn record_json(record: RecordView<'_>) -> Map<String, Value> {
     let headers: Vec<Value> = record
         .headers
         .iter()
-        .map(|h| {
-            let (name, value) = bytes_field("value", h.value.as_deref());
-            json!({ "key": h.key, name: value })
+        .map(|(key, value)| {
+            let (name, value) = bytes_field("value", *value);
+            json!({ "key": key, name: value })
         })
         .collect();
     object.insert("headers".into(), Value::Array(headers));

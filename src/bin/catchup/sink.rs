@@ -21,7 +21,11 @@ pub fn record_line(delivery: &Delivery, processed_at_ms: u128) -> String {
         timestamp: delivery.timestamp,
         key: delivery.key.as_deref(),
         value: delivery.payload.as_deref(),
-        headers: &delivery.headers,
+        headers: delivery
+            .headers
+            .iter()
+            .map(|h| (h.key.as_str(), h.value.as_deref()))
+            .collect(),
     });
     line.insert("assignment".into(), json!(delivery.assignment()));
     line.insert("processed_at_ms".into(), json!(processed_at_ms as u64));
