@@ -39,6 +39,15 @@ fn options() -> BufferOptions {
     }
 }
 
+/// The child's options: every other child keeps appends in memory (a small allowance, so
+/// that it spills often) — a kill then loses what memory held, and only that.
+fn child_options(seed: u64) -> BufferOptions {
+    BufferOptions {
+        memory_bytes: if seed % 2 == 1 { 256 << 10 } else { 0 },
+        ..options()
+    }
+}
+
 /// The payload of every record is a function of where it is, so the parent can check it.
 fn record(epoch: u64, partition: i32, lane: Lane, offset: i64) -> Record {
     let text = format!("{epoch}/{partition}/{lane}/{offset}/");
@@ -104,7 +113,7 @@ fn child(dir: &Path, oracle: &Path, seed: u64) -> ! {
         .append(true)
         .open(oracle)
         .expect("oracle file");
-    let buffer = Buffer::open(dir, options()).expect("child opens the buffer");
+    let buffer = Buffer::open(dir, child_options(seed)).expect("child opens the buffer");
     oracle.write_all(b"opened\n").expect("oracle write");
     let mut states: HashMap<i32, PartitionState> = HashMap::new();
     for partition in 0..PARTITIONS {

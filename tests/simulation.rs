@@ -68,7 +68,8 @@ fn the_consumer_never_loses_a_record() {
          {} merges, {} truncations, {} positions held past the log end, {} errors naming no \
          partition, {} assignments of everything (eager), {} main-log writes refused, {} failed \
          creations of the catch-up consumer, {} topic ids unreadable, {} partitions assigned \
-         again within a poll round: no loss, no stall",
+         again within a poll round, {} histories with a memory tier ({} crashes losing what it \
+         held, {} bytes spilled to sled): no loss, no stall",
         stats.partitions,
         stats.steps,
         stats.splits,
@@ -82,6 +83,9 @@ fn the_consumer_never_loses_a_record() {
         stats.create_failures,
         stats.id_failures,
         stats.rebalances_in_a_round,
+        stats.memory_tier,
+        stats.memory_lost,
+        stats.spilled_bytes,
     );
     assert!(stats.steps > 0);
     if count >= 1000 {
@@ -98,7 +102,10 @@ fn the_consumer_never_loses_a_record() {
                 && stats.commit_refusals > 0
                 && stats.create_failures > 0
                 && stats.id_failures > 0
-                && stats.rebalances_in_a_round > 0,
+                && stats.rebalances_in_a_round > 0
+                && stats.memory_tier > 0
+                && stats.memory_lost > 0
+                && stats.spilled_bytes > 0,
             "{stats:?}"
         );
     }

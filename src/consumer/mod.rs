@@ -152,6 +152,8 @@ impl CatchupConsumer {
         }
         let options = BufferOptions {
             disk_allowance_bytes: config.disk_allowance_bytes,
+            // Half the budget serves the reader from memory; what waits beyond goes to sled.
+            memory_bytes: config.buffer_budget_bytes / 2,
             ..BufferOptions::default()
         };
         let buffer = match Buffer::open(&config.buffer_dir, options.clone()) {
@@ -593,8 +595,9 @@ impl CatchupConsumer {
                     };
                     LaneBuffer {
                         ranges,
-                        records: stats.records,
-                        bytes: stats.bytes,
+                        // On disk and in memory alike.
+                        records: stats.records + stats.memory_records,
+                        bytes: stats.bytes + stats.memory_bytes,
                         processed_next: cursors.committed_next,
                         fetched_next: cursors.fetched_next,
                         lag: cursors.fetched_next - cursors.committed_next,

@@ -1,7 +1,7 @@
 //! One fetcher's view of one partition: what it has polled since its consumer was last
 //! positioned, and what that proves.
 
-use crate::store::{AppendOutcome, Fetched, LayoutId, Record, StoreError};
+use crate::store::{AppendOutcome, LayoutId, Record, StoreError};
 
 /// What a fetcher has proven about one partition since it positioned its consumer there.
 ///
@@ -35,30 +35,9 @@ pub struct FetchCursor {
     dropped: u64,
 }
 
-/// An append to make, with the proof the buffer checks.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PendingAppend {
-    /// The layout the records were fetched under.
-    pub layout: LayoutId,
-    /// The lane offset the batch continues from.
-    pub continues_from: i64,
-    /// The records, in offset order.
-    pub records: Vec<Record>,
-    /// Proven position after the batch.
-    pub next: i64,
-}
-
-impl PendingAppend {
-    /// The append as the buffer takes it.
-    pub fn as_fetched(&self) -> Fetched<'_> {
-        Fetched {
-            layout: self.layout,
-            continues_from: self.continues_from,
-            records: &self.records,
-            next: self.next,
-        }
-    }
-}
+/// An append to make, with the proof the buffer checks: the buffer's own batch type, so that
+/// its records move into the buffer ([`Buffer::append_owned`](crate::store::Buffer::append_owned)).
+pub type PendingAppend = crate::store::FetchedBatch;
 
 /// What the buffer said to an append.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

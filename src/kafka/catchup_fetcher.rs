@@ -405,13 +405,13 @@ impl Fetcher {
         else {
             return;
         };
-        self.store(key, &append);
+        self.store(key, append);
     }
 
     /// Hands an append of the partition's cursor to the buffer and the answer back to the
     /// cursor. A writer whose layout is gone leaves: a newer Add (or a Remove) is on its way,
     /// and it must not touch the new layout.
-    fn store(&mut self, key: &PartitionId, append: &PendingAppend) {
+    fn store(&mut self, key: &PartitionId, append: PendingAppend) {
         if !self.shared.may_write() {
             // The disk is below its floor (or a write failed): refetch later from the
             // buffer's position; the budget keeps the partition paused meanwhile.
@@ -421,7 +421,7 @@ impl Fetcher {
         let result = self
             .shared
             .buffer
-            .append(Lane::Catchup, &key.0, key.1, append.as_fetched());
+            .append_owned(Lane::Catchup, &key.0, key.1, append);
         match &result {
             Ok(outcome) if outcome.stored > 0 => {
                 telemetry::records_fetched(&self.shared.group, "catchup", outcome.stored as u64);
@@ -520,7 +520,7 @@ impl Fetcher {
                     from,
                     to,
                 });
-                self.store(key, &append);
+                self.store(key, append);
             }
             AfterOutOfRange::PastLogEnd { at, high, wait } => self.error(format!(
                 "catch-up of {}/{}: position {at} is past the log end {high}; fetching there again in {} s",

@@ -21,7 +21,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::{Buffer, Generation, StoreError, fsync, generation, lock, sled_config, write_lock};
+use super::{
+    Buffer, Generation, Shard, StoreError, fsync, generation, lock, sled_config, write_lock,
+};
 
 /// Entries copied per sled batch, and the bytes that end one early.
 const COPY_BATCH_ENTRIES: usize = 1000;
@@ -389,7 +391,7 @@ impl Buffer {
 
     /// Every writer's lock: the partitions' (in order) and then `topic_alloc` (topic
     /// allocation, the incarnation record).
-    fn lock_writers(&self) -> (Vec<MutexGuard<'_, ()>>, MutexGuard<'_, ()>) {
+    fn lock_writers(&self) -> (Vec<MutexGuard<'_, Shard>>, MutexGuard<'_, ()>) {
         let partitions = self.partition_locks.iter().map(lock).collect();
         (partitions, lock(&self.topic_alloc))
     }

@@ -45,6 +45,7 @@ mod record;
 mod snapshot;
 mod space;
 mod state;
+mod tail;
 mod topics;
 mod verify;
 mod write;
@@ -71,7 +72,7 @@ pub use snapshot::Snapshot;
 pub use space::{DiskSpace, free_space};
 pub use state::{LaneState, OffsetRange, PartitionLayout, PartitionState};
 pub use verify::{Finding, MAX_FINDINGS};
-pub use write::{AppendOutcome, Fetched};
+pub use write::{AppendOutcome, Fetched, FetchedBatch};
 
 use error::{classify_open_error, current_error, panic_reason, sled_error};
 use keys::PartitionKey;
@@ -157,6 +158,11 @@ pub struct BufferOptions {
     /// awaiting its cleaner, its segment rounding and the compaction's pause all shrink as
     /// this grows.
     pub disk_allowance_bytes: u64,
+    /// Bytes of appended records the buffer may keep in memory ahead of sled (the memory
+    /// tier, see `tail`): the reader takes them from there, a commit drops them unwritten,
+    /// and only what waits beyond this is written to sled, largest lane first. 0 (the
+    /// default) writes every append through; the consumer gives it half its byte budget.
+    pub memory_bytes: u64,
 }
 
 impl Default for BufferOptions {
@@ -168,6 +174,7 @@ impl Default for BufferOptions {
             segment_bytes: 4 << 20,
             lock_wait: std::time::Duration::from_secs(2),
             disk_allowance_bytes: 64 << 20,
+            memory_bytes: 0,
         }
     }
 }
@@ -183,6 +190,13 @@ struct BufferMeta {
 /// the committer) must not interleave their read-modify-write of its state.
 const LOCK_SHARDS: usize = 64;
 
+/// One shard of the partitions' write lock, and the memory tier of its partitions: what a
+/// partition holds in memory changes only under its lock, as its state in sled does.
+#[derive(Debug, Default)]
+struct Shard {
+    tails: HashMap<PartitionKey, tail::Tail>,
+}
+
 /// A crash-safe buffer of Kafka records in a directory.
 ///
 /// All methods take `&self`; a `Buffer` can be shared between the fetcher threads and the
@@ -194,7 +208,13 @@ pub struct Buffer {
     options: BufferOptions,
     topics: RwLock<HashMap<String, u32>>,
     topic_alloc: Mutex<()>,
-    partition_locks: Vec<Mutex<()>>,
+    partition_locks: Vec<Mutex<Shard>>,
+    /// Bytes the memory tier holds, every partition.
+    tail_bytes: std::sync::atomic::AtomicU64,
+    /// Bytes it may hold ([`BufferOptions::memory_bytes`], [`Buffer::set_memory_bytes`]).
+    memory_bytes: std::sync::atomic::AtomicU64,
+    /// Bytes it wrote to sled so far (what waited beyond it).
+    spilled_bytes: std::sync::atomic::AtomicU64,
     /// The current layout of each partition this process has touched (see [`LayoutId`]).
     layouts: Mutex<HashMap<PartitionKey, LayoutId>>,
     next_layout: std::sync::atomic::AtomicU64,

@@ -132,6 +132,7 @@ impl Buffer {
         options: BufferOptions,
         create: bool,
     ) -> Result<Self, StoreError> {
+        let memory_bytes = options.memory_bytes;
         let buffer = Buffer {
             dir,
             current: RwLock::new(Generation {
@@ -141,7 +142,12 @@ impl Buffer {
             options,
             topics: RwLock::new(HashMap::new()),
             topic_alloc: Mutex::new(()),
-            partition_locks: (0..LOCK_SHARDS).map(|_| Mutex::new(())).collect(),
+            partition_locks: (0..LOCK_SHARDS)
+                .map(|_| Mutex::new(Shard::default()))
+                .collect(),
+            tail_bytes: std::sync::atomic::AtomicU64::new(0),
+            memory_bytes: std::sync::atomic::AtomicU64::new(memory_bytes),
+            spilled_bytes: std::sync::atomic::AtomicU64::new(0),
             layouts: Mutex::new(HashMap::new()),
             next_layout: std::sync::atomic::AtomicU64::new(1),
             compaction: compact::Tracker::default(),
@@ -231,6 +237,8 @@ impl Buffer {
     /// which does not survive a power loss). After an error, do not trust a later success on
     /// the same handle: the kernel may have dropped the pages that failed to write.
     pub fn sync(&self) -> Result<(), StoreError> {
+        // What the memory tier holds is made durable too.
+        self.flush_memory()?;
         // Not while a compaction switches generations under the walk.
         let _alone = self.compaction.exclusive();
         self.db()?.flush().map_err(|err| self.sled_error(err))?;
@@ -261,6 +269,11 @@ impl Buffer {
     /// buffer fails with [`StoreError::Released`]. Do not call it after a failed write (sled's
     /// flush on drop can then block for good).
     pub fn release(&self) -> Result<(), StoreError> {
+        // A clean close keeps what memory holds for the next start (a released buffer has
+        // nothing left to write: its tier is empty, or the flush fails as every write would).
+        if self.db().is_ok() {
+            self.flush_memory()?;
+        }
         let _alone = self.compaction.exclusive();
         let (sled_dir, db) = {
             let mut current = write_lock(&self.current);

@@ -31,6 +31,10 @@ pub struct LaneStats {
     pub first_offset: Option<i64>,
     /// Offset of the last stored record.
     pub last_offset: Option<i64>,
+    /// Records held in memory beyond the chunks (the memory tier), not on disk.
+    pub memory_records: u64,
+    /// Key, payload and header bytes of those records.
+    pub memory_bytes: u64,
 }
 
 /// What the buffer holds for one partition.
@@ -57,15 +61,32 @@ pub struct BufferStats {
 
 impl Buffer {
     /// The state of `topic`/`partition`, `None` if it is not laid out.
+    /// The lanes count as fetched up to what the buffer proves, in sled or in memory.
     pub fn partition_state(
         &self,
         topic: &str,
         partition: i32,
     ) -> Result<Option<PartitionState>, StoreError> {
         match self.partition_key(topic, partition)? {
-            Some(part) => self.load_state(part),
+            Some(part) => Ok(self.read_state(part)?.map(|(state, _)| state)),
             None => Ok(None),
         }
+    }
+
+    /// The state the buffer proves of `part` and, per lane, where its chunks in sled end
+    /// (the memory tier holds the rest).
+    fn read_state(
+        &self,
+        part: PartitionKey,
+    ) -> Result<Option<(PartitionState, [i64; 2])>, StoreError> {
+        let mut shard = self.partition_lock(part);
+        Ok(self.tail_in(&mut shard, part)?.map(|tail| {
+            let sled_end = [
+                tail.persisted.catchup.fetched_next,
+                tail.persisted.live.fetched_next,
+            ];
+            (tail.logical(), sled_end)
+        }))
     }
 
     /// Every laid-out partition, by topic name then partition.
@@ -123,10 +144,10 @@ impl Buffer {
         let Some(part) = self.partition_key(topic, partition)? else {
             return Ok(empty);
         };
-        let Some(state) = self.load_state(part)? else {
+        let Some((state, sled_end)) = self.read_state(part)? else {
             return Ok(empty);
         };
-        self.read_lane(lane, part, &state, from, max_records)
+        self.read_lane(lane, part, &state, sled_end, from, max_records)
     }
 
     /// Reads `topic`/`partition` in `Ordered` delivery order from offset `from`: the
@@ -146,28 +167,60 @@ impl Buffer {
         let Some(part) = self.partition_key(topic, partition)? else {
             return Ok(empty);
         };
-        let Some(state) = self.load_state(part)? else {
+        let Some((state, sled_end)) = self.read_state(part)? else {
             return Ok(empty);
         };
         match state.layout.catchup_end() {
             Some(end) if from < end => {
-                self.read_lane(Lane::Catchup, part, &state, from, max_records)
+                self.read_lane(Lane::Catchup, part, &state, sled_end, from, max_records)
             }
             _ => self.read_lane(
                 Lane::Live,
                 part,
                 &state,
+                sled_end,
                 from.max(state.layout.live_from),
                 max_records,
             ),
         }
     }
 
+    /// Reads `lane` from sled up to `sled_end` (where its chunks end when `state` was
+    /// taken), then on from the memory tier.
     fn read_lane(
         &self,
         lane: Lane,
         part: PartitionKey,
         state: &PartitionState,
+        sled_end: [i64; 2],
+        from: i64,
+        max_records: usize,
+    ) -> Result<ReadBatch, StoreError> {
+        let sled_end = sled_end[super::tail::index(lane)];
+        let mut batch = self.read_sled(lane, part, state, sled_end, from, max_records)?;
+        if batch.records.len() >= max_records || batch.next < sled_end {
+            return Ok(batch);
+        }
+        // Sled read through: the rest is in memory, chained on from its end (unless a spill
+        // moved it to sled meanwhile — the next read finds it there).
+        let from = state.normalize(lane, batch.next);
+        let mut shard = self.partition_lock(part);
+        if let Some(tail) = self.tail_in(&mut shard, part)? {
+            if let Some((records, next)) = tail.read(lane, from, max_records - batch.records.len())
+            {
+                batch.records.extend(records);
+                batch.next = batch.next.max(next);
+            }
+        }
+        Ok(batch)
+    }
+
+    fn read_sled(
+        &self,
+        lane: Lane,
+        part: PartitionKey,
+        state: &PartitionState,
+        sled_end: i64,
         from: i64,
         max_records: usize,
     ) -> Result<ReadBatch, StoreError> {
@@ -203,8 +256,11 @@ impl Buffer {
         // iterator can show a later chunk of a batch appended meanwhile and hide an earlier
         // one — a hole that would be read over silently (`docs/design.md`, "Reads stop at the
         // proven end"). The next read sees those chunks under a newer state.
-        let proven_end = cursors.fetched_next;
+        let proven_end = sled_end;
         let mut reached = state.normalize(lane, from);
+        if reached >= proven_end {
+            return Ok(batch);
+        }
         for entry in self.db()?.range(start..=lane_end.to_vec()) {
             let (key, value) = entry.map_err(|err| self.sled_error(err))?;
             let first = keys::chunk_first(&key)
@@ -261,10 +317,20 @@ impl Buffer {
     pub fn stats(&self) -> Result<BufferStats, StoreError> {
         let mut partitions = Vec::new();
         for (part, topic, partition, state) in self.partition_entries()? {
-            let lanes = [
+            let mut lanes = [
                 self.lane_stats(Lane::Catchup, part)?,
                 self.lane_stats(Lane::Live, part)?,
             ];
+            // The cursors as the buffer proves them, and what memory holds beyond sled.
+            let state = match self.partition_lock(part).tails.get(&part) {
+                Some(tail) => {
+                    for stats in &mut lanes {
+                        (stats.memory_records, stats.memory_bytes) = tail.counts(stats.lane);
+                    }
+                    tail.logical()
+                }
+                None => state,
+            };
             partitions.push(PartitionStats {
                 topic,
                 partition,
@@ -286,6 +352,8 @@ impl Buffer {
             bytes: 0,
             first_offset: None,
             last_offset: None,
+            memory_records: 0,
+            memory_bytes: 0,
         };
         let mut first_nonempty = None;
         let mut last_nonempty = None;

@@ -190,7 +190,7 @@ impl Buffer {
             .map_err(|_| self.rejected(topic, partition, "negative partition".into()))
     }
 
-    pub(super) fn partition_lock(&self, part: PartitionKey) -> MutexGuard<'_, ()> {
+    pub(super) fn partition_lock(&self, part: PartitionKey) -> MutexGuard<'_, Shard> {
         let shard = (part.topic_id as usize)
             .wrapping_mul(31)
             .wrapping_add(part.partition as usize);

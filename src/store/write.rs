@@ -3,9 +3,14 @@
 
 use bincode::Encode;
 
+use std::sync::atomic::Ordering;
+
 use super::compact::Batch;
 use super::keys::{self, PartitionKey};
-use super::{Buffer, Lane, LayoutId, PartitionLayout, PartitionState, Record, StoreError, codec};
+use super::tail::{Pending, Tail};
+use super::{
+    Buffer, Lane, LayoutId, PartitionLayout, PartitionState, Record, Shard, StoreError, codec,
+};
 
 /// A chunk as it is encoded: borrows the records (same bytes as [`super::record::Chunk`]).
 #[derive(Encode)]
@@ -33,6 +38,41 @@ pub struct Fetched<'a> {
     /// The fetcher's proven position after the batch: past the last record, further only
     /// where the same fetch proved the offsets empty.
     pub next: i64,
+}
+
+/// A batch as a fetcher polled it, given to the buffer: [`Fetched`] with the records owned,
+/// so that they move into the buffer ([`Buffer::append_owned`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FetchedBatch {
+    /// The partition's layout when the fetcher was positioned.
+    pub layout: LayoutId,
+    /// The lane offset the batch continues from.
+    pub continues_from: i64,
+    /// The records, in increasing offset order.
+    pub records: Vec<Record>,
+    /// Proven position after the batch.
+    pub next: i64,
+}
+
+impl FetchedBatch {
+    /// The batch, borrowed.
+    pub fn as_fetched(&self) -> Fetched<'_> {
+        Fetched {
+            layout: self.layout,
+            continues_from: self.continues_from,
+            records: &self.records,
+            next: self.next,
+        }
+    }
+}
+
+/// An upper bound of what decoding `record` alone claims against [`codec::DECODE_LIMIT`]
+/// (its encoded size, the record and its headers in memory).
+fn decode_claim_bound(record: &Record) -> usize {
+    record.payload_bytes()
+        + 64
+        + record.headers.len() * (32 + std::mem::size_of::<super::Header>())
+        + std::mem::size_of::<Record>()
 }
 
 /// What an append stored.
@@ -63,11 +103,12 @@ impl Buffer {
             topic_id: self.topic_id_or_insert(topic)?,
             partition: partition_number,
         };
-        let _guard = self.partition_lock(part);
+        let mut shard = self.partition_lock(part);
         let (mut batch, removed) = self.removal_batch(part)?;
         let state = PartitionState::new(layout);
         batch.insert(keys::state(part), codec::encode(&state));
         self.apply(batch)?;
+        self.forget_tail(&mut shard, part);
         self.compaction.removed(removed);
         self.new_layout_id(part);
         Ok(state)
@@ -80,8 +121,10 @@ impl Buffer {
     /// `fetched_next`; anything else is refused with [`StoreError::StaleLayout`] or
     /// [`StoreError::Discontinuous`] and changes nothing — the fetcher refetches from
     /// `fetched_next`. In the catch-up lane, records at or past the current range's end are
-    /// dropped (the live lane owns them). The records and the lane's new `fetched_next` are
-    /// written in one atomic batch.
+    /// dropped (the live lane owns them). With a memory tier
+    /// ([`BufferOptions::memory_bytes`](super::BufferOptions)) the records are kept in memory
+    /// and written to sled only if they wait beyond it; without, the records and the lane's
+    /// new `fetched_next` are written in one atomic batch.
     pub fn append(
         &self,
         lane: Lane,
@@ -89,13 +132,62 @@ impl Buffer {
         partition: i32,
         fetched: Fetched<'_>,
     ) -> Result<AppendOutcome, StoreError> {
-        let Fetched {
+        self.append_records(lane, topic, partition, fetched, None)
+    }
+
+    /// [`append`](Self::append) of a batch the caller gives away: its records move into the
+    /// buffer instead of being copied.
+    pub fn append_owned(
+        &self,
+        lane: Lane,
+        topic: &str,
+        partition: i32,
+        batch: FetchedBatch,
+    ) -> Result<AppendOutcome, StoreError> {
+        let FetchedBatch {
             layout,
             continues_from,
             records,
+            next,
+        } = batch;
+        let fetched = Fetched {
+            layout,
+            continues_from,
+            records: &[],
+            next,
+        };
+        self.append_records(lane, topic, partition, fetched, Some(records))
+    }
+
+    /// The append: `owned`, when given, holds the records (`fetched.records` is then unused).
+    fn append_records(
+        &self,
+        lane: Lane,
+        topic: &str,
+        partition: i32,
+        fetched: Fetched<'_>,
+        owned: Option<Vec<Record>>,
+    ) -> Result<AppendOutcome, StoreError> {
+        let Fetched {
+            layout,
+            continues_from,
+            records: borrowed,
             next: next_offset,
         } = fetched;
-        let (part, _guard, mut state) = self.locked_state(topic, partition)?;
+        let records: &[Record] = owned.as_deref().unwrap_or(borrowed);
+        let no_layout = || {
+            self.rejected(
+                topic,
+                partition,
+                "not laid out; call reset_partition first".into(),
+            )
+        };
+        let part = self
+            .partition_key(topic, partition)?
+            .ok_or_else(no_layout)?;
+        let mut shard = self.partition_lock(part);
+        let tail = self.tail_in(&mut shard, part)?.ok_or_else(no_layout)?;
+        let state = tail.logical();
         let current = self.layout_id_of(part);
         if layout != current {
             return Err(StoreError::StaleLayout {
@@ -137,56 +229,278 @@ impl Buffer {
             return Ok(AppendOutcome {
                 stored: 0,
                 stored_bytes: 0,
-                fetched_next: state.lane(lane).fetched_next,
+                fetched_next: expected,
             });
         };
-        let kept = &records[plan.keep.clone()];
+        // Refused now, not when a spill finds it: a record no read could decode.
+        if let Some(record) = records[plan.keep.clone()]
+            .iter()
+            .find(|record| decode_claim_bound(record) > codec::DECODE_LIMIT / 2)
+        {
+            self.check_decodable(topic, partition, lane, std::slice::from_ref(record), {
+                codec::encode(&ChunkRef {
+                    next: plan.next as u64,
+                    records: std::slice::from_ref(record),
+                })
+                .len()
+            })?;
+        }
+        let kept = match owned {
+            Some(mut owned) => {
+                owned.truncate(plan.keep.end);
+                owned.drain(..plan.keep.start);
+                owned
+            }
+            None => records[plan.keep.clone()].to_vec(),
+        };
+        let stored = kept.len();
+        let stored_bytes: u64 = kept.iter().map(|r| r.payload_bytes() as u64).sum();
+        let fetched_next = state.normalize(lane, plan.next);
+        let pending = Pending {
+            first: plan.first,
+            next: plan.next,
+            fetched_next,
+            records: kept,
+            bytes: stored_bytes,
+        };
+        tail.push(lane, pending);
+        let held = self.tail_bytes.fetch_add(stored_bytes, Ordering::Relaxed) + stored_bytes;
+        let allowed = self.memory_bytes.load(Ordering::Relaxed);
+        if allowed == 0 {
+            // No memory tier: written through, the state with it (and whatever an earlier
+            // allowance left in memory before it).
+            if let Err(err) = self.spill(part, tail, lane, 0) {
+                // The append did not happen: its fetcher fetches it again.
+                if tail.pop_newest(lane).is_some() {
+                    self.tail_bytes.fetch_sub(stored_bytes, Ordering::Relaxed);
+                }
+                return Err(err);
+            }
+        } else if held > allowed {
+            drop(shard);
+            self.relieve_memory()?;
+        }
+        Ok(AppendOutcome {
+            stored,
+            stored_bytes,
+            fetched_next,
+        })
+    }
+
+    /// The memory tier holds more than it may: spills the largest lanes' oldest appends to
+    /// sled until it holds three quarters of its allowance. The lanes that grow are those
+    /// whose records wait (a live lane behind a backlog, a reader behind its fetcher); the
+    /// oldest appends are those the reader gets to last among what waits in memory, and sled
+    /// holds each lane's prefix.
+    fn relieve_memory(&self) -> Result<(), StoreError> {
+        let target = self.memory_bytes.load(Ordering::Relaxed) / 4 * 3;
+        while self.tail_bytes.load(Ordering::Relaxed) > target {
+            let mut largest: Option<(PartitionKey, Lane, u64)> = None;
+            for shard in &self.partition_locks {
+                let shard = super::lock(shard);
+                for (part, tail) in &shard.tails {
+                    for lane in Lane::ALL {
+                        let (_, bytes) = tail.counts(lane);
+                        if bytes > largest.map_or(0, |(_, _, most)| most) {
+                            largest = Some((*part, lane, bytes));
+                        }
+                    }
+                }
+            }
+            let Some((part, lane, bytes)) = largest else {
+                return Ok(());
+            };
+            let mut shard = self.partition_lock(part);
+            if let Some(tail) = shard.tails.get_mut(&part) {
+                self.spill(part, tail, lane, bytes / 2)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes `lane`'s oldest appends in memory to sled until it holds at most `keep_bytes`
+    /// there. A failed write leaves them in memory.
+    fn spill(
+        &self,
+        part: PartitionKey,
+        tail: &mut Tail,
+        lane: Lane,
+        keep_bytes: u64,
+    ) -> Result<(), StoreError> {
+        let mut taken = Vec::new();
+        while tail.counts(lane).1 > keep_bytes {
+            match tail.pop_oldest(lane) {
+                Some(pending) => taken.push(pending),
+                None => break,
+            }
+        }
+        if taken.is_empty() {
+            return Ok(());
+        }
+        let bytes: u64 = taken.iter().map(|pending| pending.bytes).sum();
+        let mut persisted = tail.persisted.clone();
+        match self.write_pending(part, &mut persisted, lane, &taken) {
+            Ok(()) => {
+                tail.persisted = persisted;
+                self.tail_bytes.fetch_sub(bytes, Ordering::Relaxed);
+                if self.memory_bytes.load(Ordering::Relaxed) > 0 {
+                    self.spilled_bytes.fetch_add(bytes, Ordering::Relaxed);
+                }
+                Ok(())
+            }
+            Err(err) => {
+                tail.restore_oldest(lane, taken);
+                Err(err)
+            }
+        }
+    }
+
+    /// Writes appends of `lane`, in order from `persisted`'s `fetched_next`, as chunks, with
+    /// the state moved past them, in one atomic batch; `persisted` is that state.
+    fn write_pending(
+        &self,
+        part: PartitionKey,
+        persisted: &mut PartitionState,
+        lane: Lane,
+        appends: &[Pending],
+    ) -> Result<(), StoreError> {
+        let topic = self
+            .topic_name(part.topic_id)
+            .unwrap_or_else(|| format!("topic id {}", part.topic_id));
+        let partition = part.partition as i32;
         let mut batch = Batch::default();
-        let mut chunk_first = plan.first;
-        let mut chunk_start = 0;
-        let mut chunk_bytes = 0;
         let mut value = Vec::new();
         let mut written: u64 = 0;
-        for (index, record) in kept.iter().enumerate() {
-            let size = estimated_size(record);
-            if chunk_bytes > 0 && chunk_bytes + size > self.options.chunk_target_bytes {
-                // The next chunk starts at this record: the chunks stay contiguous.
-                let chunk = ChunkRef {
-                    next: record.offset as u64,
-                    records: &kept[chunk_start..index],
-                };
-                codec::encode_into(&chunk, &mut value);
-                self.check_decodable(topic, partition, lane, chunk.records, value.len())?;
-                let key = keys::chunk(lane, part, chunk_first as u64);
-                written += (key.len() + value.len()) as u64;
-                batch.insert(key, value.as_slice());
-                chunk_first = record.offset;
-                chunk_start = index;
-                chunk_bytes = 0;
+        let mut stored_bytes: u64 = 0;
+        for pending in appends {
+            if pending.first != persisted.lane(lane).fetched_next {
+                return Err(self.rejected(
+                    &topic,
+                    partition,
+                    format!(
+                        "{lane} lane: an append from {} does not continue the stored lane at {}",
+                        pending.first,
+                        persisted.lane(lane).fetched_next
+                    ),
+                ));
             }
-            chunk_bytes += size;
+            let kept = &pending.records;
+            let mut chunk_first = pending.first;
+            let mut chunk_start = 0;
+            let mut chunk_bytes = 0;
+            for (index, record) in kept.iter().enumerate() {
+                let size = estimated_size(record);
+                if chunk_bytes > 0 && chunk_bytes + size > self.options.chunk_target_bytes {
+                    // The next chunk starts at this record: the chunks stay contiguous.
+                    let chunk = ChunkRef {
+                        next: record.offset as u64,
+                        records: &kept[chunk_start..index],
+                    };
+                    codec::encode_into(&chunk, &mut value);
+                    self.check_decodable(&topic, partition, lane, chunk.records, value.len())?;
+                    let key = keys::chunk(lane, part, chunk_first as u64);
+                    written += (key.len() + value.len()) as u64;
+                    batch.insert(key, value.as_slice());
+                    chunk_first = record.offset;
+                    chunk_start = index;
+                    chunk_bytes = 0;
+                }
+                chunk_bytes += size;
+            }
+            let chunk = ChunkRef {
+                next: pending.next as u64,
+                records: &kept[chunk_start..],
+            };
+            codec::encode_into(&chunk, &mut value);
+            self.check_decodable(&topic, partition, lane, chunk.records, value.len())?;
+            let key = keys::chunk(lane, part, chunk_first as u64);
+            written += (key.len() + value.len()) as u64;
+            batch.insert(key, value.as_slice());
+            persisted.lane_mut(lane).fetched_next = pending.fetched_next;
+            stored_bytes += pending.bytes;
         }
-        let chunk = ChunkRef {
-            next: plan.next as u64,
-            records: &kept[chunk_start..],
-        };
-        codec::encode_into(&chunk, &mut value);
-        self.check_decodable(topic, partition, lane, chunk.records, value.len())?;
-        let key = keys::chunk(lane, part, chunk_first as u64);
-        written += (key.len() + value.len()) as u64;
-        batch.insert(key, value.as_slice());
-
-        let next = state.normalize(lane, plan.next);
-        state.lane_mut(lane).fetched_next = next;
-        batch.insert(keys::state(part), codec::encode(&state));
+        batch.insert(keys::state(part), codec::encode(&*persisted));
         self.apply(batch)?;
-        let stored_bytes = kept.iter().map(|r| r.payload_bytes() as u64).sum();
         self.compaction.added(written, stored_bytes);
-        Ok(AppendOutcome {
-            stored: kept.len(),
-            stored_bytes,
-            fetched_next: next,
-        })
+        Ok(())
+    }
+
+    /// Writes everything the memory tier holds to sled, so that the next start finds it
+    /// (a clean close, a durability point). A crash skips this: memory is lost, and those
+    /// records are fetched again from Kafka.
+    pub fn flush_memory(&self) -> Result<(), StoreError> {
+        for shard in &self.partition_locks {
+            let mut shard = super::lock(shard);
+            let parts: Vec<PartitionKey> = shard.tails.keys().copied().collect();
+            for part in parts {
+                if let Some(tail) = shard.tails.get_mut(&part) {
+                    for lane in Lane::ALL {
+                        self.spill(part, tail, lane, 0)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Sets how many bytes the memory tier may hold (see
+    /// [`BufferOptions::memory_bytes`](super::BufferOptions)), writing what it holds beyond
+    /// that to sled now.
+    pub fn set_memory_bytes(&self, bytes: u64) -> Result<(), StoreError> {
+        self.memory_bytes.store(bytes, Ordering::Relaxed);
+        if bytes == 0 {
+            self.flush_memory()
+        } else {
+            self.relieve_memory()
+        }
+    }
+
+    /// Forgets what the memory tier holds without writing it: what a crash of the process
+    /// does to it (for simulations of one; those records are fetched again from Kafka).
+    /// Returns the bytes forgotten.
+    pub fn forget_memory(&self) -> u64 {
+        let held = self.memory_held();
+        for shard in &self.partition_locks {
+            let mut shard = super::lock(shard);
+            let parts: Vec<PartitionKey> = shard.tails.keys().copied().collect();
+            for part in parts {
+                self.forget_tail(&mut shard, part);
+            }
+        }
+        held
+    }
+
+    /// Bytes of records the memory tier holds now.
+    pub fn memory_held(&self) -> u64 {
+        self.tail_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Bytes the memory tier wrote to sled so far: what waited beyond its allowance (the
+    /// writes a write-through buffer makes are not counted).
+    pub fn spilled_bytes(&self) -> u64 {
+        self.spilled_bytes.load(Ordering::Relaxed)
+    }
+
+    /// The memory tier of `part` under its lock, loaded with its state from sled on first
+    /// use; `None` when the partition is not laid out.
+    pub(super) fn tail_in<'s>(
+        &self,
+        shard: &'s mut Shard,
+        part: PartitionKey,
+    ) -> Result<Option<&'s mut Tail>, StoreError> {
+        match shard.tails.entry(part) {
+            std::collections::hash_map::Entry::Occupied(tail) => Ok(Some(tail.into_mut())),
+            std::collections::hash_map::Entry::Vacant(slot) => Ok(self
+                .load_state(part)?
+                .map(|state| slot.insert(Tail::new(state)))),
+        }
+    }
+
+    /// Forgets what the memory tier holds of `part` (its records are being dropped).
+    fn forget_tail(&self, shard: &mut Shard, part: PartitionKey) {
+        if let Some(tail) = shard.tails.remove(&part) {
+            self.tail_bytes.fetch_sub(tail.bytes(), Ordering::Relaxed);
+        }
     }
 
     /// Records that Kafka now holds `committed_next` for `lane` of `topic`/`partition` (the
@@ -203,11 +517,30 @@ impl Buffer {
         partition: i32,
         committed_next: i64,
     ) -> Result<usize, StoreError> {
-        let (part, _guard, mut state) = self.locked_state(topic, partition)?;
-        let plan = state
+        let no_layout = || {
+            self.rejected(
+                topic,
+                partition,
+                "not laid out; call reset_partition first".into(),
+            )
+        };
+        let part = self
+            .partition_key(topic, partition)?
+            .ok_or_else(no_layout)?;
+        let mut shard = self.partition_lock(part);
+        let tail = self.tail_in(&mut shard, part)?.ok_or_else(no_layout)?;
+        let plan = tail
+            .logical()
             .plan_commit(lane, committed_next)
             .map_err(|reason| self.rejected(topic, partition, reason))?;
         let Some(committed) = plan else { return Ok(0) };
+
+        // What memory holds below the commit is never written; sled's lane then starts at
+        // the commit if it ended below it.
+        let mut state = tail.persisted.clone();
+        if committed > state.lane(lane).fetched_next {
+            state.lane_mut(lane).fetched_next = committed;
+        }
 
         // Chunks starting at or below the committed offset: all but the last are wholly
         // committed (the chunks are contiguous); the last one only if it ends there.
@@ -243,6 +576,9 @@ impl Buffer {
         lane_state.retained_from = retained_from;
         batch.insert(keys::state(part), codec::encode(&state));
         self.apply(batch)?;
+        tail.persisted = state;
+        let dropped = tail.drop_committed(lane, committed);
+        self.tail_bytes.fetch_sub(dropped, Ordering::Relaxed);
         self.compaction.removed(removed);
         Ok(covered.len())
     }
@@ -254,13 +590,14 @@ impl Buffer {
         let Some(part) = self.partition_key(topic, partition)? else {
             return Ok(false);
         };
-        let _guard = self.partition_lock(part);
+        let mut shard = self.partition_lock(part);
         let existed = self
             .db()?
             .contains_key(keys::state(part))
             .map_err(|err| self.sled_error(err))?;
         let (batch, removed) = self.removal_batch(part)?;
         self.apply(batch)?;
+        self.forget_tail(&mut shard, part);
         self.compaction.removed(removed);
         self.new_layout_id(part);
         Ok(existed)
@@ -356,26 +693,5 @@ impl Buffer {
                 codec::DECODE_LIMIT
             ),
         ))
-    }
-
-    /// Takes the partition's write lock and loads its state, which must exist.
-    fn locked_state(
-        &self,
-        topic: &str,
-        partition: i32,
-    ) -> Result<(PartitionKey, std::sync::MutexGuard<'_, ()>, PartitionState), StoreError> {
-        let no_layout = || {
-            self.rejected(
-                topic,
-                partition,
-                "not laid out; call reset_partition first".into(),
-            )
-        };
-        let part = self
-            .partition_key(topic, partition)?
-            .ok_or_else(no_layout)?;
-        let guard = self.partition_lock(part);
-        let state = self.load_state(part)?.ok_or_else(no_layout)?;
-        Ok((part, guard, state))
     }
 }

@@ -213,6 +213,12 @@ pub struct Stats {
     pub rebalances_in_a_round: u64,
     /// Assignments during which the topic's id could not be read.
     pub id_failures: u64,
+    /// Histories whose buffer kept appends in memory (a small allowance: spills are common).
+    pub memory_tier: u64,
+    /// Crashes that lost records the memory tier held.
+    pub memory_lost: u64,
+    /// Bytes the memory tier wrote to sled when it held more than its allowance.
+    pub spilled_bytes: u64,
 }
 
 impl std::ops::AddAssign for Stats {
@@ -230,6 +236,9 @@ impl std::ops::AddAssign for Stats {
         self.create_failures += other.create_failures;
         self.rebalances_in_a_round += other.rebalances_in_a_round;
         self.id_failures += other.id_failures;
+        self.memory_tier += other.memory_tier;
+        self.memory_lost += other.memory_lost;
+        self.spilled_bytes += other.spilled_bytes;
     }
 }
 
@@ -256,6 +265,8 @@ pub struct Sim {
     /// Fetchers created so far: each one's generation.
     generations: u64,
     stats: Stats,
+    /// The buffer's spilled bytes when this history began.
+    spilled_from: u64,
     /// Simulated time: a step takes `STEP_TIME`.
     now: Instant,
 }
@@ -308,6 +319,19 @@ impl Sim {
         let min_lag = (!rng.chance(250)).then(|| 1 + rng.below(100));
         let eager = rng.chance(300);
         let ordered = rng.chance(500);
+        // Three histories in four keep appends in memory, with room for only a few records:
+        // spills are common and a crash loses what memory held (the last seed's memory is
+        // gone with it).
+        let memory = if rng.chance(250) {
+            0
+        } else {
+            8 * (1 + rng.below(100))
+        };
+        buffer.forget_memory();
+        buffer
+            .set_memory_bytes(memory)
+            .map_err(|e| err("memory allowance", e))?;
+        let spilled_from = buffer.spilled_bytes();
         let mut sim = Self {
             rng,
             dir,
@@ -324,8 +348,10 @@ impl Sim {
             generations: 0,
             stats: Stats {
                 partitions: count,
+                memory_tier: u64::from(memory > 0),
                 ..Stats::default()
             },
+            spilled_from,
             now: Instant::now(),
         };
         sim.assign_all()?;
@@ -417,6 +443,10 @@ impl Sim {
     /// The process dies (its fetchers, its catch-up consumer, unacked records and runtimes
     /// with it; the buffer stays) and a new one is assigned every partition.
     fn crash(&mut self) -> Result<(), Failure> {
+        // What the buffer held only in memory dies with the process.
+        if self.buffer()?.forget_memory() > 0 {
+            self.stats.memory_lost += 1;
+        }
         self.fetchers.clear();
         self.catchup_created = false;
         self.create_hold = Hold::default();
@@ -1286,7 +1316,13 @@ pub fn run_choices(
         Err(failure) => return (Err(failure), None),
     };
     let steps = steps.start + sim.rng.below(steps.end.saturating_sub(steps.start));
-    let result = sim.run(steps).map(|()| sim.stats);
+    let result = sim.run(steps).and_then(|()| {
+        let spilled = sim.buffer()?.spilled_bytes() - sim.spilled_from;
+        Ok(Stats {
+            spilled_bytes: spilled,
+            ..sim.stats
+        })
+    });
     let buffer = sim.into_buffer();
     (result, buffer)
 }

@@ -43,7 +43,7 @@ pub(super) fn poll_into_buffer(
     };
     let mut stored = false;
     for (key, append) in appends {
-        stored |= store_live(shared, &key, &append);
+        stored |= store_live(shared, &key, append);
     }
     judge_out_of_range(consumer, shared);
     reposition(consumer, shared, budget);
@@ -140,7 +140,7 @@ pub(super) fn poll_round(consumer: &BaseConsumer<LiveContext>, shared: &Shared) 
 pub(super) fn append_live(
     shared: &Shared,
     key: &PartitionId,
-    append: &PendingAppend,
+    append: PendingAppend,
 ) -> AppendResult {
     if !shared.may_write() {
         // Below the free-space floor (or after a failed write): refetch later.
@@ -148,7 +148,7 @@ pub(super) fn append_live(
     }
     let result = shared
         .buffer
-        .append(Lane::Live, &key.0, key.1, append.as_fetched());
+        .append_owned(Lane::Live, &key.0, key.1, append);
     match &result {
         Ok(outcome) => {
             telemetry::records_fetched(&shared.group, "live", outcome.stored as u64);
@@ -167,10 +167,11 @@ pub(super) fn append_live(
 
 /// Appends `append` and tells the partition's lane how it went (only a lane of the same
 /// layout: a stale one is stale itself). Whether records were stored.
-fn store_live(shared: &Shared, key: &PartitionId, append: &PendingAppend) -> bool {
+fn store_live(shared: &Shared, key: &PartitionId, append: PendingAppend) -> bool {
+    let layout = append.layout;
     let answer = append_live(shared, key, append);
     if let Some(runtime) = shared.partitions().get_mut(key) {
-        if runtime.live.cursor().layout() == append.layout {
+        if runtime.live.cursor().layout() == layout {
             runtime.live.handle_appended(answer);
         }
     }
@@ -384,7 +385,7 @@ fn judge_out_of_range(consumer: &BaseConsumer<LiveContext>, shared: &Shared) {
                     from,
                     to,
                 });
-                store_live(shared, &key, &append);
+                store_live(shared, &key, append);
             }
             AfterOutOfRange::PastLogEnd { at, high, wait } => shared.emit(Event::Error {
                 message: format!(
