@@ -19,7 +19,11 @@
 //!   costing `CATCHUP_BENCH_COST_US` (50 µs, as in `catchup demo`) to process; a record is produced once it joined:
 //!   the time until that record is processed (time to fresh), and until the backlog is
 //!   processed and committed (drain time), per mode; also drawn as an SVG chart;
-//! * `recovery` — process start to the first delivery with 1M records already in the buffer.
+//! * `recovery` — process start to the first delivery with 1M records already in the buffer;
+//! * `side` — how long reading a group's side entries takes (`catchup::group_lag`, the same
+//!   read an assignment makes) with a shared side topic empty and holding
+//!   `CATCHUP_BENCH_SIDE_ENTRIES` (100,000) entries of other groups, in the layout catchup
+//!   creates (partitioned by group) and in a one-partition topic.
 //!
 //! `CATCHUP_BENCH_SIZES`, `CATCHUP_BENCH_READERS` (names or parts of names),
 //! `CATCHUP_BENCH_BACKLOGS`, `CATCHUP_BENCH_RECOVERY_RECORDS`, `CATCHUP_BENCH_COMMIT_MS` (the
@@ -65,7 +69,7 @@ fn main() -> Result<()> {
     };
     let bench = Bench::new(brokers, smoke)?;
     let sections = std::env::var("CATCHUP_BENCH_SECTIONS")
-        .unwrap_or_else(|_| "throughput,fresh,recovery".into());
+        .unwrap_or_else(|_| "throughput,fresh,recovery,side".into());
     let mut report = serde_json::Map::new();
     report.insert("cores".into(), bench.cores.into());
     for section in sections.split(',') {
@@ -73,6 +77,7 @@ fn main() -> Result<()> {
             "throughput" => bench.throughput()?,
             "fresh" if !smoke => bench.fresh()?,
             "recovery" if !smoke => bench.recovery()?,
+            "side" => bench.side()?,
             "fresh" | "recovery" => continue,
             other => return Err(format!("unknown section {other:?}").into()),
         };
@@ -420,6 +425,93 @@ impl Bench {
     }
 
     /// One record per partition, keyed `fresh-<partition>`.
+    /// Reading one group's side entries beside other groups' (see the module docs).
+    fn side(&self) -> Result<serde_json::Value> {
+        let entries: u64 = if self.smoke {
+            2_000
+        } else {
+            env_number("CATCHUP_BENCH_SIDE_ENTRIES", 100_000)
+        };
+        println!(
+            "\n## side topic: reading one group's entries beside {entries} entries of other groups, {} cores",
+            self.cores
+        );
+        println!("\n| side topic | other groups' entries | read (group_lag) |");
+        println!("|---|---|---|");
+        let data_topic = unique("bench-side-data");
+        self.create_topic(&data_topic)?;
+        let client = {
+            let mut client = ClientConfig::new();
+            client.set("bootstrap.servers", &self.brokers);
+            client
+        };
+        let group = unique("bench-side-group");
+        let mut rows = Vec::new();
+        for partitions in [catchup::plan::SIDE_PARTITIONS, 1] {
+            let side_topic = unique("bench-side");
+            let new_topic = NewTopic::new(&side_topic, partitions, TopicReplication::Fixed(1))
+                .set("cleanup.policy", "compact");
+            for result in self
+                .runtime
+                .block_on(self.admin.create_topics([&new_topic], &AdminOptions::new()))?
+            {
+                result.map_err(|(topic, code)| format!("creating {topic}: {code}"))?;
+            }
+            let layout = if partitions == 1 {
+                "one partition".to_owned()
+            } else {
+                format!("{partitions} partitions by group")
+            };
+            for others in [0, entries] {
+                if others > 0 {
+                    self.produce_side_entries(&side_topic, partitions, others)?;
+                }
+                let started = Instant::now();
+                catchup::group_lag(&client, &group, &[&data_topic], &side_topic)?;
+                let seconds = started.elapsed().as_secs_f64();
+                println!("| {layout} | {others} | {:.3} s |", seconds);
+                rows.push(serde_json::json!({
+                    "side_partitions": partitions,
+                    "other_entries": others,
+                    "read_seconds": seconds,
+                }));
+            }
+            self.delete_topic(&side_topic);
+        }
+        self.delete_topic(&data_topic);
+        Ok(serde_json::Value::Array(rows))
+    }
+
+    /// Writes `count` side entries of other groups (one partition each, 100 B values) where
+    /// catchup would write them.
+    fn produce_side_entries(&self, side_topic: &str, partitions: i32, count: u64) -> Result<()> {
+        let producer: BaseProducer = ClientConfig::new()
+            .set("bootstrap.servers", &self.brokers)
+            .set("linger.ms", "20")
+            .set("queue.buffering.max.messages", "1000000")
+            .create()?;
+        let value = vec![b'x'; 100];
+        for index in 0..count {
+            let group = format!("other-group-{index}");
+            let key = catchup::plan::side_key(&group, "orders", 0);
+            let mut record = BaseRecord::to(side_topic)
+                .key(&key)
+                .payload(&value)
+                .partition(catchup::plan::side_partition(&group, partitions));
+            loop {
+                match producer.send(record) {
+                    Ok(()) => break,
+                    Err((_, returned)) => {
+                        record = returned;
+                        producer.poll(Duration::from_millis(10));
+                    }
+                }
+            }
+        }
+        producer.flush(Duration::from_secs(60))?;
+        Ok(())
+    }
+
     fn produce_fresh(&self, topic: &str) -> Result<()> {
         let producer: BaseProducer = ClientConfig::new()
             .set("bootstrap.servers", &self.brokers)

@@ -87,11 +87,13 @@ async fn damaged_partitions_are_refetched_and_the_rest_keeps_flowing() {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = test_config(dir.path(), Mode::Off, 100);
 
-    // The first life buffers every record, processes none, and crashes.
+    // The first life buffers every record, processes none, and closes: its buffer writes
+    // what it held in memory to disk (a crash would lose that, and leave nothing to damage).
     let first =
         CatchupConsumer::new(&kafka.consumer_config(&group), config.clone()).expect("consumer");
     first.subscribe(&[&topic]).expect("subscribe");
     support::wait_until_buffered(&first, PARTITIONS as usize, PER_PARTITION).await;
+    first.close().await.expect("close");
     drop(first);
     damage(dir.path());
 

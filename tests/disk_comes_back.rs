@@ -93,7 +93,11 @@ async fn a_drained_buffer_gives_its_disk_back() {
     kafka.commit_as_operator(&group, &topic, &[0; PARTITIONS as usize]);
     let dir = tempfile::tempdir().expect("tempdir");
     let buffer_dir = dir.path().join("buffer");
-    let config = test_config(&buffer_dir, Mode::Off, 100).disk_allowance_bytes(1 << 20);
+    // A budget of 40 MiB: the memory tier holds up to 10 MiB of the 30 MB backlog, the rest
+    // waits on disk.
+    let config = test_config(&buffer_dir, Mode::Off, 100)
+        .disk_allowance_bytes(1 << 20)
+        .buffer_budget_bytes(40 << 20);
 
     let consumer =
         CatchupConsumer::new(&kafka.consumer_config(&group), config.clone()).expect("consumer");
@@ -103,8 +107,8 @@ async fn a_drained_buffer_gives_its_disk_back() {
     let peak = disk_bytes(&buffer_dir);
     let payload = PARTITIONS as u64 * PER_PARTITION as u64 * VALUE_BYTES as u64;
     assert!(
-        peak > payload,
-        "{peak} bytes on disk for {payload} of payload"
+        peak > payload / 3,
+        "{peak} bytes on disk for {payload} of payload, of which memory holds at most 10 MiB"
     );
 
     receive(&consumer, &offsets(0, PER_PARTITION)).await;

@@ -24,8 +24,12 @@ use support::cli::{sink_lines, wait_with_deadline};
 use support::{Kafka, unique};
 
 const PARTITIONS: i32 = 2;
-const PER_PARTITION: usize = 12_000;
+const PER_PARTITION: usize = 30_000;
 const VALUE_BYTES: usize = 400;
+
+/// A budget of 64 MiB: the whole backlog (24 MB) is fetched while the slow first run
+/// processes it, the memory tier holds 16 MiB of it, and what waits beyond goes to disk.
+const WAITS_ON_DISK: [&str; 2] = ["--budget-mib", "64"];
 
 /// A tmpfs mounted for the test, unmounted when dropped.
 struct SmallFilesystem {
@@ -215,7 +219,7 @@ async fn below_the_floor_fetching_pauses_sigterm_exits_and_nothing_is_lost() {
         &topic,
         &buffer,
         &first_sink,
-        &[&floor[..], &slow[..]].concat(),
+        &[&floor[..], &slow[..], &WAITS_ON_DISK[..]].concat(),
     );
     let warning = first.wait_for_line("free-space floor", Duration::from_secs(90));
     assert!(
@@ -283,7 +287,12 @@ async fn a_write_that_fails_ends_the_run_with_an_error_and_loses_nothing() {
         &topic,
         &buffer,
         &first_sink,
-        &[&no_floor[..], &["--process-us", "2000"][..]].concat(),
+        &[
+            &no_floor[..],
+            &["--process-us", "2000"][..],
+            &WAITS_ON_DISK[..],
+        ]
+        .concat(),
     );
     let (status, _, rest) = first.wait(Duration::from_secs(120));
     assert_eq!(status.code(), Some(1), "a failed write is exit 1:\n{rest}");

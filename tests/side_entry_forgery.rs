@@ -96,8 +96,13 @@ async fn produce_fresh(kafka: &Kafka, victim: &Victim) {
 /// checks that every offset is processed in order, that the rejection names the key and
 /// contains `reason`, and that the group ends committed at the log end.
 async fn restart_after_forgery(kafka: &Kafka, victim: &Victim, value: &str, reason: &str) {
+    let partition = support::side_partition(kafka, &victim.side_topic, &victim.group);
     kafka
-        .produce_keyed(&victim.side_topic, 0, &[(victim.key(), value.to_owned())])
+        .produce_keyed(
+            &victim.side_topic,
+            partition,
+            &[(victim.key(), value.to_owned())],
+        )
         .await;
     assert_eq!(
         side_value(kafka, &victim.side_topic, &victim.key()).as_deref(),

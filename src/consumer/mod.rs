@@ -152,8 +152,9 @@ impl CatchupConsumer {
         }
         let options = BufferOptions {
             disk_allowance_bytes: config.disk_allowance_bytes,
-            // Half the budget serves the reader from memory; what waits beyond goes to sled.
-            memory_bytes: config.buffer_budget_bytes / 2,
+            // A quarter of the budget serves the reader from memory (a commit every eighth of
+            // it keeps what is processed from outgrowing it); what waits beyond goes to sled.
+            memory_bytes: config.buffer_budget_bytes / 4,
             ..BufferOptions::default()
         };
         let buffer = match Buffer::open(&config.buffer_dir, options.clone()) {
@@ -662,6 +663,20 @@ impl CatchupConsumer {
         // The buffer directory is free for the next consumer now, even while this handle
         // lives on (an `Arc` elsewhere) — unless a write failed: that sled handle is never
         // let go of (its flush can block for good).
+        // What the buffer holds in memory is written out for the next start — unless the disk
+        // is below its floor (or a write failed): then it is fetched again from Kafka.
+        if self.shared.may_write() {
+            let buffer = self.shared.buffer.clone();
+            let flushed = tokio::task::spawn_blocking(move || buffer.flush_memory()).await;
+            if let Ok(Err(err)) = flushed {
+                tracing::warn!(
+                    "writing the buffer's memory out at close failed ({err}); those records are fetched again from Kafka"
+                );
+                if err.is_io_failure() {
+                    self.shared.write_failed(&err);
+                }
+            }
+        }
         let result = if self.shared.failure().is_none() {
             let buffer = self.shared.buffer.clone();
             let released = tokio::task::spawn_blocking(move || buffer.release())

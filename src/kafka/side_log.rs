@@ -12,7 +12,9 @@ use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
 use super::{BrokerHealth, KafkaError, RoleContext, for_role};
-use crate::plan::{SideEntry, SplitSecret, parse_side_key, side_key};
+use crate::plan::{
+    SIDE_PARTITIONS, SideEntry, SplitSecret, parse_side_key, side_key, side_partition,
+};
 
 /// How long one side-log operation may take before it is an error.
 const SIDE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -25,6 +27,8 @@ pub type SideEntries = HashMap<(String, i32), Vec<u8>>;
 pub struct SideLog {
     topic: String,
     group: String,
+    /// The partition of the side topic holding this group's entries ([`side_partition`]).
+    partition: i32,
     client_config: ClientConfig,
     producer: FutureProducer<RoleContext>,
     health: Arc<BrokerHealth>,
@@ -48,20 +52,22 @@ impl SideLog {
         let producer: FutureProducer<RoleContext> = producer_config
             .create_with_context(RoleContext::new(health.clone(), "side-producer"))
             .map_err(|e| KafkaError::client("creating the side-log producer", e))?;
-        let side_log = Self {
+        let mut side_log = Self {
             topic: topic.to_owned(),
             group: group.to_owned(),
+            partition: 0,
             client_config,
             producer,
             health,
         };
-        side_log.ensure_topic()?;
+        let partitions = side_log.ensure_topic()?;
+        side_log.partition = side_partition(group, partitions);
         Ok(side_log)
     }
 
     /// Creates the side topic unless it exists: a consumer without the Create ACL works
-    /// with a topic an operator created.
-    fn ensure_topic(&self) -> Result<(), KafkaError> {
+    /// with a topic an operator created. Returns its partition count.
+    fn ensure_topic(&self) -> Result<i32, KafkaError> {
         let probe: BaseConsumer<RoleContext> = for_role(&self.client_config, "side-probe")
             .create_with_context(self.context("side-probe"))
             .map_err(|e| KafkaError::client("creating a metadata client", e))?;
@@ -90,13 +96,17 @@ impl SideLog {
                 }
             }
         };
-        let exists = metadata.is_some_and(|metadata| {
-            metadata.topics().iter().any(|t| {
-                t.name() == self.topic && t.error().is_none() && !t.partitions().is_empty()
-            })
+        let existing = metadata.and_then(|metadata| {
+            metadata
+                .topics()
+                .iter()
+                .find(|t| {
+                    t.name() == self.topic && t.error().is_none() && !t.partitions().is_empty()
+                })
+                .map(|t| t.partitions().len() as i32)
         });
-        if exists {
-            return Ok(());
+        if let Some(partitions) = existing {
+            return Ok(partitions);
         }
         let admin: AdminClient<RoleContext> =
             for_role(&for_producers(&self.client_config), "side-admin")
@@ -105,11 +115,13 @@ impl SideLog {
         if super::tokens_from_hooks(&self.client_config) {
             self.give_token(&admin)?;
         }
-        let topic = NewTopic::new(&self.topic, 1, TopicReplication::Fixed(-1))
+        // Partitioned by group (`plan::side_partition`): an assignment reads its group's
+        // partition only, not the entries of every group sharing the topic.
+        let topic = NewTopic::new(&self.topic, SIDE_PARTITIONS, TopicReplication::Fixed(-1))
             .set("cleanup.policy", "compact")
-            // Every assignment reads the whole topic: roll segments often so that compaction
-            // keeps it at about one entry per split partition, and drop tombstones after an
-            // hour (far longer than any read of the topic takes).
+            // Every assignment reads its whole partition: roll segments often so that
+            // compaction keeps it at about one entry per split partition, and drop tombstones
+            // after an hour (far longer than any read of the topic takes).
             .set("min.cleanable.dirty.ratio", "0.1")
             .set("segment.ms", "60000")
             .set("delete.retention.ms", "3600000");
@@ -118,7 +130,9 @@ impl SideLog {
             .map_err(|e| KafkaError::side(&self.topic, format!("cannot create it: {e}")))?;
         for result in results {
             match result {
-                Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Ok(_) => {}
+                // Another member created it meanwhile: its partition count is what counts.
+                Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => return self.partition_count(),
                 Err((_, code)) => {
                     return Err(KafkaError::side(
                         &self.topic,
@@ -127,7 +141,23 @@ impl SideLog {
                 }
             }
         }
-        Ok(())
+        Ok(SIDE_PARTITIONS)
+    }
+
+    /// The side topic's partition count, from its metadata.
+    fn partition_count(&self) -> Result<i32, KafkaError> {
+        let probe: BaseConsumer<RoleContext> = for_role(&self.client_config, "side-probe")
+            .create_with_context(self.context("side-probe"))
+            .map_err(|e| KafkaError::client("creating a metadata client", e))?;
+        let metadata = probe
+            .fetch_metadata(Some(&self.topic), SIDE_TIMEOUT)
+            .map_err(|e| KafkaError::side(&self.topic, format!("cannot read its metadata: {e}")))?;
+        metadata
+            .topics()
+            .iter()
+            .find(|t| t.name() == self.topic && !t.partitions().is_empty())
+            .map(|t| t.partitions().len() as i32)
+            .ok_or_else(|| KafkaError::side(&self.topic, "it has no partitions".into()))
     }
 
     /// rdkafka's admin client never polls the queue where librdkafka asks for OAUTHBEARER
@@ -182,8 +212,8 @@ impl SideLog {
         &self.topic
     }
 
-    /// Reads the whole side topic and returns the latest entry of every partition of this
-    /// group (compaction keeps the topic small).
+    /// Reads this group's partition of the side topic and returns the latest entry of every
+    /// partition of the group (compaction keeps it small).
     pub fn read_all(&self) -> Result<SideEntries, KafkaError> {
         read_side_entries(&self.client_config, &self.topic, &self.group, &self.health)
     }
@@ -219,7 +249,9 @@ impl SideLog {
             })
             .collect();
         let sends = sealed.iter().map(|(key, value)| {
-            let mut record = FutureRecord::to(&self.topic).key(key);
+            let mut record = FutureRecord::to(&self.topic)
+                .partition(self.partition)
+                .key(key);
             if let Some(value) = value {
                 record = record.payload(value);
             }
@@ -330,8 +362,9 @@ const ANY_CLIENT_KEYS: [&str; 13] = [
     "connections.max.idle.ms",
 ];
 
-/// Reads the whole side topic `side_topic` and returns the latest entry of every partition
-/// of `group` (compaction keeps the topic small). Creates nothing: a tool may call it.
+/// Reads `group`'s partition of the side topic `side_topic` ([`side_partition`]) and returns
+/// the latest entry of every partition of `group` (compaction keeps it small). Creates
+/// nothing: a tool may call it.
 pub(crate) fn read_side_entries(
     client_config: &ClientConfig,
     side_topic: &str,
@@ -358,15 +391,15 @@ pub(crate) fn read_side_entries(
             ));
         }
     }
-    let partitions: Vec<i32> = found
-        .map(|t| t.partitions().iter().map(|p| p.id()).collect())
-        .unwrap_or_default();
-    if partitions.is_empty() {
+    let count = found.map_or(0, |t| t.partitions().len() as i32);
+    if count == 0 {
         return Err(KafkaError::side(
             side_topic,
             "the topic does not exist".into(),
         ));
     }
+    // Only the group's own partition holds its entries.
+    let partitions = [side_partition(group, count)];
     let mut ends = HashMap::new();
     let mut assignment = TopicPartitionList::new();
     for &partition in &partitions {

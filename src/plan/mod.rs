@@ -31,7 +31,9 @@ pub use reconcile::{
 };
 pub use refusal::{REFUSAL_GRACE, Refusal};
 pub use secret::SplitSecret;
-pub use side_entry::{SealedSideEntry, SideEntry, parse_side_key, side_key};
+pub use side_entry::{
+    SIDE_PARTITIONS, SealedSideEntry, SideEntry, parse_side_key, side_key, side_partition,
+};
 pub use subscription::check_subscription;
 pub use token::{MAX_METADATA_BYTES, SplitToken};
 pub use unowned::{UnownedAction, unowned_action};

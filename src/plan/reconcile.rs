@@ -551,12 +551,13 @@ pub fn local_action(
         .catchup_end()
         .unwrap_or(local.catchup.fetched_next);
     // The buffer never reads below its own committed cursor, so Kafka's position must be at
-    // or past it (it is, unless someone moved the group back) and not past what was fetched.
-    let catchup_ok = catchup_committed >= catchup_end
-        || (local.catchup.committed_next <= catchup_committed
-            && catchup_committed <= local.catchup.fetched_next);
-    let live_ok =
-        local.live.committed_next <= live_committed && live_committed <= local.live.fetched_next;
+    // or past it (it is, unless someone moved the group back). Past what the lane fetched is
+    // fine: Kafka says everything the lane holds is processed (what memory held before a
+    // crash is not on disk), and the lane resumes at Kafka's position with nothing buffered
+    // (`Buffer::record_resumed`) — the other lane's records are still good.
+    let catchup_ok =
+        catchup_committed >= catchup_end || local.catchup.committed_next <= catchup_committed;
+    let live_ok = local.live.committed_next <= live_committed;
     if !(catchup_ok && live_ok) {
         return reset(format!(
             "local positions {:?}/{:?} do not cover Kafka's {catchup_committed}/{live_committed}",

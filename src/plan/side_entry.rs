@@ -31,6 +31,21 @@ pub fn side_key(group: &str, topic: &str, partition: i32) -> String {
     format!("{group}/{topic}/{partition}")
 }
 
+/// Partitions of a side topic catchup creates: each group's entries live in the one
+/// [`side_partition`] names, so an assignment reads its own group's entries and about 1/64
+/// of the others' — not every entry of every group sharing the topic.
+pub const SIDE_PARTITIONS: i32 = 64;
+
+/// The partition of a side topic of `partitions` partitions that holds `group`'s entries: a
+/// stable hash of the group id (FNV-1a, 32 bits), so every member and every version agrees.
+/// A topic created with one partition (before this layout) keeps everything in it.
+pub fn side_partition(group: &str, partitions: i32) -> i32 {
+    let hash = group.bytes().fold(0x811c_9dc5_u32, |hash, byte| {
+        (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193)
+    });
+    (hash % partitions.max(1) as u32) as i32
+}
+
 /// Splits a side-topic key into (group, topic, partition). Group ids may contain `/`, topic
 /// names may not, so the last two fields are split off from the right.
 pub fn parse_side_key(key: &str) -> Option<(&str, &str, i32)> {
@@ -170,6 +185,30 @@ fn parse_ranges(text: &str) -> Result<Vec<OffsetRange>, String> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn each_group_has_one_stable_side_partition() {
+        // Fixed values: a change of the hash would lose every split's live progress at an
+        // upgrade (entries looked for in another partition).
+        assert_eq!(side_partition("", SIDE_PARTITIONS), 5);
+        assert_eq!(side_partition("orders-app", SIDE_PARTITIONS), 38);
+        assert_eq!(side_partition("orders-app", 1), 0);
+        let spread: std::collections::BTreeSet<i32> = (0..1000)
+            .map(|n| side_partition(&format!("group-{n}"), SIDE_PARTITIONS))
+            .collect();
+        assert_eq!(
+            spread.len(),
+            SIDE_PARTITIONS as usize,
+            "groups spread over all partitions"
+        );
+        assert!(spread.iter().all(|p| (0..SIDE_PARTITIONS).contains(p)));
+        assert_eq!(
+            side_partition("orders-app", SIDE_PARTITIONS),
+            side_partition("orders-app", SIDE_PARTITIONS)
+        );
+        assert_eq!(side_partition("g", 0), 0, "no partitions: no panic");
+    }
+
     use super::*;
 
     const KEY: &str = "g/t/0";

@@ -161,7 +161,8 @@ pub struct BufferOptions {
     /// Bytes of appended records the buffer may keep in memory ahead of sled (the memory
     /// tier, see `tail`): the reader takes them from there, a commit drops them unwritten,
     /// and only what waits beyond this is written to sled, largest lane first. 0 (the
-    /// default) writes every append through; the consumer gives it half its byte budget.
+    /// default) writes every append through; the consumer gives it a quarter of its byte
+    /// budget.
     pub memory_bytes: u64,
 }
 

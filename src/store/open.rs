@@ -256,6 +256,9 @@ impl Buffer {
         Ok(generation::allocated_bytes(&self.dir))
     }
 
+    /// What the memory tier holds is not written (call [`Buffer::flush_memory`] first to keep
+    /// it): it is fetched again from Kafka, as after a crash.
+    ///
     /// Drops the handle and waits (up to [`BufferOptions::lock_wait`]) until sled's
     /// background threads have let go of the directory's lock, so that another process — an
     /// offline tool, a restarted consumer — can open it at once. Dropping alone releases the
@@ -269,11 +272,6 @@ impl Buffer {
     /// buffer fails with [`StoreError::Released`]. Do not call it after a failed write (sled's
     /// flush on drop can then block for good).
     pub fn release(&self) -> Result<(), StoreError> {
-        // A clean close keeps what memory holds for the next start (a released buffer has
-        // nothing left to write: its tier is empty, or the flush fails as every write would).
-        if self.db().is_ok() {
-            self.flush_memory()?;
-        }
         let _alone = self.compaction.exclusive();
         let (sled_dir, db) = {
             let mut current = write_lock(&self.current);

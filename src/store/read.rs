@@ -89,12 +89,19 @@ impl Buffer {
         }))
     }
 
-    /// Every laid-out partition, by topic name then partition.
+    /// Every laid-out partition, by topic name then partition, with the state the buffer
+    /// proves (the memory tier's appends counted as fetched).
     pub fn partitions(&self) -> Result<Vec<(String, i32, PartitionState)>, StoreError> {
         Ok(self
             .partition_entries()?
             .into_iter()
-            .map(|(_, topic, partition, state)| (topic, partition, state))
+            .map(|(part, topic, partition, state)| {
+                let state = match self.partition_lock(part).tails.get(&part) {
+                    Some(tail) => tail.logical(),
+                    None => state,
+                };
+                (topic, partition, state)
+            })
             .collect())
     }
 

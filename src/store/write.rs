@@ -517,6 +517,31 @@ impl Buffer {
         partition: i32,
         committed_next: i64,
     ) -> Result<usize, StoreError> {
+        self.commit_lane(lane, topic, partition, committed_next, false)
+    }
+
+    /// [`record_committed`](Self::record_committed) at an assignment, with Kafka's position:
+    /// one past what `lane` fetched is taken too — Kafka says every record the lane holds
+    /// is processed (what the memory tier held before a crash never reached the disk) — and
+    /// the lane then resumes there with nothing buffered.
+    pub fn record_resumed(
+        &self,
+        lane: Lane,
+        topic: &str,
+        partition: i32,
+        committed_next: i64,
+    ) -> Result<usize, StoreError> {
+        self.commit_lane(lane, topic, partition, committed_next, true)
+    }
+
+    fn commit_lane(
+        &self,
+        lane: Lane,
+        topic: &str,
+        partition: i32,
+        committed_next: i64,
+        resume: bool,
+    ) -> Result<usize, StoreError> {
         let no_layout = || {
             self.rejected(
                 topic,
@@ -529,15 +554,21 @@ impl Buffer {
             .ok_or_else(no_layout)?;
         let mut shard = self.partition_lock(part);
         let tail = self.tail_in(&mut shard, part)?.ok_or_else(no_layout)?;
-        let plan = tail
-            .logical()
+        let mut logical = tail.logical();
+        let mut state = tail.persisted.clone();
+        let resumed_past = logical.normalize(lane, committed_next);
+        if resume && resumed_past > logical.lane(lane).fetched_next {
+            // Kafka is past everything the lane holds: it resumes there, empty.
+            logical.lane_mut(lane).fetched_next = resumed_past;
+            state.lane_mut(lane).fetched_next = resumed_past;
+        }
+        let plan = logical
             .plan_commit(lane, committed_next)
             .map_err(|reason| self.rejected(topic, partition, reason))?;
         let Some(committed) = plan else { return Ok(0) };
 
         // What memory holds below the commit is never written; sled's lane then starts at
         // the commit if it ended below it.
-        let mut state = tail.persisted.clone();
         if committed > state.lane(lane).fetched_next {
             state.lane_mut(lane).fetched_next = committed;
         }

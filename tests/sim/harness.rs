@@ -535,9 +535,9 @@ impl Sim {
                     live_committed,
                 } => {
                     buffer
-                        .record_committed(Lane::Catchup, &self.topic, partition, catchup_committed)
+                        .record_resumed(Lane::Catchup, &self.topic, partition, catchup_committed)
                         .and_then(|_| {
-                            buffer.record_committed(
+                            buffer.record_resumed(
                                 Lane::Live,
                                 &self.topic,
                                 partition,

@@ -528,18 +528,20 @@ pub async fn consume_all(
 /// The latest value of `key` in the side topic (`None`: absent or a tombstone).
 pub fn side_value(kafka: &Kafka, side_topic: &str, key: &str) -> Option<String> {
     use rdkafka::consumer::Consumer as _;
+    let (group, _, _) = catchup::plan::parse_side_key(key).expect("a side key");
+    let partition = side_partition(kafka, side_topic, group);
     let consumer: BaseConsumer = kafka
         .consumer_config(&unique("side-reader"))
         .create()
         .expect("consumer");
     let (low, high) = consumer
-        .fetch_watermarks(side_topic, 0, REQUEST_TIMEOUT)
+        .fetch_watermarks(side_topic, partition, REQUEST_TIMEOUT)
         .expect("side watermarks");
     if high <= low {
         return None;
     }
     let mut list = TopicPartitionList::new();
-    list.add_partition_offset(side_topic, 0, Offset::Beginning)
+    list.add_partition_offset(side_topic, partition, Offset::Beginning)
         .expect("offset");
     consumer.assign(&list).expect("assign");
     let mut latest = None;
@@ -595,6 +597,25 @@ pub fn test_config(
         .mode(mode)
         .min_lag(min_lag)
         .commit_interval(Duration::from_millis(200))
+}
+
+/// The partition of `side_topic` holding `group`'s side entries (as the consumer picks it).
+pub fn side_partition(kafka: &Kafka, side_topic: &str, group: &str) -> i32 {
+    use rdkafka::consumer::Consumer as _;
+    let consumer: BaseConsumer = kafka
+        .consumer_config(&unique("side-metadata"))
+        .create()
+        .expect("consumer");
+    let metadata = consumer
+        .fetch_metadata(Some(side_topic), REQUEST_TIMEOUT)
+        .expect("side topic metadata");
+    let partitions = metadata
+        .topics()
+        .iter()
+        .find(|t| t.name() == side_topic)
+        .map_or(0, |t| t.partitions().len() as i32);
+    assert!(partitions > 0, "side topic {side_topic} has no partitions");
+    catchup::plan::side_partition(group, partitions)
 }
 
 /// Subscribes `consumer` to `topic` and waits (bounded) for the first split; returns the

@@ -378,9 +378,9 @@ impl LiveState {
                 } => {
                     let buffer = &shared.buffer;
                     let reused = buffer
-                        .record_committed(Lane::Catchup, topic, partition, catchup_committed)
+                        .record_resumed(Lane::Catchup, topic, partition, catchup_committed)
                         .and_then(|_| {
-                            buffer.record_committed(Lane::Live, topic, partition, live_committed)
+                            buffer.record_resumed(Lane::Live, topic, partition, live_committed)
                         });
                     match reused {
                         Ok(_) => {
