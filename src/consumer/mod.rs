@@ -152,7 +152,7 @@ impl CatchupConsumer {
         }
         let options = BufferOptions {
             disk_allowance_bytes: config.disk_allowance_bytes,
-            // A quarter of the budget serves the reader from memory (a commit every eighth of
+            // A quarter of the budget serves the reader from memory (a commit every 32nd of
             // it keeps what is processed from outgrowing it); what waits beyond goes to sled.
             memory_bytes: config.buffer_budget_bytes / 4,
             ..BufferOptions::default()

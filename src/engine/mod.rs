@@ -300,7 +300,7 @@ impl Shared {
     pub fn next_generation(&self, id: &PartitionId) -> u64 {
         let generation = self.generation.fetch_add(1, Ordering::Relaxed);
         // Entries of generations no longer assigned are dropped once they outnumber the
-        // assigned ones (the two locks are never held together).
+        // assigned ones (the partitions' lock is let go before the index's is taken).
         let entries = self.generations().len();
         let live: Option<HashSet<u64>> = (entries > 2 * self.partitions().len() + 64)
             .then(|| self.partitions().values().map(|r| r.generation).collect());
@@ -312,12 +312,9 @@ impl Shared {
         generation
     }
 
-    /// The partition assignment `generation` was handed out for.
-    pub fn partition_of(&self, generation: u64) -> Option<PartitionId> {
-        self.generations().get(&generation).cloned()
-    }
-
-    fn generations(&self) -> MutexGuard<'_, HashMap<u64, PartitionId>> {
+    /// The index of generations (`ack` takes it before the partitions' lock; nothing takes
+    /// it while holding that one).
+    pub(super) fn generations(&self) -> MutexGuard<'_, HashMap<u64, PartitionId>> {
         self.generations
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())

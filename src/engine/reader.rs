@@ -13,35 +13,86 @@ impl Shared {
     /// Reads up to about `max` deliverable records from the buffer. `Ordered` and `Off` fill
     /// `queues[0]` in delivery order; `Concurrent` fills `queues[0]` with catch-up records
     /// and `queues[1]` with live ones, reading only `lanes`.
+    ///
+    /// The partitions' lock is held to decide where each read starts and to hand the records
+    /// out, not while the buffer is read: the fetchers need it after every append. A read
+    /// whose partition was assigned again meanwhile is dropped (its new runtime reads anew).
     pub fn fill(
         &self,
         queues: &mut [VecDeque<Delivery>; 2],
         max: usize,
         lanes: &[Lane],
     ) -> Result<(), StoreError> {
-        let mut partitions = self.partitions();
-        let count = partitions.len();
-        if count == 0 {
-            return Ok(());
-        }
-        let start = self.next_start.fetch_add(1, Ordering::Relaxed) as usize % count;
-        let keys: Vec<PartitionId> = partitions.keys().cloned().collect();
-        let per_partition = (max / count).max(MIN_READ);
+        let starts: Vec<(PartitionId, u64, Vec<(Lane, i64)>)> = {
+            let partitions = self.partitions();
+            let count = partitions.len();
+            if count == 0 {
+                return Ok(());
+            }
+            let first = self.next_start.fetch_add(1, Ordering::Relaxed) as usize % count;
+            partitions
+                .iter()
+                .cycle()
+                .skip(first)
+                .take(count)
+                .map(|(key, runtime)| {
+                    (
+                        key.clone(),
+                        runtime.generation,
+                        self.read_starts(runtime, lanes),
+                    )
+                })
+                .collect()
+        };
+        let per_partition = (max / starts.len()).max(MIN_READ);
         let mut filled = 0;
-        for index in 0..count {
-            let key = &keys[(start + index) % count];
-            let Some(runtime) = partitions.get_mut(key) else {
+        for (key, generation, reads) in starts {
+            let mut batches = Vec::with_capacity(reads.len());
+            let mut damaged = None;
+            for (lane, from) in reads {
+                let read = match self.config.mode {
+                    Mode::Ordered | Mode::Off => {
+                        self.buffer.read_ordered(&key.0, key.1, from, per_partition)
+                    }
+                    Mode::Concurrent => self.buffer.read(lane, &key.0, key.1, from, per_partition),
+                };
+                match read {
+                    Ok(batch) => batches.push((lane, from, batch)),
+                    Err(StoreError::Damaged { reason, .. }) => {
+                        damaged = Some(reason);
+                        break;
+                    }
+                    Err(err) => return Err(err),
+                }
+            }
+            let mut partitions = self.partitions();
+            let Some(runtime) = partitions
+                .get_mut(&key)
+                .filter(|runtime| runtime.generation == generation)
+            else {
                 continue;
             };
-            let delivered = match self.read_partition(key, runtime, lanes, per_partition) {
-                Ok(delivered) => delivered,
-                Err(StoreError::Damaged { reason, .. }) => {
-                    partitions.remove(key);
-                    self.damaged_on_read(key, reason);
-                    continue;
+            if let Some(reason) = damaged {
+                partitions.remove(&key);
+                drop(partitions);
+                self.damaged_on_read(&key, reason);
+                continue;
+            }
+            for (lane, from, batch) in batches {
+                let (queue, next) = match self.config.mode {
+                    Mode::Ordered | Mode::Off => (0, &mut runtime.ordered_next),
+                    Mode::Concurrent => {
+                        (lane_index(lane), &mut runtime.lane_next[lane_index(lane)])
+                    }
+                };
+                if *next != from {
+                    continue; // read again meanwhile (cannot happen: one reader at a time)
                 }
-                Err(err) => return Err(err),
-            };
+                *next = batch.next;
+                let deliveries = self.deliver(&key, runtime, batch.lane, batch.records, batch.next);
+                filled += deliveries.len();
+                queues[queue].extend(deliveries);
+            }
             if !runtime.drained
                 && runtime.acks[0].delivered_next() >= runtime.layout.catchup_end().unwrap_or(0)
             {
@@ -51,10 +102,6 @@ impl Shared {
                     partition: key.1,
                 });
             }
-            for (queue, deliveries) in delivered {
-                filled += deliveries.len();
-                queues[queue].extend(deliveries);
-            }
             if filled >= max {
                 break;
             }
@@ -62,40 +109,16 @@ impl Shared {
         Ok(())
     }
 
-    /// Reads one partition's next records as (queue, deliveries) pairs. A `Damaged` error
-    /// concerns this partition only.
-    pub(super) fn read_partition(
-        &self,
-        key: &PartitionId,
-        runtime: &mut PartitionRuntime,
-        lanes: &[Lane],
-        per_partition: usize,
-    ) -> Result<Vec<(usize, Vec<Delivery>)>, StoreError> {
-        let mut delivered = Vec::new();
+    /// Where `runtime`'s reads start: one position in `Ordered` and `Off`, one per lane of
+    /// `lanes` in `Concurrent`.
+    fn read_starts(&self, runtime: &PartitionRuntime, lanes: &[Lane]) -> Vec<(Lane, i64)> {
         match self.config.mode {
-            Mode::Ordered | Mode::Off => {
-                let batch =
-                    self.buffer
-                        .read_ordered(&key.0, key.1, runtime.ordered_next, per_partition)?;
-                runtime.ordered_next = batch.next;
-                delivered.push((
-                    0,
-                    self.deliver(key, runtime, batch.lane, batch.records, batch.next),
-                ));
-            }
-            Mode::Concurrent => {
-                for &lane in lanes {
-                    let from = runtime.lane_next[lane_index(lane)];
-                    let batch = self.buffer.read(lane, &key.0, key.1, from, per_partition)?;
-                    runtime.lane_next[lane_index(lane)] = batch.next;
-                    delivered.push((
-                        lane_index(lane),
-                        self.deliver(key, runtime, lane, batch.records, batch.next),
-                    ));
-                }
-            }
+            Mode::Ordered | Mode::Off => vec![(Lane::Catchup, runtime.ordered_next)],
+            Mode::Concurrent => lanes
+                .iter()
+                .map(|&lane| (lane, runtime.lane_next[lane_index(lane)]))
+                .collect(),
         }
-        Ok(delivered)
     }
 
     /// Takes a partition whose buffered records failed verification off the reader: its
@@ -200,11 +223,13 @@ impl Shared {
     pub fn ack(&self, token: AckToken) {
         // The assignment names the partition; an ack of an earlier assignment of it (the
         // partition was revoked since) finds another generation there and is ignored.
-        let Some(key) = self.partition_of(token.generation) else {
+        // (The index's lock is taken before the partitions', never the other way round.)
+        let generations = self.generations();
+        let Some(key) = generations.get(&token.generation) else {
             return;
         };
         let mut partitions = self.partitions();
-        if let Some(runtime) = partitions.get_mut(&key) {
+        if let Some(runtime) = partitions.get_mut(key) {
             if runtime.generation == token.generation {
                 let lane = lane_index(store_lane(token.lane));
                 let freed = runtime.acks[lane].ack(token.offset) as i64;

@@ -65,9 +65,9 @@ pub struct CatchupConfig {
     /// keep apart (see [`CatchupConfig::side_topic_for`]).
     pub side_topic: String,
     /// How often processed offsets are committed — and sooner (at most every 100 ms) once
-    /// an eighth of [`buffer_budget_bytes`](Self::buffer_budget_bytes) was processed since
-    /// the last commit: the buffer deletes processed records only once their commit is in
-    /// Kafka, and holds them in memory until then.
+    /// a 32nd of [`buffer_budget_bytes`](Self::buffer_budget_bytes) was processed since the
+    /// last commit: the buffer drops processed records only once their commit is in Kafka,
+    /// and holds them in memory until then.
     pub commit_interval: Duration,
     /// Acknowledge every record when `recv` hands it out (the proposal's auto-commit
     /// behaviour); records still queued inside the consumer are never counted.

@@ -125,10 +125,13 @@ impl Schedule {
     }
 }
 
-/// Whether to commit now: every `interval`, and sooner once an eighth of the byte budget was
-/// processed since the last commit. The buffer deletes processed records only once their
-/// commit is in Kafka, and sled keeps them in memory until then: at hundreds of MB/s a
-/// one-second interval held over 400 MiB (1 KiB records). An early commit waits at least
+/// Whether to commit now: every `interval`, and sooner once a 32nd of the byte budget was
+/// processed since the last commit. The buffer drops processed records only once their
+/// commit is in Kafka, and its memory tier holds them until then (a quarter of the budget,
+/// counting what records take in memory, about twice their payload at 100 B): committed
+/// sooner than that, they are never written to disk. (At hundreds of MB/s a one-second
+/// interval held over 400 MiB, 1 KiB records; an eighth of the budget still made the memory
+/// tier spill processed records.) An early commit waits at least
 /// [`MIN_COMMIT_SPACING`] and as long as the last one took, so early commits take at most
 /// half of the live thread's time.
 fn commit_due(
@@ -139,7 +142,7 @@ fn commit_due(
     budget: u64,
 ) -> bool {
     let spacing = MIN_COMMIT_SPACING.max(last_took);
-    since_last >= interval || (since_last >= spacing && processed > 0 && processed >= budget / 8)
+    since_last >= interval || (since_last >= spacing && processed > 0 && processed >= budget / 32)
 }
 
 #[cfg(test)]
@@ -149,16 +152,16 @@ mod tests {
     const SECOND: Duration = Duration::from_secs(1);
 
     #[test]
-    fn commits_come_every_interval_or_sooner_after_an_eighth_of_the_budget() {
+    fn commits_come_every_interval_or_sooner_after_a_32nd_of_the_budget() {
         let ms = Duration::from_millis;
         let budget = 256 << 20;
         for (since_last, processed, due) in [
             (ms(999), 0, false),
             (ms(1000), 0, true),
-            // 32 MiB processed: sooner, but not more often than every 100 ms.
-            (ms(150), 32 << 20, true),
-            (ms(50), 32 << 20, false),
-            (ms(150), (32 << 20) - 1, false),
+            // 8 MiB processed: sooner, but not more often than every 100 ms.
+            (ms(150), 8 << 20, true),
+            (ms(50), 8 << 20, false),
+            (ms(150), (8 << 20) - 1, false),
         ] {
             assert_eq!(
                 commit_due(since_last, ms(5), SECOND, processed, budget),
@@ -167,10 +170,10 @@ mod tests {
             );
         }
         // A commit that took 300 ms is followed by an early one 300 ms later at the soonest.
-        assert!(!commit_due(ms(299), ms(300), SECOND, 32 << 20, budget));
-        assert!(commit_due(ms(300), ms(300), SECOND, 32 << 20, budget));
+        assert!(!commit_due(ms(299), ms(300), SECOND, 8 << 20, budget));
+        assert!(commit_due(ms(300), ms(300), SECOND, 8 << 20, budget));
         // A budget too small to divide commits every interval, not every 100 ms for nothing.
-        assert!(!commit_due(ms(500), ms(1), SECOND, 0, 7));
+        assert!(!commit_due(ms(500), ms(1), SECOND, 0, 31));
     }
 
     #[test]

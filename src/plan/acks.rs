@@ -1,15 +1,24 @@
 //! Which offsets of a lane are processed: deliveries in order, acknowledgements in any order,
 //! and the committable offset — the first delivered offset not yet acknowledged.
 
-use std::collections::BTreeMap;
+use std::collections::VecDeque;
+
+/// One delivery not yet known processed: its offset, whether it is acked, its bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Outstanding {
+    offset: i64,
+    acked: bool,
+    bytes: usize,
+}
 
 /// Tracks deliveries and acks of one lane of one partition.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AckTracker {
     /// Everything below is processed.
     committable: i64,
-    /// Delivered, by offset: acked or not, and the record's size in bytes.
-    outstanding: BTreeMap<i64, (bool, usize)>,
+    /// Delivered and not yet below `committable`, by increasing offset (deliveries come in
+    /// order: a queue, no allocation per record; an ack finds its entry by binary search).
+    outstanding: VecDeque<Outstanding>,
     /// Where the next delivery's range starts (the offset after the last delivered, or after
     /// a gap the reader skipped).
     delivered_next: i64,
@@ -20,7 +29,7 @@ impl AckTracker {
     pub fn new(start: i64) -> Self {
         Self {
             committable: start,
-            outstanding: BTreeMap::new(),
+            outstanding: VecDeque::new(),
             delivered_next: start,
         }
     }
@@ -30,7 +39,11 @@ impl AckTracker {
     /// everything before them is.
     pub fn delivered(&mut self, offset: i64, bytes: usize) {
         if offset >= self.delivered_next {
-            self.outstanding.insert(offset, (false, bytes));
+            self.outstanding.push_back(Outstanding {
+                offset,
+                acked: false,
+                bytes,
+            });
             self.delivered_next = offset + 1;
         }
     }
@@ -43,24 +56,30 @@ impl AckTracker {
 
     /// Acknowledges `offset`; returns the bytes it frees once committed (0 if unknown).
     pub fn ack(&mut self, offset: i64) -> usize {
-        let bytes = match self.outstanding.get_mut(&offset) {
-            Some(entry) if !entry.0 => {
-                entry.0 = true;
-                entry.1
-            }
-            _ => 0,
+        let bytes = match self
+            .outstanding
+            .binary_search_by_key(&offset, |entry| entry.offset)
+        {
+            Ok(index) => match self.outstanding.get_mut(index) {
+                Some(entry) if !entry.acked => {
+                    entry.acked = true;
+                    entry.bytes
+                }
+                _ => 0,
+            },
+            Err(_) => 0,
         };
         self.advance();
         bytes
     }
 
     fn advance(&mut self) {
-        while let Some((&offset, &(acked, _))) = self.outstanding.first_key_value() {
-            if !acked {
-                self.committable = self.committable.max(offset);
+        while let Some(first) = self.outstanding.front() {
+            if !first.acked {
+                self.committable = self.committable.max(first.offset);
                 return;
             }
-            self.outstanding.remove(&offset);
+            self.outstanding.pop_front();
         }
         self.committable = self.committable.max(self.delivered_next);
     }
@@ -72,10 +91,7 @@ impl AckTracker {
 
     /// Delivered records not acknowledged yet.
     pub fn unacked(&self) -> usize {
-        self.outstanding
-            .values()
-            .filter(|(acked, _)| !acked)
-            .count()
+        self.outstanding.iter().filter(|entry| !entry.acked).count()
     }
 
     /// The offset after the last delivered record (or read-through point).

@@ -242,6 +242,10 @@ impl Buffer {
             records: Vec::new(),
             next: from,
         };
+        if state.normalize(lane, from) >= sled_end {
+            // Nothing of it in sled: the memory tier holds the rest.
+            return Ok(batch);
+        }
         let lane_start = keys::chunk(lane, part, 0);
         let lane_end = keys::chunk(lane, part, u64::MAX);
         // The chunk holding `from` starts at or below it.
@@ -265,9 +269,6 @@ impl Buffer {
         // proven end"). The next read sees those chunks under a newer state.
         let proven_end = sled_end;
         let mut reached = state.normalize(lane, from);
-        if reached >= proven_end {
-            return Ok(batch);
-        }
         for entry in self.db()?.range(start..=lane_end.to_vec()) {
             let (key, value) = entry.map_err(|err| self.sled_error(err))?;
             let first = keys::chunk_first(&key)

@@ -31,8 +31,16 @@ pub(super) struct Pending {
     pub fetched_next: i64,
     /// The records, by increasing offset, all inside `[first, next)`.
     pub records: Vec<Record>,
-    /// Key, payload and header bytes of the records: what the memory budget counts.
+    /// What the records take in memory ([`cost`]): what the allowance counts.
     pub bytes: u64,
+}
+
+/// What `record` takes in memory: its key, payload and header bytes, the record itself, and
+/// an allocator's due for each buffer it owns — 100-byte records take about twice their
+/// payload, and the allowance bounds the memory, not the payload.
+pub(super) fn cost(record: &Record) -> u64 {
+    let buffers = 1 + record.headers.len() * 2;
+    (record.payload_bytes() + std::mem::size_of::<Record>() + 16 * buffers) as u64
 }
 
 /// One lane's appends in memory, oldest first.
@@ -136,10 +144,7 @@ impl Tail {
             }
             if front.first < committed {
                 let cut = front.records.partition_point(|r| r.offset < committed);
-                let cut_bytes: u64 = front.records[..cut]
-                    .iter()
-                    .map(|r| r.payload_bytes() as u64)
-                    .sum();
+                let cut_bytes: u64 = front.records[..cut].iter().map(cost).sum();
                 front.records.drain(..cut);
                 front.first = committed;
                 front.bytes -= cut_bytes;
@@ -200,13 +205,19 @@ mod tests {
     }
 
     fn pending(first: i64, offsets: &[i64], next: i64) -> Pending {
+        let records: Vec<Record> = offsets.iter().map(|&o| record(o)).collect();
         Pending {
             first,
             next,
             fetched_next: next,
-            records: offsets.iter().map(|&o| record(o)).collect(),
-            bytes: 10 * offsets.len() as u64,
+            bytes: records.iter().map(cost).sum(),
+            records,
         }
+    }
+
+    /// What one of the tests' records costs.
+    fn each() -> u64 {
+        cost(&record(0))
     }
 
     fn tail() -> Tail {
@@ -231,7 +242,7 @@ mod tests {
             tail.persisted.live.fetched_next, 110,
             "sled's state unchanged"
         );
-        assert_eq!(tail.bytes(), 30);
+        assert_eq!(tail.bytes(), 3 * each());
     }
 
     #[test]
@@ -268,16 +279,16 @@ mod tests {
         tail.push(Lane::Live, pending(115, &[119], 120));
         assert_eq!(tail.drop_committed(Lane::Live, 110), 0);
         // 111 cuts the first append: 110 goes, 112 stays, and it starts at 111.
-        assert_eq!(tail.drop_committed(Lane::Live, 111), 10);
+        assert_eq!(tail.drop_committed(Lane::Live, 111), each());
         let front = &tail.lanes[1].pending[0];
         assert_eq!(
             (front.first, front.records.len(), front.bytes),
-            (111, 1, 10)
+            (111, 1, each())
         );
-        assert_eq!(tail.drop_committed(Lane::Live, 117), 10);
-        assert_eq!(tail.counts(Lane::Live), (1, 10));
+        assert_eq!(tail.drop_committed(Lane::Live, 117), each());
+        assert_eq!(tail.counts(Lane::Live), (1, each()));
         assert_eq!(tail.lanes[1].pending[0].first, 117);
-        assert_eq!(tail.drop_committed(Lane::Live, 120), 10);
+        assert_eq!(tail.drop_committed(Lane::Live, 120), each());
         assert_eq!(tail.counts(Lane::Live), (0, 0));
     }
 
@@ -291,6 +302,6 @@ mod tests {
         tail.restore_oldest(Lane::Live, taken);
         let firsts: Vec<i64> = tail.lanes[1].pending.iter().map(|p| p.first).collect();
         assert_eq!(firsts, [110, 115]);
-        assert_eq!(tail.bytes(), 20);
+        assert_eq!(tail.bytes(), 2 * each());
     }
 }

@@ -256,15 +256,16 @@ impl Buffer {
         let stored = kept.len();
         let stored_bytes: u64 = kept.iter().map(|r| r.payload_bytes() as u64).sum();
         let fetched_next = state.normalize(lane, plan.next);
+        let held_bytes: u64 = kept.iter().map(super::tail::cost).sum();
         let pending = Pending {
             first: plan.first,
             next: plan.next,
             fetched_next,
             records: kept,
-            bytes: stored_bytes,
+            bytes: held_bytes,
         };
         tail.push(lane, pending);
-        let held = self.tail_bytes.fetch_add(stored_bytes, Ordering::Relaxed) + stored_bytes;
+        let held = self.tail_bytes.fetch_add(held_bytes, Ordering::Relaxed) + held_bytes;
         let allowed = self.memory_bytes.load(Ordering::Relaxed);
         if allowed == 0 {
             // No memory tier: written through, the state with it (and whatever an earlier
@@ -272,7 +273,7 @@ impl Buffer {
             if let Err(err) = self.spill(part, tail, lane, 0) {
                 // The append did not happen: its fetcher fetches it again.
                 if tail.pop_newest(lane).is_some() {
-                    self.tail_bytes.fetch_sub(stored_bytes, Ordering::Relaxed);
+                    self.tail_bytes.fetch_sub(held_bytes, Ordering::Relaxed);
                 }
                 return Err(err);
             }
@@ -417,7 +418,7 @@ impl Buffer {
             written += (key.len() + value.len()) as u64;
             batch.insert(key, value.as_slice());
             persisted.lane_mut(lane).fetched_next = pending.fetched_next;
-            stored_bytes += pending.bytes;
+            stored_bytes += kept.iter().map(|r| r.payload_bytes() as u64).sum::<u64>();
         }
         batch.insert(keys::state(part), codec::encode(&*persisted));
         self.apply(batch)?;
