@@ -310,8 +310,12 @@ impl CatchupConsumer {
         if self.closed.load(std::sync::atomic::Ordering::Relaxed) {
             return Err(Error::Closed);
         }
-        if let Some(failure) = self.stop_reason() {
-            return Err(failure);
+        // Looked at when nothing read is queued (it takes three locks): what was read from
+        // the buffer before the consumer stopped is handed out first, as valid as ever.
+        if reader.queues.iter().all(VecDeque::is_empty) {
+            if let Some(failure) = self.stop_reason() {
+                return Err(failure);
+            }
         }
         let delivery = self.next_queued(reader)?;
         if self.shared.config.auto_ack {

@@ -148,6 +148,10 @@ pub(crate) struct Shared {
     /// The partition each assignment generation was handed out for: an [`AckToken`]
     /// names its partition by it (pruned to the live generations as it grows).
     generations: Mutex<HashMap<u64, PartitionId>>,
+    /// Acknowledgements not yet applied to their partitions: `ack` only queues them (one
+    /// short lock, no lookup), and whoever takes the partitions' lock next applies them
+    /// first, so every reader of the runtimes sees them.
+    pending_acks: Mutex<Vec<AckToken>>,
     /// Woken when records are appended or partitions change.
     pub notify: Notify,
     /// Bumped on every live-lane append: lets `Concurrent` look for fresh records first.
@@ -196,6 +200,7 @@ impl Shared {
             partitions: Mutex::new(BTreeMap::new()),
             generation: AtomicU64::new(1),
             generations: Mutex::new(HashMap::new()),
+            pending_acks: Mutex::new(Vec::new()),
             notify: Notify::new(),
             live_appends: AtomicU64::new(0),
             processed_since_commit: AtomicU64::new(0),
@@ -289,11 +294,31 @@ impl Shared {
         }
     }
 
+    /// The partitions' runtimes, with every acknowledgement queued so far applied.
     pub fn partitions(&self) -> MutexGuard<'_, BTreeMap<PartitionId, PartitionRuntime>> {
+        let acks = std::mem::take(
+            &mut *self
+                .pending_acks
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        );
         // The map is only ever replaced entry by entry; a panic elsewhere leaves it usable.
-        self.partitions
+        let mut partitions = self
+            .partitions
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if !acks.is_empty() {
+            self.apply_acks(&mut partitions, acks);
+        }
+        partitions
+    }
+
+    /// Queues an acknowledgement (see `pending_acks`).
+    pub fn queue_ack(&self, token: AckToken) {
+        self.pending_acks
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .push(token);
     }
 
     /// A new assignment generation for partition `id`.

@@ -219,27 +219,50 @@ impl Shared {
             .is_some_and(|runtime| runtime.generation == delivery.generation)
     }
 
-    /// Marks a delivery processed. Deliveries of a revoked assignment are ignored.
+    /// Marks a delivery processed: queued, and applied by whoever takes the partitions'
+    /// lock next (see [`partitions`](Shared::partitions)).
     pub fn ack(&self, token: AckToken) {
-        // The assignment names the partition; an ack of an earlier assignment of it (the
-        // partition was revoked since) finds another generation there and is ignored.
-        // (The index's lock is taken before the partitions', never the other way round.)
+        self.queue_ack(token);
+    }
+
+    /// Applies acknowledgements to their partitions, under the partitions' lock. The
+    /// assignment names the partition; an ack of an earlier assignment of it (the partition
+    /// was revoked since) finds another generation there and is ignored.
+    pub(super) fn apply_acks(
+        &self,
+        partitions: &mut BTreeMap<PartitionId, PartitionRuntime>,
+        acks: Vec<AckToken>,
+    ) {
         let generations = self.generations();
-        let Some(key) = generations.get(&token.generation) else {
-            return;
-        };
-        let mut partitions = self.partitions();
-        if let Some(runtime) = partitions.get_mut(key) {
-            if runtime.generation == token.generation {
-                let lane = lane_index(store_lane(token.lane));
-                let freed = runtime.acks[lane].ack(token.offset) as i64;
-                if token.offset >= runtime.counted_from[lane] {
-                    runtime.buffered_bytes[lane] -= freed;
-                }
-                self.processed_since_commit
-                    .fetch_add(freed.max(0) as u64, Ordering::Relaxed);
+        let mut freed_total = 0;
+        let mut last: Option<(u64, &PartitionId)> = None;
+        for token in acks {
+            // Acks come in runs of one assignment: look it up once per run.
+            let key = match last {
+                Some((generation, key)) if generation == token.generation => key,
+                _ => match generations.get(&token.generation) {
+                    Some(key) => {
+                        last = Some((token.generation, key));
+                        key
+                    }
+                    None => continue,
+                },
+            };
+            let Some(runtime) = partitions.get_mut(key) else {
+                continue;
+            };
+            if runtime.generation != token.generation {
+                continue;
             }
+            let lane = lane_index(store_lane(token.lane));
+            let freed = runtime.acks[lane].ack(token.offset) as i64;
+            if token.offset >= runtime.counted_from[lane] {
+                runtime.buffered_bytes[lane] -= freed;
+            }
+            freed_total += freed.max(0) as u64;
         }
+        self.processed_since_commit
+            .fetch_add(freed_total, Ordering::Relaxed);
     }
 }
 
