@@ -64,7 +64,7 @@ pub struct CatchupConfig {
     /// name is replaced by the group id, giving each group a topic of its own that ACLs can
     /// keep apart (see [`CatchupConfig::side_topic_for`]).
     pub side_topic: String,
-    /// How often processed offsets are committed — and sooner (at most every 100 ms) once
+    /// How often processed offsets are committed — and sooner (at most every 20 ms) once
     /// a 32nd of [`buffer_budget_bytes`](Self::buffer_budget_bytes) was processed since the
     /// last commit: the buffer drops processed records only once their commit is in Kafka,
     /// and holds them in memory until then.
