@@ -362,22 +362,11 @@ impl Shared {
         }
     }
 
-    /// Unacknowledged bytes of `lane` per assigned partition, and whether its records wait
-    /// (the live lane of a split partition whose backlog is not read through, in `Ordered`)
-    /// rather than being read now.
-    pub fn buffered_by_partition(&self, lane: Lane) -> BTreeMap<PartitionId, crate::fetch::Usage> {
-        let ordered = self.config.mode == Mode::Ordered;
+    /// Unacknowledged bytes of `lane` per assigned partition.
+    pub fn buffered_by_partition(&self, lane: Lane) -> BTreeMap<PartitionId, u64> {
         self.partitions()
             .iter()
-            .map(|(key, runtime)| {
-                let waits =
-                    ordered && lane == Lane::Live && runtime.token.is_some() && !runtime.drained;
-                let usage = crate::fetch::Usage {
-                    bytes: runtime.buffered(lane),
-                    waits,
-                };
-                (key.clone(), usage)
-            })
+            .map(|(key, runtime)| (key.clone(), runtime.buffered(lane)))
             .collect()
     }
 

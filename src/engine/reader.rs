@@ -3,10 +3,6 @@
 
 use super::*;
 
-/// Where a fill reads one partition: its key, the assignment it was read for, and per lane
-/// the offset the read starts at.
-type ReadStarts = (PartitionId, u64, Vec<(Lane, i64)>);
-
 impl Shared {
     /// Whether some partition's backlog is not all handed out yet (a split whose catch-up
     /// lane is not drained).
@@ -27,7 +23,7 @@ impl Shared {
         max: usize,
         lanes: &[Lane],
     ) -> Result<(), StoreError> {
-        let starts: Vec<ReadStarts> = {
+        let starts: Vec<(PartitionId, u64, Vec<(Lane, i64)>)> = {
             let partitions = self.partitions();
             let count = partitions.len();
             if count == 0 {

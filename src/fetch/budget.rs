@@ -15,23 +15,6 @@ pub struct PauseChange<K> {
     pub share: u64,
 }
 
-/// The part of a share a lane the reader is taking records from may fetch ahead: half the
-/// buffer's memory tier (a quarter of the budget, counting what records take in memory, up
-/// to twice their payload), the other half holding what is processed until its commit.
-/// Fetched further ahead, its records would only be written to disk and read back — Kafka
-/// holds them as well.
-pub const READ_NOW_PART: u64 = 8;
-
-/// One partition's lane as the budget sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Usage {
-    /// Its unacknowledged bytes.
-    pub bytes: u64,
-    /// Whether its records wait (a live lane behind its backlog in `Ordered`) rather than
-    /// being read now.
-    pub waits: bool,
-}
-
 /// Keeps the buffer within its byte budget, one partition at a time.
 ///
 /// The budget is divided evenly over the *slots* — the lanes being fetched, over all
@@ -39,9 +22,7 @@ pub struct Usage {
 /// partition whose bytes in its lane exceed one share and resumes it at half a share. A
 /// partition is paused only for its own bytes: in `Ordered` mode a split partition whose live
 /// records cannot be delivered before its backlog pauses its own live lane, never the
-/// others'. A lane whose records are being read (every lane but such a waiting live lane)
-/// has a [`READ_NOW_PART`] of a share: what waits goes to disk, what is read comes from
-/// memory.
+/// others'.
 #[derive(Debug, Clone, Default)]
 pub struct PausePolicy<K> {
     paused: BTreeSet<K>,
@@ -63,23 +44,17 @@ impl<K: Ord + Clone> PausePolicy<K> {
     /// Decides the changes for this round. `usage` holds every partition the fetcher fetches
     /// with its unacknowledged bytes; a partition no longer in it is forgotten (its consumer
     /// assignment is gone, and so is the pause).
-    /// `usage` says per partition whether its lane waits (see the type's docs).
     pub fn decide(
         &mut self,
         limit: u64,
         slots: usize,
-        usage: &BTreeMap<K, Usage>,
+        usage: &BTreeMap<K, u64>,
     ) -> Vec<PauseChange<K>> {
         self.paused
             .retain(|partition| usage.contains_key(partition));
-        let full_share = limit / slots.max(1) as u64;
+        let share = limit / slots.max(1) as u64;
         let mut changes = Vec::new();
-        for (partition, &Usage { bytes, waits }) in usage {
-            let share = if waits {
-                full_share
-            } else {
-                full_share / READ_NOW_PART
-            };
+        for (partition, &bytes) in usage {
             let paused = self.paused.contains(partition);
             let change = if !paused && bytes > share {
                 Some(true)
@@ -110,14 +85,10 @@ impl<K: Ord + Clone> PausePolicy<K> {
 mod tests {
     use super::*;
 
-    fn waiting(bytes: u64) -> Usage {
-        Usage { bytes, waits: true }
-    }
-
     #[test]
     fn pauses_above_a_share_and_resumes_below_half() {
         let mut policy = PausePolicy::new();
-        let usage = |a, b| BTreeMap::from([("a", waiting(a)), ("b", waiting(b))]);
+        let usage = |a, b| BTreeMap::from([("a", a), ("b", b)]);
         // 1000 bytes over 4 slots: 250 each.
         assert_eq!(policy.decide(1000, 4, &usage(100, 200)), vec![]);
         let changes = policy.decide(1000, 4, &usage(251, 200));
@@ -133,32 +104,9 @@ mod tests {
     #[test]
     fn a_partition_that_leaves_is_forgotten() {
         let mut policy = PausePolicy::new();
-        policy.decide(100, 1, &BTreeMap::from([("a", waiting(500))]));
+        policy.decide(100, 1, &BTreeMap::from([("a", 500)]));
         assert!(policy.is_paused(&"a"));
         assert_eq!(policy.decide(100, 1, &BTreeMap::new()), vec![]);
         assert!(!policy.is_paused(&"a"));
-    }
-
-    /// A lane being read fetches ahead only its part of a share (the memory tier's); a
-    /// waiting one its whole share.
-    #[test]
-    fn a_lane_being_read_has_the_memory_tiers_part_of_a_share() {
-        let mut policy = PausePolicy::new();
-        let read = |bytes| Usage {
-            bytes,
-            waits: false,
-        };
-        // 2000 bytes over 2 slots: 1000 for a waiting lane, 125 for one being read.
-        let usage = BTreeMap::from([("read", read(126)), ("waits", waiting(900))]);
-        let changes = policy.decide(2000, 2, &usage);
-        assert_eq!(changes.len(), 1);
-        assert_eq!(
-            (changes[0].partition, changes[0].paused, changes[0].share),
-            ("read", true, 125)
-        );
-        let usage = BTreeMap::from([("read", read(62)), ("waits", waiting(1001))]);
-        let changes = policy.decide(2000, 2, &usage);
-        let paused: Vec<_> = changes.iter().map(|c| (c.partition, c.paused)).collect();
-        assert_eq!(paused, [("read", false), ("waits", true)]);
     }
 }
