@@ -144,7 +144,6 @@ pub(crate) struct Shared {
     pub config: CatchupConfig,
     pub group: String,
     partitions: Mutex<BTreeMap<PartitionId, PartitionRuntime>>,
-    generation: AtomicU64,
     /// The partition each assignment generation was handed out for: an [`AckToken`]
     /// names its partition by it (pruned to the live generations as it grows).
     generations: Mutex<HashMap<u64, PartitionId>>,
@@ -198,7 +197,6 @@ impl Shared {
             config,
             group,
             partitions: Mutex::new(BTreeMap::new()),
-            generation: AtomicU64::new(1),
             generations: Mutex::new(HashMap::new()),
             pending_acks: Mutex::new(Vec::new()),
             notify: Notify::new(),
@@ -296,17 +294,19 @@ impl Shared {
 
     /// The partitions' runtimes, with every acknowledgement queued so far applied.
     pub fn partitions(&self) -> MutexGuard<'_, BTreeMap<PartitionId, PartitionRuntime>> {
+        // The map is only ever replaced entry by entry; a panic elsewhere leaves it usable.
+        let mut partitions = self
+            .partitions
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        // Taken under the partitions' lock: acks queued before it are applied before anyone
+        // who got the lock first (a commit at a revoke) is done with them.
         let acks = std::mem::take(
             &mut *self
                 .pending_acks
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner()),
         );
-        // The map is only ever replaced entry by entry; a panic elsewhere leaves it usable.
-        let mut partitions = self
-            .partitions
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
         if !acks.is_empty() {
             self.apply_acks(&mut partitions, acks);
         }
@@ -321,14 +321,21 @@ impl Shared {
             .push(token);
     }
 
-    /// A new assignment generation for partition `id`.
+    /// A new assignment generation for partition `id`: unique in the process (two consumers'
+    /// tokens never name each other's assignments).
     pub fn next_generation(&self, id: &PartitionId) -> u64 {
-        let generation = self.generation.fetch_add(1, Ordering::Relaxed);
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        let generation = NEXT.fetch_add(1, Ordering::Relaxed);
         // Entries of generations no longer assigned are dropped once they outnumber the
-        // assigned ones (the partitions' lock is let go before the index's is taken).
+        // assigned ones. Each lock is let go before the next is taken (one statement each:
+        // a guard lives to the end of its statement).
         let entries = self.generations().len();
-        let live: Option<HashSet<u64>> = (entries > 2 * self.partitions().len() + 64)
-            .then(|| self.partitions().values().map(|r| r.generation).collect());
+        let assigned = self.partitions().len();
+        let live: Option<HashSet<u64>> = if entries > 2 * assigned + 64 {
+            Some(self.partitions().values().map(|r| r.generation).collect())
+        } else {
+            None
+        };
         let mut generations = self.generations();
         if let Some(live) = live {
             generations.retain(|generation, _| live.contains(generation));
@@ -337,8 +344,8 @@ impl Shared {
         generation
     }
 
-    /// The index of generations (`ack` takes it before the partitions' lock; nothing takes
-    /// it while holding that one).
+    /// The index of generations (applying acks takes it while holding the partitions' lock;
+    /// nothing takes the partitions' lock while holding it).
     pub(super) fn generations(&self) -> MutexGuard<'_, HashMap<u64, PartitionId>> {
         self.generations
             .lock()

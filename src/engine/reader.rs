@@ -3,6 +3,10 @@
 
 use super::*;
 
+/// Where a fill reads one partition: its key, the assignment it was read for, and per lane
+/// the offset the read starts at.
+type ReadStarts = (PartitionId, u64, Vec<(Lane, i64)>);
+
 impl Shared {
     /// Whether some partition's backlog is not all handed out yet (a split whose catch-up
     /// lane is not drained).
@@ -23,7 +27,7 @@ impl Shared {
         max: usize,
         lanes: &[Lane],
     ) -> Result<(), StoreError> {
-        let starts: Vec<(PartitionId, u64, Vec<(Lane, i64)>)> = {
+        let starts: Vec<ReadStarts> = {
             let partitions = self.partitions();
             let count = partitions.len();
             if count == 0 {
@@ -251,7 +255,7 @@ impl Shared {
             let Some(runtime) = partitions.get_mut(key) else {
                 continue;
             };
-            if runtime.generation != token.generation {
+            if runtime.generation != token.generation || key.1 != token.partition {
                 continue;
             }
             let lane = lane_index(store_lane(token.lane));

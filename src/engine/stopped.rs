@@ -241,4 +241,29 @@ mod tests {
             "the stop is reported as an event too: {messages:?}"
         );
     }
+
+    /// Handing out generations prunes the index once it outgrows the assignment — without
+    /// locking the partitions twice (a guard kept to the end of its statement deadlocked the
+    /// live thread at the 65th assignment).
+    #[test]
+    fn generations_are_pruned_without_a_deadlock() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let shared = Arc::new(shared(dir.path()));
+        let (done, finished) = std::sync::mpsc::channel();
+        let worker = shared.clone();
+        std::thread::spawn(move || {
+            let first = worker.next_generation(&("t".into(), 0));
+            for _ in 0..500 {
+                worker.next_generation(&("t".into(), 0));
+            }
+            let _ = done.send(first);
+        });
+        let first = finished
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("500 generations handed out within 10 s");
+        let generations = shared.generations();
+        // Nothing assigned: at most 64 entries and the newest.
+        assert!(generations.len() <= 65, "pruned: {}", generations.len());
+        assert!(!generations.contains_key(&first), "the first is gone");
+    }
 }

@@ -215,7 +215,13 @@ impl SideLog {
     /// Reads this group's partition of the side topic and returns the latest entry of every
     /// partition of the group (compaction keeps it small).
     pub fn read_all(&self) -> Result<SideEntries, KafkaError> {
-        read_side_entries(&self.client_config, &self.topic, &self.group, &self.health)
+        read_side_entries_in(
+            &self.client_config,
+            &self.topic,
+            &self.group,
+            &self.health,
+            Some(self.partition),
+        )
     }
 
     /// The key of `topic`/`partition` of this group.
@@ -371,6 +377,19 @@ pub(crate) fn read_side_entries(
     group: &str,
     health: &Arc<BrokerHealth>,
 ) -> Result<SideEntries, KafkaError> {
+    read_side_entries_in(client_config, side_topic, group, health, None)
+}
+
+/// [`read_side_entries`] from `partition` of the side topic (`None`: the group's partition
+/// by the topic's partition count now). A side log reads where it writes: the partition it
+/// picked when it opened.
+fn read_side_entries_in(
+    client_config: &ClientConfig,
+    side_topic: &str,
+    group: &str,
+    health: &Arc<BrokerHealth>,
+    partition: Option<i32>,
+) -> Result<SideEntries, KafkaError> {
     let mut config = for_role(client_config, "side-reader");
     config
         .set("group.id", format!("{}.catchup-side-reader", group))
@@ -399,7 +418,7 @@ pub(crate) fn read_side_entries(
         ));
     }
     // Only the group's own partition holds its entries.
-    let partitions = [side_partition(group, count)];
+    let partitions = [partition.unwrap_or_else(|| side_partition(group, count))];
     let mut ends = HashMap::new();
     let mut assignment = TopicPartitionList::new();
     for &partition in &partitions {

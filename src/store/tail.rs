@@ -35,6 +35,12 @@ pub(super) struct Pending {
     pub bytes: u64,
 }
 
+/// What an append of `records` takes in memory: its records and the append itself (never 0,
+/// so that an append proving a gap with no record is spilled and flushed like any other).
+pub(super) fn append_cost(records: &[Record]) -> u64 {
+    std::mem::size_of::<Pending>() as u64 + records.iter().map(cost).sum::<u64>()
+}
+
 /// What `record` takes in memory: its key, payload and header bytes, the record itself, and
 /// an allocator's due for each buffer it owns — 100-byte records take about twice their
 /// payload, and the allowance bounds the memory, not the payload.
@@ -210,7 +216,7 @@ mod tests {
             first,
             next,
             fetched_next: next,
-            bytes: records.iter().map(cost).sum(),
+            bytes: append_cost(&records),
             records,
         }
     }
@@ -218,6 +224,11 @@ mod tests {
     /// What one of the tests' records costs.
     fn each() -> u64 {
         cost(&record(0))
+    }
+
+    /// What an append of the tests' costs beyond its records.
+    fn overhead() -> u64 {
+        append_cost(&[])
     }
 
     fn tail() -> Tail {
@@ -242,7 +253,7 @@ mod tests {
             tail.persisted.live.fetched_next, 110,
             "sled's state unchanged"
         );
-        assert_eq!(tail.bytes(), 3 * each());
+        assert_eq!(tail.bytes(), 3 * each() + 2 * overhead());
     }
 
     #[test]
@@ -283,12 +294,12 @@ mod tests {
         let front = &tail.lanes[1].pending[0];
         assert_eq!(
             (front.first, front.records.len(), front.bytes),
-            (111, 1, each())
+            (111, 1, each() + overhead())
         );
-        assert_eq!(tail.drop_committed(Lane::Live, 117), each());
-        assert_eq!(tail.counts(Lane::Live), (1, each()));
+        assert_eq!(tail.drop_committed(Lane::Live, 117), each() + overhead());
+        assert_eq!(tail.counts(Lane::Live), (1, each() + overhead()));
         assert_eq!(tail.lanes[1].pending[0].first, 117);
-        assert_eq!(tail.drop_committed(Lane::Live, 120), each());
+        assert_eq!(tail.drop_committed(Lane::Live, 120), each() + overhead());
         assert_eq!(tail.counts(Lane::Live), (0, 0));
     }
 
@@ -302,6 +313,6 @@ mod tests {
         tail.restore_oldest(Lane::Live, taken);
         let firsts: Vec<i64> = tail.lanes[1].pending.iter().map(|p| p.first).collect();
         assert_eq!(firsts, [110, 115]);
-        assert_eq!(tail.bytes(), 2 * each());
+        assert_eq!(tail.bytes(), 2 * (each() + overhead()));
     }
 }

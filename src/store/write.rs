@@ -256,7 +256,7 @@ impl Buffer {
         let stored = kept.len();
         let stored_bytes: u64 = kept.iter().map(|r| r.payload_bytes() as u64).sum();
         let fetched_next = state.normalize(lane, plan.next);
-        let held_bytes: u64 = kept.iter().map(super::tail::cost).sum();
+        let held_bytes = super::tail::append_cost(&kept);
         let pending = Pending {
             first: plan.first,
             next: plan.next,
