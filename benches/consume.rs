@@ -77,8 +77,8 @@ fn main() -> Result<()> {
             "throughput" => bench.throughput()?,
             "fresh" if !smoke => bench.fresh()?,
             "recovery" if !smoke => bench.recovery()?,
-            "side" => bench.side()?,
-            "fresh" | "recovery" => continue,
+            "side" if !smoke => bench.side()?,
+            "fresh" | "recovery" | "side" => continue,
             other => return Err(format!("unknown section {other:?}").into()),
         };
         report.insert(section.trim().into(), value);
@@ -457,6 +457,7 @@ impl Bench {
             {
                 result.map_err(|(topic, code)| format!("creating {topic}: {code}"))?;
             }
+            self.wait_for_leaders(&side_topic, partitions)?;
             let layout = if partitions == 1 {
                 "one partition".to_owned()
             } else {
@@ -480,6 +481,32 @@ impl Bench {
         }
         self.delete_topic(&data_topic);
         Ok(serde_json::Value::Array(rows))
+    }
+
+    /// Waits until every partition of a topic just created has a leader (a read before that
+    /// is refused with NotLeaderForPartition).
+    fn wait_for_leaders(&self, topic: &str, partitions: i32) -> Result<()> {
+        let client: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &self.brokers)
+            .create()?;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let metadata = client.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+            let ready = metadata.topics().iter().any(|t| {
+                t.name() == topic
+                    && t.partitions().len() == partitions as usize
+                    && t.partitions()
+                        .iter()
+                        .all(|p| p.leader() >= 0 && p.error().is_none())
+            });
+            if ready {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(format!("{topic}: partitions without a leader after 60 s").into());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 
     /// Writes `count` side entries of other groups (one partition each, 100 B values) where
