@@ -521,19 +521,11 @@ impl Bench {
         for index in 0..count {
             let group = format!("other-group-{index}");
             let key = catchup::plan::side_key(&group, "orders", 0);
-            let mut record = BaseRecord::to(side_topic)
+            let record = BaseRecord::to(side_topic)
                 .key(&key)
                 .payload(&value)
                 .partition(catchup::plan::side_partition(&group, partitions));
-            loop {
-                match producer.send(record) {
-                    Ok(()) => break,
-                    Err((_, returned)) => {
-                        record = returned;
-                        producer.poll(Duration::from_millis(10));
-                    }
-                }
-            }
+            send_retrying(&producer, record);
         }
         producer.flush(Duration::from_secs(60))?;
         Ok(())
@@ -651,19 +643,11 @@ impl Bench {
         let value = vec![b'x'; size];
         for index in first..first + count {
             let key = format!("k{index:012}");
-            let mut record = BaseRecord::to(topic)
+            let record = BaseRecord::to(topic)
                 .key(&key)
                 .payload(&value)
                 .partition((index % PARTITIONS as u64) as i32);
-            loop {
-                match producer.send(record) {
-                    Ok(()) => break,
-                    Err((_, returned)) => {
-                        record = returned;
-                        producer.poll(Duration::from_millis(10));
-                    }
-                }
-            }
+            send_retrying(&producer, record);
         }
         producer.flush(Duration::from_secs(120))?;
         Ok(())
@@ -1038,6 +1022,23 @@ impl PeakRss {
 
     fn finish(self) -> u64 {
         self.thread.join().unwrap_or(0)
+    }
+}
+
+/// Sends `record`, polling the producer while its queue is full.
+fn send_retrying<K, P>(producer: &BaseProducer, mut record: BaseRecord<'_, K, P>)
+where
+    K: rdkafka::message::ToBytes + ?Sized,
+    P: rdkafka::message::ToBytes + ?Sized,
+{
+    loop {
+        match producer.send(record) {
+            Ok(()) => return,
+            Err((_, returned)) => {
+                record = returned;
+                producer.poll(Duration::from_millis(10));
+            }
+        }
     }
 }
 

@@ -175,13 +175,7 @@ impl Buffer {
             next: next_offset,
         } = fetched;
         let records: &[Record] = owned.as_deref().unwrap_or(borrowed);
-        let no_layout = || {
-            self.rejected(
-                topic,
-                partition,
-                "not laid out; call reset_partition first".into(),
-            )
-        };
+        let no_layout = || self.not_laid_out(topic, partition);
         let part = self
             .partition_key(topic, partition)?
             .ok_or_else(no_layout)?;
@@ -497,6 +491,15 @@ impl Buffer {
         }
     }
 
+    /// The error for an append or commit to a partition that was never laid out.
+    fn not_laid_out(&self, topic: &str, partition: i32) -> StoreError {
+        self.rejected(
+            topic,
+            partition,
+            "not laid out; call reset_partition first".into(),
+        )
+    }
+
     /// Forgets what the memory tier holds of `part` (its records are being dropped).
     fn forget_tail(&self, shard: &mut Shard, part: PartitionKey) {
         if let Some(tail) = shard.tails.remove(&part) {
@@ -543,13 +546,7 @@ impl Buffer {
         committed_next: i64,
         resume: bool,
     ) -> Result<usize, StoreError> {
-        let no_layout = || {
-            self.rejected(
-                topic,
-                partition,
-                "not laid out; call reset_partition first".into(),
-            )
-        };
+        let no_layout = || self.not_laid_out(topic, partition);
         let part = self
             .partition_key(topic, partition)?
             .ok_or_else(no_layout)?;
