@@ -25,7 +25,8 @@ pub use crate::fetch::DiskFloor;
 use crate::Error;
 use crate::engine::Shared;
 use crate::kafka::{
-    CatchupCommand, CatchupFetcher, KafkaError, LiveCommand, LiveFetcher, Reply, SideLog,
+    CatchupCommand, CatchupFetcher, KafkaError, KeyRebuild, LiveCommand, LiveFetcher, Reply,
+    SideLog,
 };
 use crate::store::{Buffer, BufferOptions, Lane, StoreError};
 
@@ -74,6 +75,8 @@ pub struct CatchupConsumer {
     shared: Arc<Shared>,
     live: Sender<LiveCommand>,
     catchup: Sender<CatchupCommand>,
+    /// `Mode::Latest`: stops the key-rebuild thread.
+    rebuild: Option<Sender<()>>,
     threads: std::sync::Mutex<Vec<JoinHandle<()>>>,
     reader: AsyncMutex<Reader>,
     /// Set when a close begins: `recv` returns [`Error::Closed`] from then on.
@@ -182,11 +185,21 @@ impl CatchupConsumer {
         let (catchup, catchup_thread) = CatchupFetcher::spawn(client, shared.clone())?;
         let (live, live_thread) =
             LiveFetcher::spawn(client, shared.clone(), side_log, catchup.clone())?;
+        let mut threads = vec![live_thread, catchup_thread];
+        let rebuild = match shared.config.mode {
+            Mode::Latest => {
+                let (stop, thread) = KeyRebuild::spawn(client, shared.clone())?;
+                threads.push(thread);
+                Some(stop)
+            }
+            _ => None,
+        };
         Ok(Self {
             shared,
             live,
             catchup,
-            threads: std::sync::Mutex::new(vec![live_thread, catchup_thread]),
+            rebuild,
+            threads: std::sync::Mutex::new(threads),
             reader: AsyncMutex::new(Reader::default()),
             closed: std::sync::atomic::AtomicBool::new(false),
             close_done: AsyncMutex::new(false),
@@ -340,7 +353,7 @@ impl CatchupConsumer {
                 .iter_mut()
                 .for_each(|queue| queue.retain(|d| shared.is_current(d)));
         }
-        if self.shared.config.mode == Mode::Concurrent {
+        if self.shared.config.mode.fresh_first() {
             // The backlog's turn after `LIVE_STREAK` fresh deliveries, if it has records
             // (looked for only while some backlog is not handed out: a fill takes the lock
             // the live thread needs).
@@ -646,6 +659,7 @@ impl CatchupConsumer {
         let started = std::time::Instant::now();
         let result = self.request("closing", LiveCommand::Close).await;
         let _ = self.catchup.send(CatchupCommand::Shutdown);
+        self.stop_rebuild();
         let threads = std::mem::take(&mut *self.threads());
         // What is left of the two minutes, and never less than the threads need to leave
         // once their brokers answered.
@@ -759,12 +773,19 @@ impl Drop for CatchupConsumer {
         }
         let _ = self.live.send(LiveCommand::Abandon);
         let _ = self.catchup.send(CatchupCommand::Shutdown);
+        self.stop_rebuild();
         let threads = std::mem::take(&mut *self.threads());
         let _ = join_within(threads, self.join_deadline(true));
     }
 }
 
 impl CatchupConsumer {
+    fn stop_rebuild(&self) {
+        if let Some(stop) = &self.rebuild {
+            let _ = stop.try_send(());
+        }
+    }
+
     fn threads(&self) -> std::sync::MutexGuard<'_, Vec<JoinHandle<()>>> {
         self.threads
             .lock()

@@ -6,6 +6,7 @@
 
 mod commit;
 mod health;
+mod latest;
 mod progress;
 mod reader;
 mod stopped;
@@ -14,6 +15,7 @@ pub(crate) mod types;
 mod writable;
 
 pub(crate) use health::BrokerHealth;
+pub(crate) use latest::{KeyNotes, RebuildWanted, key_notes};
 pub(crate) use stopped::{BufferFailure, Stopped};
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
@@ -23,7 +25,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::{Notify, broadcast};
 
 use crate::fetch::LanePartition;
-use crate::plan::{AckTracker, CommitPlan, Progress, SideEntry, SplitToken, plan_commit};
+use crate::plan::{
+    AckTracker, CommitPlan, KeyIndex, Progress, SideEntry, SplitToken, Verdict, plan_commit,
+};
 use crate::store::{Buffer, Lane, LayoutId, PartitionLayout, PartitionState, StoreError};
 use types::{AckToken, CatchupConfig, Delivery, DeliveryLane, Event, Mode};
 use writable::{Measured, Writability};
@@ -72,6 +76,8 @@ pub(crate) struct PartitionRuntime {
     newest_live_ms: Option<i64>,
     /// How fast the backlog is processed: its ETA.
     backlog_rate: crate::plan::BacklogRate,
+    /// `Mode::Latest`, while the partition is split: the newest offset of each key.
+    latest: Option<KeyIndex>,
 }
 
 impl PartitionRuntime {
@@ -106,7 +112,27 @@ impl PartitionRuntime {
             awaiting_fresh_since: Some(std::time::Instant::now()),
             newest_live_ms: None,
             backlog_rate: crate::plan::BacklogRate::default(),
+            latest: None,
         }
+    }
+
+    /// `Mode::Latest`: indexes the keys of this split partition from now on, the catch-up
+    /// lane waiting until the keys of `[end of the first catch-up range, horizon)` are read
+    /// again from Kafka (see [`KeyIndex`]). A partition that is not split has no index.
+    pub fn index_keys(&mut self, horizon: i64) {
+        if let Some(first) = self.layout.catchup_ranges.first().filter(|_| !self.drained) {
+            self.latest = Some(KeyIndex::new(first.end, horizon));
+        }
+    }
+
+    /// Acknowledges `offset` of lane `lane` (an index): the payload bytes it frees once
+    /// committed.
+    fn acknowledge(&mut self, lane: usize, offset: i64) -> u64 {
+        let freed = self.acks[lane].ack(offset) as i64;
+        if offset >= self.counted_from[lane] {
+            self.buffered_bytes[lane] -= freed;
+        }
+        freed.max(0) as u64
     }
 
     /// Unacknowledged bytes of `lane`.

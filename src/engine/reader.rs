@@ -54,11 +54,10 @@ impl Shared {
             let mut batches = Vec::with_capacity(reads.len());
             let mut damaged = None;
             for (lane, from) in reads {
-                let read = match self.config.mode {
-                    Mode::Ordered | Mode::Off => {
-                        self.buffer.read_ordered(&key.0, key.1, from, per_partition)
-                    }
-                    Mode::Concurrent => self.buffer.read(lane, &key.0, key.1, from, per_partition),
+                let read = if self.config.mode.fresh_first() {
+                    self.buffer.read(lane, &key.0, key.1, from, per_partition)
+                } else {
+                    self.buffer.read_ordered(&key.0, key.1, from, per_partition)
                 };
                 match read {
                     Ok(batch) => batches.push((lane, from, batch)),
@@ -83,11 +82,10 @@ impl Shared {
                 continue;
             }
             for (lane, from, batch) in batches {
-                let (queue, next) = match self.config.mode {
-                    Mode::Ordered | Mode::Off => (0, &mut runtime.ordered_next),
-                    Mode::Concurrent => {
-                        (lane_index(lane), &mut runtime.lane_next[lane_index(lane)])
-                    }
+                let (queue, next) = if self.config.mode.fresh_first() {
+                    (lane_index(lane), &mut runtime.lane_next[lane_index(lane)])
+                } else {
+                    (0, &mut runtime.ordered_next)
                 };
                 if *next != from {
                     continue; // read again meanwhile (cannot happen: one reader at a time)
@@ -101,6 +99,7 @@ impl Shared {
                 && runtime.acks[0].delivered_next() >= runtime.layout.catchup_end().unwrap_or(0)
             {
                 runtime.drained = true;
+                runtime.latest = None; // the live lane alone delivers in order
                 self.emit(Event::CatchupDrained {
                     topic: key.0.clone(),
                     partition: key.1,
@@ -114,15 +113,24 @@ impl Shared {
     }
 
     /// Where `runtime`'s reads start: one position in `Ordered` and `Off`, one per lane of
-    /// `lanes` in `Concurrent`.
+    /// `lanes` in `Concurrent` and `Latest` — where the catch-up lane waits while its key
+    /// index is rebuilt.
     fn read_starts(&self, runtime: &PartitionRuntime, lanes: &[Lane]) -> Vec<(Lane, i64)> {
-        match self.config.mode {
-            Mode::Ordered | Mode::Off => vec![(Lane::Catchup, runtime.ordered_next)],
-            Mode::Concurrent => lanes
-                .iter()
-                .map(|&lane| (lane, runtime.lane_next[lane_index(lane)]))
-                .collect(),
+        if !self.config.mode.fresh_first() {
+            return vec![(Lane::Catchup, runtime.ordered_next)];
         }
+        let waits = |lane: Lane| {
+            lane == Lane::Catchup
+                && runtime
+                    .latest
+                    .as_ref()
+                    .is_some_and(|index| !index.catchup_may_deliver())
+        };
+        lanes
+            .iter()
+            .filter(|&&lane| !waits(lane))
+            .map(|&lane| (lane, runtime.lane_next[lane_index(lane)]))
+            .collect()
     }
 
     /// Takes a partition whose buffered records failed verification off the reader: its
@@ -181,7 +189,6 @@ impl Shared {
                 telemetry::time_to_first_fresh(&self.group, since.elapsed().as_secs_f64());
             }
         }
-        telemetry::records_delivered(&self.group, lane.as_str(), records.len() as u64);
         if lane == Lane::Live {
             let newest = records
                 .iter()
@@ -195,10 +202,21 @@ impl Shared {
                 runtime.newest_live_ms = newest;
             }
         }
-        let acks = &mut runtime.acks[lane_index(lane)];
+        let index = lane_index(lane);
         let mut out = Vec::with_capacity(records.len());
+        let mut superseded = 0;
+        let mut freed = 0;
         for record in records {
-            acks.delivered(record.offset, record.payload_bytes());
+            runtime.acks[index].delivered(record.offset, record.payload_bytes());
+            let verdict = runtime.latest.as_mut().map_or(Verdict::Deliver, |keys| {
+                keys.verdict(record.key.as_deref(), record.offset)
+            });
+            if verdict == Verdict::Skip {
+                // Processed as far as commits go: a newer record of its key is seen.
+                freed += runtime.acknowledge(index, record.offset);
+                superseded += 1;
+                continue;
+            }
             out.push(Delivery {
                 topic: key.0.clone(),
                 partition: key.1,
@@ -211,7 +229,13 @@ impl Shared {
                 generation: runtime.generation,
             });
         }
-        acks.read_through(next);
+        runtime.acks[index].read_through(next);
+        telemetry::records_delivered(&self.group, lane.as_str(), out.len() as u64);
+        if superseded > 0 {
+            telemetry::records_superseded(&self.group, lane.as_str(), superseded);
+            self.processed_since_commit
+                .fetch_add(freed, Ordering::Relaxed);
+        }
         out
     }
 
@@ -259,11 +283,7 @@ impl Shared {
                 continue;
             }
             let lane = lane_index(store_lane(token.lane));
-            let freed = runtime.acks[lane].ack(token.offset) as i64;
-            if token.offset >= runtime.counted_from[lane] {
-                runtime.buffered_bytes[lane] -= freed;
-            }
-            freed_total += freed.max(0) as u64;
+            freed_total += runtime.acknowledge(lane, token.offset);
         }
         self.processed_since_commit
             .fetch_add(freed_total, Ordering::Relaxed);

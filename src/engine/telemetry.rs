@@ -6,6 +6,7 @@
 //! |---|---|---|---|
 //! | `catchup_records_fetched_total` | counter | records | group, lane |
 //! | `catchup_records_delivered_total` | counter | records | group, lane |
+//! | `catchup_records_superseded_total` | counter | records | group, lane |
 //! | `catchup_lag_offsets` | gauge | offsets | group, lane |
 //! | `catchup_buffered_bytes` | gauge | bytes | group, lane |
 //! | `catchup_time_to_first_fresh_seconds` | histogram | seconds | group |
@@ -30,6 +31,9 @@ use super::types::Event;
 pub const RECORDS_FETCHED: &str = "catchup_records_fetched_total";
 /// Records handed to the application, per lane it came through.
 pub const RECORDS_DELIVERED: &str = "catchup_records_delivered_total";
+/// `Mode::Latest`: records skipped because a newer record of their key was buffered or
+/// delivered, per lane.
+pub const RECORDS_SUPERSEDED: &str = "catchup_records_superseded_total";
 /// Offsets fetched into the buffer and not processed yet, per lane.
 pub const LAG_OFFSETS: &str = "catchup_lag_offsets";
 /// Payload bytes buffered and not processed yet, per lane.
@@ -78,6 +82,11 @@ pub fn describe() {
         RECORDS_DELIVERED,
         Unit::Count,
         "Records handed to the application, per lane"
+    );
+    describe_counter!(
+        RECORDS_SUPERSEDED,
+        Unit::Count,
+        "Records skipped in mode latest: a newer record of their key was buffered or delivered, per lane"
     );
     describe_gauge!(
         LAG_OFFSETS,
@@ -172,6 +181,10 @@ pub fn records_fetched(group: &str, lane: &'static str, records: u64) {
 
 pub fn records_delivered(group: &str, lane: &'static str, records: u64) {
     counter!(RECORDS_DELIVERED, "group" => group.to_owned(), "lane" => lane).increment(records);
+}
+
+pub fn records_superseded(group: &str, lane: &'static str, records: u64) {
+    counter!(RECORDS_SUPERSEDED, "group" => group.to_owned(), "lane" => lane).increment(records);
 }
 
 pub fn lag(group: &str, lane: &'static str, offsets: i64, bytes: u64) {

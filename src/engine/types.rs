@@ -20,10 +20,20 @@ pub enum Mode {
     Concurrent,
     /// No split: plain consumption through the same pipeline (the baseline).
     Off,
+    /// For topics that keep the latest state per key (upserts, changelogs, compacted
+    /// topics): fresh-first as `Concurrent`, and while a partition is split a record whose
+    /// key already has a newer record buffered or delivered on that partition is skipped —
+    /// counted processed (it moves commits like an acknowledged record), never handed out.
+    /// Per key, the offsets handed out only increase; records without a key are never
+    /// skipped; a tombstone (no value) is a record like any other. After a restart the
+    /// backlog waits until the split's live records delivered before it were read again
+    /// from Kafka (keys only), so an older value never follows a newer one seen earlier.
+    Latest,
 }
 
 impl Mode {
-    /// `"ordered"`, `"concurrent"` or `"off"`: the name `catchup run --mode` takes.
+    /// `"ordered"`, `"concurrent"`, `"off"` or `"latest"`: the name `catchup run --mode`
+    /// takes.
     ///
     /// ```
     /// assert_eq!(catchup::Mode::default().as_str(), "ordered");
@@ -33,7 +43,13 @@ impl Mode {
             Mode::Ordered => "ordered",
             Mode::Concurrent => "concurrent",
             Mode::Off => "off",
+            Mode::Latest => "latest",
         }
+    }
+
+    /// Whether fresh records go first, each lane in its own order (`Concurrent`, `Latest`).
+    pub(crate) fn fresh_first(self) -> bool {
+        matches!(self, Mode::Concurrent | Mode::Latest)
     }
 }
 

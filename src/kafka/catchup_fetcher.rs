@@ -18,7 +18,7 @@ use super::side_log::for_other_consumers;
 use super::{Budget, KafkaError, Rebootstrap, RoleContext, for_role, to_record};
 use crate::engine::telemetry;
 use crate::engine::types::Event;
-use crate::engine::{PartitionId, Shared};
+use crate::engine::{PartitionId, Shared, key_notes};
 use crate::fetch::{
     AfterOutOfRange, AppendResult, Hold, LanePartition, PendingAppend, PollErrorKind, Polled,
     Round, classify_poll_error,
@@ -418,6 +418,10 @@ impl Fetcher {
             self.appended(key, AppendResult::Failed);
             return;
         }
+        let notes = self
+            .shared
+            .indexes_keys(key)
+            .then(|| key_notes(&append.records));
         let result = self
             .shared
             .buffer
@@ -427,6 +431,9 @@ impl Fetcher {
                 telemetry::records_fetched(&self.shared.group, "catchup", outcome.stored as u64);
                 self.shared
                     .add_buffered(key, Lane::Catchup, outcome.stored_bytes);
+                if let Some(notes) = notes {
+                    self.shared.note_keys(key, notes);
+                }
                 self.shared.notify.notify_waiters();
             }
             Ok(_) | Err(StoreError::StaleLayout { .. }) => {}

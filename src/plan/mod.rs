@@ -9,6 +9,7 @@ mod commit;
 mod cycle;
 mod incarnation;
 mod lag;
+mod latest;
 mod progress;
 mod reconcile;
 mod refusal;
@@ -24,6 +25,7 @@ pub use commit::{CommitPlan, CommitWrites, Progress, plan_commit};
 pub use cycle::CommitCycle;
 pub use incarnation::incarnation_unknown;
 pub use lag::{SideStatus, TrueLag, true_lag};
+pub use latest::{ENTRY_OVERHEAD_BYTES, KeyIndex, Verdict};
 pub use progress::{BacklogRate, RATE_WINDOW, backlog_left, live_lag, live_lag_seconds};
 pub use reconcile::{
     Committed, Decision, Inputs, LocalAction, MainLogCommit, OffsetReset, PlanEvent, SideValue,

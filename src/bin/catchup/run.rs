@@ -180,6 +180,9 @@ pub enum ModeArg {
     Concurrent,
     /// No split: the baseline.
     Off,
+    /// Fresh records first; during a split, a record whose key has a newer one buffered or
+    /// delivered is skipped (for topics that keep the latest value per key).
+    Latest,
 }
 
 impl From<ModeArg> for Mode {
@@ -188,6 +191,7 @@ impl From<ModeArg> for Mode {
             ModeArg::Ordered => Mode::Ordered,
             ModeArg::Concurrent => Mode::Concurrent,
             ModeArg::Off => Mode::Off,
+            ModeArg::Latest => Mode::Latest,
         }
     }
 }

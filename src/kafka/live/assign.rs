@@ -431,7 +431,7 @@ impl LiveState {
         let layout_id = shared.buffer.layout_id(topic, partition)?.ok_or_else(|| {
             KafkaError::Assignment(format!("{topic}/{partition} vanished from the buffer"))
         })?;
-        let runtime = PartitionRuntime::new(
+        let mut runtime = PartitionRuntime::new(
             shared.next_generation(&(topic.to_owned(), partition)),
             &state,
             layout_id,
@@ -439,6 +439,10 @@ impl LiveState {
             decision.side_entry.clone(),
             main_committed,
         );
+        if shared.config.mode == Mode::Latest {
+            // Nothing was delivered beyond the log end, nor beyond what the live lane fetched.
+            runtime.index_keys(high.max(state.live.fetched_next));
+        }
         shared
             .partitions()
             .insert((topic.to_owned(), partition), runtime);

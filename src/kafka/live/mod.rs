@@ -26,7 +26,7 @@ use super::side_log::SideLogWrite;
 use super::{Budget, CatchupCommand, KafkaError, Rebootstrap, SideLog, to_record};
 use crate::engine::telemetry;
 use crate::engine::types::{Event, Mode};
-use crate::engine::{PartitionId, PartitionRuntime, Shared, Stopped};
+use crate::engine::{PartitionId, PartitionRuntime, Shared, Stopped, key_notes};
 use crate::fetch::{
     AfterOutOfRange, AppendResult, Facts, FatalKind, PendingAppend, PollErrorKind, Polled, Round,
     Schedule, classify_poll_error, fatal_kind,
