@@ -69,7 +69,8 @@ fn the_consumer_never_loses_a_record() {
          partition, {} assignments of everything (eager), {} main-log writes refused, {} failed \
          creations of the catch-up consumer, {} topic ids unreadable, {} partitions assigned \
          again within a poll round, {} histories with a memory tier ({} crashes losing what it \
-         held, {} bytes spilled to sled): no loss, no stall",
+         held, {} bytes spilled to sled), {} histories in mode latest ({} records superseded, {} \
+         assignments waiting for their keys to be read again): no loss, no stall",
         stats.partitions,
         stats.steps,
         stats.splits,
@@ -86,6 +87,9 @@ fn the_consumer_never_loses_a_record() {
         stats.memory_tier,
         stats.memory_lost,
         stats.spilled_bytes,
+        stats.latest,
+        stats.superseded,
+        stats.rebuilds,
     );
     assert!(stats.steps > 0);
     if count >= 1000 {
@@ -105,7 +109,10 @@ fn the_consumer_never_loses_a_record() {
                 && stats.rebalances_in_a_round > 0
                 && stats.memory_tier > 0
                 && stats.memory_lost > 0
-                && stats.spilled_bytes > 0,
+                && stats.spilled_bytes > 0
+                && stats.latest > 0
+                && stats.superseded > 0
+                && stats.rebuilds > 0,
             "{stats:?}"
         );
     }

@@ -28,6 +28,28 @@ impl Shared {
                 .is_some_and(|runtime| runtime.latest.is_some())
     }
 
+    /// The offset after the last live record this process handed out of `key`, if any.
+    pub fn live_handed_next(&self, key: &PartitionId) -> Option<i64> {
+        self.live_handed().get(key).copied()
+    }
+
+    /// Records that the live lane of `key` handed out records below `next`.
+    pub(super) fn live_handed_to(&self, key: &PartitionId, next: i64) {
+        let mut handed = self.live_handed();
+        match handed.get_mut(key) {
+            Some(handed_next) => *handed_next = (*handed_next).max(next),
+            None => {
+                handed.insert(key.clone(), next);
+            }
+        }
+    }
+
+    fn live_handed(&self) -> MutexGuard<'_, HashMap<PartitionId, i64>> {
+        self.live_handed_next
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
     /// Notes records appended to `key`'s buffer (the append succeeded: the records are the
     /// current layout's and will be handed out or skipped in their lane's order).
     pub fn note_keys(&self, key: &PartitionId, notes: KeyNotes) {

@@ -116,13 +116,12 @@ impl PartitionRuntime {
         }
     }
 
-    /// `Mode::Latest`: indexes the keys of this split partition from now on, the catch-up
-    /// lane waiting until the keys of `[end of the first catch-up range, horizon)` are read
-    /// again from Kafka (see [`KeyIndex`]). A partition that is not split has no index.
-    pub fn index_keys(&mut self, horizon: i64) {
-        if let Some(first) = self.layout.catchup_ranges.first().filter(|_| !self.drained) {
-            self.latest = Some(KeyIndex::new(first.end, horizon));
-        }
+    /// `Mode::Latest`: indexes the keys of this split partition (assigned with `state`;
+    /// `seen_end` as [`KeyIndex::for_assignment`] takes it) from now on, the catch-up lane waiting until what the
+    /// application may have seen is read again from Kafka (see [`KeyIndex`]). A partition
+    /// that is not split has no index.
+    pub fn index_keys(&mut self, state: &PartitionState, seen_end: i64) {
+        self.latest = KeyIndex::for_assignment(state, seen_end);
     }
 
     /// Acknowledges `offset` of lane `lane` (an index): the payload bytes it frees once
@@ -196,6 +195,9 @@ pub(crate) struct Shared {
     /// invariant 7).
     damaged: Mutex<BTreeSet<PartitionId>>,
     events: broadcast::Sender<Event>,
+    /// `Mode::Latest`: per partition, the offset after the last live record this process
+    /// handed out, over all its assignments (a new assignment's key index covers it).
+    live_handed_next: Mutex<HashMap<PartitionId, i64>>,
     /// Round-robin start for fairness across partitions.
     next_start: AtomicU64,
     writability: Writability,
@@ -234,6 +236,7 @@ impl Shared {
             damaged: Mutex::new(BTreeSet::new()),
             events,
             next_start: AtomicU64::new(0),
+            live_handed_next: Mutex::new(HashMap::new()),
             writability: Writability::new(config_floor),
             stopped: Mutex::new(None),
             subscription: AtomicU64::new(0),

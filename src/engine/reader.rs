@@ -96,10 +96,13 @@ impl Shared {
                 queues[queue].extend(deliveries);
             }
             if !runtime.drained
-                && runtime.acks[0].delivered_next() >= runtime.layout.catchup_end().unwrap_or(0)
+                && KeyIndex::done(
+                    runtime.layout.catchup_end(),
+                    runtime.acks[0].delivered_next(),
+                )
             {
                 runtime.drained = true;
-                runtime.latest = None; // the live lane alone delivers in order
+                runtime.latest = None;
                 self.emit(Event::CatchupDrained {
                     topic: key.0.clone(),
                     partition: key.1,
@@ -230,6 +233,9 @@ impl Shared {
             });
         }
         runtime.acks[index].read_through(next);
+        if let (Lane::Live, Some(last), Mode::Latest) = (lane, out.last(), self.config.mode) {
+            self.live_handed_to(key, last.offset + 1);
+        }
         telemetry::records_delivered(&self.group, lane.as_str(), out.len() as u64);
         if superseded > 0 {
             telemetry::records_superseded(&self.group, lane.as_str(), superseded);

@@ -19,6 +19,8 @@
 use std::collections::HashMap;
 use std::ops::Range;
 
+use crate::store::PartitionState;
+
 /// What becomes of one record of a split partition in `Mode::Latest`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
@@ -57,6 +59,33 @@ impl KeyIndex {
             rebuilt_next: rebuild_from,
             horizon,
         }
+    }
+
+    /// The index of a partition assigned with `state`; `None` unless it is split with
+    /// backlog left. `seen_end` is the high watermark read at the assignment, or the offset
+    /// after the last live record this process handed out of the partition if that is
+    /// higher. What the application may have seen already lies in `[end of the first
+    /// catch-up range, horizon)`: nothing was handed out beyond the log end, nor beyond what
+    /// the live lane fetched.
+    ///
+    /// One window is left: a new leader can report a high watermark below the old one for a
+    /// while, and a restarted process cannot know what its predecessor handed out beyond it.
+    /// Those records lie at or beyond the live lane's checkpoint (the horizon is never below
+    /// it: the live lane resumes there), so the live lane hands them out again: the
+    /// application may see an older value in between, never end with one.
+    pub fn for_assignment(state: &PartitionState, seen_end: i64) -> Option<Self> {
+        if state.catchup_committed() {
+            return None;
+        }
+        let first = state.layout.catchup_ranges.first()?;
+        Some(Self::new(first.end, seen_end.max(state.live.fetched_next)))
+    }
+
+    /// Whether the split's backlog is all handed out, `catchup_delivered_next` being where
+    /// the catch-up lane's deliveries have come: the index is no longer needed (the live
+    /// lane alone delivers in order).
+    pub fn done(catchup_end: Option<i64>, catchup_delivered_next: i64) -> bool {
+        catchup_end.is_none_or(|end| catchup_delivered_next >= end)
     }
 
     /// Notes a record buffered, read by the rebuild or delivered: `offset` is the newest of
@@ -177,6 +206,31 @@ mod tests {
         index.rebuilt_to(260);
         assert!(index.catchup_may_deliver());
         assert_eq!(index.verdict(Some(b"k"), 50), Verdict::Skip);
+    }
+
+    #[test]
+    fn an_index_exists_while_a_backlog_is_left() {
+        use crate::store::{OffsetRange, PartitionLayout};
+        let mut state = PartitionState::new(PartitionLayout::plain(40));
+        assert!(KeyIndex::for_assignment(&state, 90).is_none(), "not split");
+
+        let mut layout = PartitionLayout::split(1, 10, 50);
+        layout.catchup_ranges.push(OffsetRange::new(60, 70));
+        layout.live_from = 80;
+        state = PartitionState::new(layout);
+        state.live.fetched_next = 95;
+        let index = KeyIndex::for_assignment(&state, 90).expect("split");
+        // The live records of the first split and everything after: up to what was fetched.
+        assert_eq!(index.rebuild_left(), Some(50..95));
+
+        state.catchup.committed_next = 70;
+        assert!(
+            KeyIndex::for_assignment(&state, 90).is_none(),
+            "backlog committed"
+        );
+        assert!(KeyIndex::done(Some(70), 70));
+        assert!(!KeyIndex::done(Some(70), 69));
+        assert!(KeyIndex::done(None, 0));
     }
 
     #[test]

@@ -39,16 +39,17 @@ use catchup::fetch::{
     AfterOutOfRange, AppendResult, Hold, LanePartition, Polled as LanePolled, Round,
 };
 use catchup::plan::{
-    AckTracker, AssignStep, CommitCycle, CommitPlan, Committed, Inputs, MainLogCommit, OffsetReset,
-    PlanEvent, Progress, SideEntry, SideValue, SideWrite, SplitSecret, SplitToken,
+    AckTracker, AssignStep, CommitCycle, CommitPlan, Committed, Inputs, KeyIndex, MainLogCommit,
+    OffsetReset, PlanEvent, Progress, SideEntry, SideValue, SideWrite, SplitSecret, SplitToken,
     incarnation_unknown, plan_commit, reconcile, side_key,
 };
 #[path = "world.rs"]
 mod world;
 
 pub use world::Rng;
-use world::{Client, Entry, Log, Polled, payload, record};
+use world::{Client, Entry, Log, Polled, key_of, payload, record};
 
+use catchup::plan::Verdict;
 use catchup::store::{Buffer, BufferOptions, Lane, PartitionLayout, PartitionState, StoreError};
 
 /// One fetcher of one partition: a simulated client and the production lane state machine
@@ -144,7 +145,30 @@ struct Part {
     /// out in this process lifetime.
     ordered_next: i64,
     last_ordered: Option<i64>,
+    /// Offsets processed: delivered, or skipped as superseded in `Latest`.
     delivered: BTreeSet<i64>,
+    /// `Latest`: the partition's key index while it is split (the production [`KeyIndex`]).
+    index: Option<KeyIndex>,
+    /// `Latest`: per key, the newest offset handed out during this assignment.
+    handed_in_assignment: HashMap<Vec<u8>, i64>,
+    /// `Latest`: per key, the newest offset the live lane handed out, in any lifetime and
+    /// in this one.
+    live_handed: HashMap<Vec<u8>, i64>,
+    live_handed_here: HashMap<Vec<u8>, i64>,
+    /// `Latest`: the offset after the last live record this process handed out.
+    live_handed_next: Option<i64>,
+    /// `Latest`: where the live lane resumed at this assignment (its checkpoint): what an
+    /// earlier lifetime handed out from there on is handed out again.
+    live_resumed: i64,
+    /// `Latest`: the end of the first catch-up range at this assignment. The backlog below
+    /// it is replayed from the committed offset in log order (records an earlier lifetime
+    /// handed out included, live or not), as any consumer's restart replays; what the live
+    /// lane handed out at or beyond it is not replayed, and no older value of its key may
+    /// follow it.
+    replay_end: i64,
+    /// `Latest`: per key, the offset handed out last (in time, across lifetimes): the
+    /// application's state.
+    last_handed: HashMap<Vec<u8>, i64>,
 }
 
 impl Part {
@@ -185,6 +209,14 @@ impl Part {
             ordered_next: 0,
             last_ordered: None,
             delivered: BTreeSet::new(),
+            index: None,
+            handed_in_assignment: HashMap::new(),
+            live_handed: HashMap::new(),
+            live_handed_here: HashMap::new(),
+            live_handed_next: None,
+            live_resumed: 0,
+            replay_end: 0,
+            last_handed: HashMap::new(),
         }
     }
 }
@@ -219,6 +251,12 @@ pub struct Stats {
     pub memory_lost: u64,
     /// Bytes the memory tier wrote to sled when it held more than its allowance.
     pub spilled_bytes: u64,
+    /// Histories in `Latest`.
+    pub latest: u64,
+    /// `Latest`: records skipped because a newer one of their key was buffered or handed out.
+    pub superseded: u64,
+    /// `Latest`: assignments whose catch-up lane waited for the keys to be read again.
+    pub rebuilds: u64,
 }
 
 impl std::ops::AddAssign for Stats {
@@ -239,6 +277,9 @@ impl std::ops::AddAssign for Stats {
         self.memory_tier += other.memory_tier;
         self.memory_lost += other.memory_lost;
         self.spilled_bytes += other.spilled_bytes;
+        self.latest += other.latest;
+        self.superseded += other.superseded;
+        self.rebuilds += other.rebuilds;
     }
 }
 
@@ -253,8 +294,12 @@ pub struct Sim {
     faults: bool,
     /// `None`: mode `Off` (never split).
     min_lag: Option<u64>,
-    /// The mode's reader: `Ordered` (else `Concurrent`).
+    /// The mode's reader: `Ordered` (else `Concurrent`, or `Latest`).
     ordered: bool,
+    /// `Latest`: `Concurrent` with the production key index.
+    latest: bool,
+    /// `Latest`: keys of appends that succeeded, to note in their partition's index.
+    appended_keys: Vec<(usize, Vec<u8>, i64)>,
     /// The group's protocol is eager: a refused seek is followed by an assignment of
     /// everything (the incremental forms are refused outside a rebalance).
     eager: bool,
@@ -319,6 +364,7 @@ impl Sim {
         let min_lag = (!rng.chance(250)).then(|| 1 + rng.below(100));
         let eager = rng.chance(300);
         let ordered = rng.chance(500);
+        let latest = !ordered && rng.chance(500);
         // Three histories in four keep appends in memory, with room for only a few records:
         // spills are common and a crash loses what memory held (the last seed's memory is
         // gone with it).
@@ -342,6 +388,8 @@ impl Sim {
             faults: true,
             min_lag,
             ordered,
+            latest,
+            appended_keys: Vec::new(),
             eager,
             catchup_created: false,
             create_hold: Hold::default(),
@@ -349,6 +397,7 @@ impl Sim {
             stats: Stats {
                 partitions: count,
                 memory_tier: u64::from(memory > 0),
+                latest: u64::from(latest),
                 ..Stats::default()
             },
             spilled_from,
@@ -446,6 +495,10 @@ impl Sim {
         // What the buffer held only in memory dies with the process.
         if self.buffer()?.forget_memory() > 0 {
             self.stats.memory_lost += 1;
+        }
+        for part in &mut self.parts {
+            part.live_handed_here.clear();
+            part.live_handed_next = None;
         }
         self.fetchers.clear();
         self.catchup_created = false;
@@ -601,6 +654,24 @@ impl Sim {
             state.catchup.committed_next
         };
         runtime.last_ordered = None;
+        runtime.handed_in_assignment.clear();
+        runtime.replay_end = state.layout.catchup_ranges.first().map_or(0, |r| r.end);
+        runtime.live_resumed = state.live.committed_next;
+        if self.latest {
+            // As the live fetcher sets it up, with the high watermark it reads (a new leader
+            // may report a lower one for a while).
+            let log = &runtime.log;
+            let high = log.lowered_high.unwrap_or(log.high()).min(log.high());
+            let seen_end = high.max(runtime.live_handed_next.unwrap_or(high));
+            runtime.index = KeyIndex::for_assignment(state, seen_end);
+            if runtime
+                .index
+                .as_ref()
+                .is_some_and(|index| !index.catchup_may_deliver())
+            {
+                self.stats.rebuilds += 1;
+            }
+        }
         self.fetchers.retain(|f| f.part != part || f.zombie);
         if !state.catchup_fetched() {
             let mut client = Client::unassigned(self.faults);
@@ -689,9 +760,10 @@ impl Sim {
 
     fn describe(&self) -> Result<String, Failure> {
         let mut text = format!(
-            "{} partitions, ordered {}, eager {}, catch-up consumer {}",
+            "{} partitions, ordered {}, latest {}, eager {}, catch-up consumer {}",
             self.parts.len(),
             self.ordered,
+            self.latest,
             self.eager,
             self.catchup_created
         );
@@ -816,6 +888,11 @@ impl Sim {
                 leaving.push(member);
             }
         }
+        for (part, key, offset) in std::mem::take(&mut self.appended_keys) {
+            if let Some(index) = self.parts[part].index.as_mut() {
+                index.note(Some(&key), offset);
+            }
+        }
         if !refused.is_empty() {
             self.reassign_all(refused);
         }
@@ -934,9 +1011,18 @@ impl Sim {
             };
             let Some(append) = append else { continue };
             let result = buffer.append(lane, &self.topic, partition, append.as_fetched());
+            let stored = result.is_ok();
             match answer(result, zombie, lane)? {
                 Some(answer) => fetcher.state.handle_appended(answer),
                 None => return Ok(RoundEnd::Remove),
+            }
+            if stored && self.latest {
+                // As the fetchers do: what the buffer took is noted in the index.
+                self.appended_keys.extend(
+                    append.records.iter().filter_map(|record| {
+                        Some((fetcher.part, record.key.clone()?, record.offset))
+                    }),
+                );
             }
         }
         if lane == Lane::Catchup && !zombie && fetcher.state.is_fetched() {
@@ -1029,6 +1115,9 @@ impl Sim {
     /// order (`Buffer::read_ordered`, as the engine's reader does: the catch-up ranges, then
     /// the live lane), in `Concurrent` mode the next records of `lane`.
     fn read(&mut self, part: usize, lane: Lane) -> Result<(), Failure> {
+        if self.latest && lane == Lane::Catchup && self.rebuild(part) {
+            return Ok(());
+        }
         let max = 1 + self.rng.below(50) as usize;
         let buffer = self.buffer()?;
         let (lane, batch) = if self.ordered {
@@ -1055,6 +1144,55 @@ impl Sim {
                 ));
             }
             let reader = &mut state.readers[lane_index(lane)];
+            // `Latest`: as the engine's reader asks the index about every record.
+            let verdict = state.index.as_mut().map_or(Verdict::Deliver, |index| {
+                index.verdict(record.key.as_deref(), offset)
+            });
+            if verdict == Verdict::Skip {
+                reader.acks.delivered(offset, 1);
+                reader.acks.ack(offset);
+                state.delivered.insert(offset);
+                self.stats.superseded += 1;
+                continue;
+            }
+            if let Some(key) = record.key.as_ref().filter(|_| self.latest) {
+                if let Some(&newer) = state
+                    .handed_in_assignment
+                    .get(key)
+                    .filter(|&&o| o >= offset)
+                {
+                    return Err(format!(
+                        "Latest handed out {offset} of partition {part} after {newer} of its key in the same assignment"
+                    ));
+                }
+                // An older value after a newer one the live lane handed out: never in one
+                // process; after a crash, only of a newer one the live lane hands out again
+                // (see `KeyIndex::for_assignment`).
+                let newer_here = state.live_handed_here.get(key).copied();
+                let newer_before = state
+                    .live_handed
+                    .get(key)
+                    .copied()
+                    .filter(|&newer| newer < state.live_resumed);
+                if let Some(newer) = newer_here
+                    .into_iter()
+                    .chain(newer_before)
+                    .find(|&newer| newer > offset && newer >= state.replay_end)
+                    .filter(|_| lane == Lane::Catchup)
+                {
+                    return Err(format!(
+                        "Latest's catch-up lane handed out {offset} of partition {part} after the live lane handed out {newer} of its key"
+                    ));
+                }
+                state.handed_in_assignment.insert(key.clone(), offset);
+                state.last_handed.insert(key.clone(), offset);
+                if lane == Lane::Live {
+                    for handed in [&mut state.live_handed, &mut state.live_handed_here] {
+                        let newest = handed.entry(key.clone()).or_insert(offset);
+                        *newest = (*newest).max(offset);
+                    }
+                }
+            }
             if reader.last_delivered.is_some_and(|last| offset <= last) {
                 return Err(format!(
                     "{lane} delivered {offset} of partition {part} after {:?}",
@@ -1068,6 +1206,9 @@ impl Sim {
                     state.last_ordered
                 ));
             }
+            if lane == Lane::Live {
+                state.live_handed_next = Some(state.live_handed_next.unwrap_or(0).max(offset + 1));
+            }
             state.last_ordered = Some(offset);
             reader.last_delivered = Some(offset);
             reader.acks.delivered(offset, 1);
@@ -1077,7 +1218,37 @@ impl Sim {
         let reader = &mut state.readers[lane_index(lane)];
         reader.acks.read_through(batch.next);
         reader.next = reader.next.max(batch.next);
+        if KeyIndex::done(
+            state.layout.catchup_end(),
+            state.readers[0].acks.delivered_next(),
+        ) {
+            state.index = None;
+        }
         Ok(())
+    }
+
+    /// `Latest`: the rebuild consumer reads the next keys of `part` the application may have
+    /// seen before this assignment, up to the high watermark it sees. Whether the catch-up
+    /// lane still waits for it.
+    fn rebuild(&mut self, part: usize) -> bool {
+        let chunk = 1 + self.rng.below(60) as i64;
+        let state = &mut self.parts[part];
+        let Some(index) = state.index.as_mut() else {
+            return false;
+        };
+        let Some(left) = index.rebuild_left() else {
+            return false;
+        };
+        let log = &state.log;
+        let visible = log.lowered_high.unwrap_or(log.high()).min(log.high());
+        let end = left.end.min(visible).min(left.start + chunk);
+        for offset in left.start.max(log.low)..end {
+            if log.is_record(offset) {
+                index.note(key_of(offset).as_deref(), offset);
+            }
+        }
+        index.rebuilt_to(end);
+        !index.catchup_may_deliver()
     }
 
     fn ack(&mut self, part: usize, lane: Lane) {
@@ -1242,12 +1413,33 @@ impl Sim {
     }
 
     /// Once settled, every record of every log at or after its start is delivered.
+    /// In `Latest`, skipped records count as processed, and per key the application's last
+    /// value is the log's latest.
     fn final_check(&self) -> Result<(), Failure> {
         for (index, part) in self.parts.iter().enumerate() {
+            let mut latest: HashMap<Vec<u8>, i64> = HashMap::new();
             for offset in part.start..part.log.high() {
-                if part.log.is_record(offset) && !part.delivered.contains(&offset) {
+                if !part.log.is_record(offset) {
+                    continue;
+                }
+                if !part.delivered.contains(&offset) {
                     return Err(format!(
                         "LOSS: record {offset} of partition {index} was never delivered"
+                    ));
+                }
+                if let Some(key) = key_of(offset) {
+                    latest.insert(key, offset);
+                }
+            }
+            if !self.latest {
+                continue;
+            }
+            for (key, offset) in latest {
+                let last = part.last_handed.get(&key);
+                if last != Some(&offset) {
+                    return Err(format!(
+                        "LOSS: the last value of key {} of partition {index} handed out is {last:?}, the log's latest is {offset}",
+                        String::from_utf8_lossy(&key)
                     ));
                 }
             }

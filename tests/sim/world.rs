@@ -97,11 +97,21 @@ pub(super) fn payload(offset: i64) -> Vec<u8> {
     offset.to_be_bytes().to_vec()
 }
 
+/// The key of the record at `offset`: one of ten, skewed (the first half the time, the next
+/// a quarter, ...), or none for one record in sixteen.
+pub(super) fn key_of(offset: i64) -> Option<Vec<u8>> {
+    let mut z = (offset as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    z ^= z >> 29;
+    z = z.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z ^= z >> 32;
+    (z % 16 != 0).then(|| format!("k{}", (z >> 8).trailing_zeros().min(9)).into_bytes())
+}
+
 pub(super) fn record(offset: i64) -> Record {
     Record {
         offset,
         timestamp: Timestamp::NotAvailable,
-        key: None,
+        key: key_of(offset),
         payload: Some(payload(offset)),
         headers: Vec::new(),
     }

@@ -440,8 +440,8 @@ impl LiveState {
             main_committed,
         );
         if shared.config.mode == Mode::Latest {
-            // Nothing was delivered beyond the log end, nor beyond what the live lane fetched.
-            runtime.index_keys(high.max(state.live.fetched_next));
+            let handed = shared.live_handed_next(&(topic.to_owned(), partition));
+            runtime.index_keys(&state, high.max(handed.unwrap_or(high)));
         }
         shared
             .partitions()
