@@ -10,6 +10,7 @@
 pub mod cli;
 pub mod deliveries;
 pub mod private_broker;
+pub mod zipf;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
