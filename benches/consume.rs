@@ -23,7 +23,12 @@
 //! * `side` — how long reading a group's side entries takes (`catchup::group_lag`, the same
 //!   read an assignment makes) with a shared side topic empty and holding
 //!   `CATCHUP_BENCH_SIDE_ENTRIES` (100,000) entries of other groups, in the layout catchup
-//!   creates (partitioned by group) and in a one-partition topic.
+//!   creates (partitioned by group) and in a one-partition topic;
+//! * `latest` — an upsert topic: `CATCHUP_BENCH_LATEST_RECORDS` (1,000,000) updates of
+//!   100,000 keys drawn Zipf(1.1), 100 B values, each key in one partition; a group committed
+//!   at 0 restarts and processes the backlog (`CATCHUP_BENCH_COST_US` of work per record) in
+//!   `concurrent` and in `latest`: records handed out and the time until every partition's
+//!   last record is processed and committed (drain time).
 //!
 //! `CATCHUP_BENCH_SIZES`, `CATCHUP_BENCH_READERS` (names or parts of names),
 //! `CATCHUP_BENCH_BACKLOGS`, `CATCHUP_BENCH_RECOVERY_RECORDS`, `CATCHUP_BENCH_COMMIT_MS` (the
@@ -41,6 +46,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use catchup::{CatchupConfig, CatchupConsumer, Mode};
+
+#[path = "../tests/support/zipf.rs"]
+mod zipf;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
@@ -69,7 +77,7 @@ fn main() -> Result<()> {
     };
     let bench = Bench::new(brokers, smoke)?;
     let sections = std::env::var("CATCHUP_BENCH_SECTIONS")
-        .unwrap_or_else(|_| "throughput,fresh,recovery,side".into());
+        .unwrap_or_else(|_| "throughput,fresh,recovery,side,latest".into());
     let mut report = serde_json::Map::new();
     report.insert("cores".into(), bench.cores.into());
     for section in sections.split(',') {
@@ -78,7 +86,8 @@ fn main() -> Result<()> {
             "fresh" if !smoke => bench.fresh()?,
             "recovery" if !smoke => bench.recovery()?,
             "side" if !smoke => bench.side()?,
-            "fresh" | "recovery" | "side" => continue,
+            "latest" if !smoke => bench.latest()?,
+            "fresh" | "recovery" | "side" | "latest" => continue,
             other => return Err(format!("unknown section {other:?}").into()),
         };
         report.insert(section.trim().into(), value);
@@ -112,6 +121,7 @@ impl Reader {
             Reader::Library(Mode::Off) => "catchup off",
             Reader::Library(Mode::Ordered) => "catchup ordered",
             Reader::Library(Mode::Concurrent) => "catchup concurrent",
+            Reader::Library(Mode::Latest) => "catchup latest",
             Reader::Library(_) => "catchup (another mode)",
             Reader::CliSink => "catchup run + sink",
         }
@@ -613,6 +623,97 @@ impl Bench {
         }))
     }
 
+    /// An upsert topic's backlog drained in `concurrent` and `latest` (see the module docs).
+    fn latest(&self) -> Result<serde_json::Value> {
+        let records = env_number("CATCHUP_BENCH_LATEST_RECORDS", 1_000_000);
+        let keys = env_number("CATCHUP_BENCH_LATEST_KEYS", 100_000) as usize;
+        let cost_us = env_number("CATCHUP_BENCH_COST_US", 50);
+        let topic = unique("bench-latest");
+        self.create_topic(&topic)?;
+        let distinct = self.produce_zipf(&topic, records, keys)?;
+        println!(
+            "\n## latest: {records} updates of {keys} keys (Zipf 1.1, {distinct} keys updated), 100 B values, {cost_us} µs of work per record, {PARTITIONS} partitions, {} cores",
+            self.cores
+        );
+        println!(
+            "\n| mode | records handed out | drain time | handed out vs concurrent | drain vs concurrent | peak RSS |"
+        );
+        println!("|---|---|---|---|---|---|");
+        let mut rows: Vec<(Mode, u64, f64, u64)> = Vec::new();
+        for mode in [Mode::Concurrent, Mode::Latest] {
+            let group = unique("bench-group");
+            self.commit_zero(&group, &topic)?;
+            let spec = serde_json::json!({
+                "task": "drain",
+                "reader": mode_name(mode),
+                "brokers": self.brokers,
+                "topic": topic,
+                "group": group,
+                "records": records,
+                "cost_us": cost_us,
+                "dir": self.scratch.path().join(unique("buffer")),
+            });
+            let child = spawn_child(&spec.to_string())?;
+            let (answer, peak_rss_bytes) = output_of(child)?;
+            let answer: serde_json::Value = serde_json::from_str(answer.trim())?;
+            let handed = answer["handed_out"].as_u64().unwrap_or(0);
+            let drain = answer["drain_seconds"].as_f64().unwrap_or(f64::NAN);
+            rows.push((mode, handed, drain, peak_rss_bytes));
+        }
+        self.delete_topic(&topic);
+        let (base_handed, base_drain) = (rows[0].1 as f64, rows[0].2);
+        let mut json = Vec::new();
+        for &(mode, handed, drain, peak_rss_bytes) in &rows {
+            println!(
+                "| {} | {handed} | {drain:.2} s | {:+.1} % | {:+.1} % | {} MiB |",
+                mode_name(mode),
+                100.0 * (handed as f64 / base_handed - 1.0),
+                100.0 * (drain / base_drain - 1.0),
+                peak_rss_bytes >> 20
+            );
+            json.push(serde_json::json!({
+                "mode": mode_name(mode),
+                "records": records,
+                "keys": keys,
+                "keys_updated": distinct,
+                "cost_us": cost_us,
+                "handed_out": handed,
+                "drain_seconds": drain,
+                "peak_rss_bytes": peak_rss_bytes,
+            }));
+        }
+        Ok(serde_json::Value::Array(json))
+    }
+
+    /// Produces `count` updates of keys drawn Zipf(1.1) from `keys`, 100 B values, each key
+    /// always in the same partition; returns how many keys were updated.
+    fn produce_zipf(&self, topic: &str, count: u64, keys: usize) -> Result<usize> {
+        use rand::SeedableRng;
+        let producer: BaseProducer = ClientConfig::new()
+            .set("bootstrap.servers", &self.brokers)
+            .set("linger.ms", "20")
+            .set("batch.size", "1000000")
+            .set("queue.buffering.max.messages", "1000000")
+            .set("queue.buffering.max.kbytes", "65536")
+            .create()?;
+        let zipf = zipf::Zipf::new(keys, 1.1);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(0x2a7e57);
+        let mut updated = std::collections::HashSet::new();
+        let value = vec![b'x'; 100];
+        for _ in 0..count {
+            let rank = zipf.sample(&mut rng);
+            updated.insert(rank);
+            let key = format!("key-{rank:08}");
+            let record = BaseRecord::to(topic)
+                .key(&key)
+                .payload(&value)
+                .partition((rank % PARTITIONS as usize) as i32);
+            send_retrying(&producer, record);
+        }
+        producer.flush(Duration::from_secs(120))?;
+        Ok(updated.len())
+    }
+
     fn create_topic(&self, topic: &str) -> Result<()> {
         let new_topic = NewTopic::new(topic, PARTITIONS, TopicReplication::Fixed(1));
         let results = self
@@ -723,6 +824,7 @@ mod child {
             runtime.block_on(async {
                 match spec.task.as_str() {
                     "fresh" => fresh(&spec, started).await,
+                    "drain" => drain(&spec, started).await,
                     "fill" => fill(&spec).await,
                     "recover" => recover(&spec, started).await,
                     _ => throughput(&spec).await,
@@ -737,6 +839,7 @@ mod child {
         match reader {
             "off" => Mode::Off,
             "ordered" => Mode::Ordered,
+            "latest" => Mode::Latest,
             _ => Mode::Concurrent,
         }
     }
@@ -863,6 +966,45 @@ mod child {
             "records": seen.count,
             "fresh_seconds": fresh_at,
             "drain_seconds": drained_at,
+        }))
+    }
+
+    /// Processes the backlog (each record costing `cost_us`) until every partition's last
+    /// record is processed, then commits: the records handed out and the drain time.
+    async fn drain(spec: &Spec, started: Instant) -> Result<serde_json::Value> {
+        let ends: BTreeMap<i32, i64> = {
+            let probe: BaseConsumer = spec.client.create()?;
+            (0..PARTITIONS)
+                .map(|partition| {
+                    let (_, high) =
+                        probe.fetch_watermarks(&spec.topic, partition, Duration::from_secs(30))?;
+                    Ok((partition, high))
+                })
+                .collect::<Result<_>>()?
+        };
+        let consumer = consumer(spec, true, None)?;
+        consumer.subscribe(&[&spec.topic])?;
+        let mut left: BTreeMap<i32, i64> = ends.clone();
+        left.retain(|_, &mut high| high > 0);
+        let (mut handed_out, mut owed) = (0u64, Duration::ZERO);
+        while !left.is_empty() {
+            let delivery = next(&consumer).await?;
+            handed_out += 1;
+            owed += Duration::from_micros(spec.cost_us);
+            if owed >= Duration::from_millis(1) {
+                tokio::time::sleep(owed).await;
+                owed = Duration::ZERO;
+            }
+            if left.get(&delivery.partition) == Some(&(delivery.offset + 1)) {
+                left.remove(&delivery.partition);
+            }
+        }
+        consumer.commit().await?;
+        let drain_seconds = started.elapsed().as_secs_f64();
+        consumer.close().await?;
+        Ok(serde_json::json!({
+            "handed_out": handed_out,
+            "drain_seconds": drain_seconds,
         }))
     }
 
