@@ -188,6 +188,13 @@ async fn latest_ends_with_every_keys_latest_value_across_a_sigkill() {
         std::fs::read_to_string(dir.path().join("life-2.log")).unwrap_or_default()
     );
 
+    // The scenario is the one the rebuild exists for: the second run read the keys again.
+    let second_log = std::fs::read_to_string(dir.path().join("life-2.log")).unwrap_or_default();
+    assert!(
+        second_log.contains("key index rebuilt"),
+        "the second run never rebuilt a key index; its log:\n{second_log}"
+    );
+
     // Per key, the value processed last (first run, then second) is the log's latest.
     let runs = [
         processed(&dir.path().join("sink-1.jsonl")),

@@ -25,8 +25,7 @@ pub use crate::fetch::DiskFloor;
 use crate::Error;
 use crate::engine::Shared;
 use crate::kafka::{
-    CatchupCommand, CatchupFetcher, KafkaError, KeyRebuild, LiveCommand, LiveFetcher, Reply,
-    SideLog,
+    CatchupCommand, CatchupFetcher, KafkaError, LiveCommand, LiveFetcher, Reply, SideLog,
 };
 use crate::store::{Buffer, BufferOptions, Lane, StoreError};
 
@@ -75,8 +74,8 @@ pub struct CatchupConsumer {
     shared: Arc<Shared>,
     live: Sender<LiveCommand>,
     catchup: Sender<CatchupCommand>,
-    /// `Mode::Latest`: stops the key-rebuild thread.
-    rebuild: Option<Sender<()>>,
+    /// `Mode::Latest`: the key-rebuild thread (only told to shut down).
+    rebuild: Option<Sender<CatchupCommand>>,
     threads: std::sync::Mutex<Vec<JoinHandle<()>>>,
     reader: AsyncMutex<Reader>,
     /// Set when a close begins: `recv` returns [`Error::Closed`] from then on.
@@ -188,9 +187,9 @@ impl CatchupConsumer {
         let mut threads = vec![live_thread, catchup_thread];
         let rebuild = match shared.config.mode {
             Mode::Latest => {
-                let (stop, thread) = KeyRebuild::spawn(client, shared.clone())?;
+                let (rebuild, thread) = CatchupFetcher::spawn_rebuild(client, shared.clone())?;
                 threads.push(thread);
-                Some(stop)
+                Some(rebuild)
             }
             _ => None,
         };
@@ -330,7 +329,20 @@ impl CatchupConsumer {
                 return Err(failure);
             }
         }
-        let delivery = self.next_queued(reader)?;
+        let delivery = loop {
+            let Some(delivery) = self.next_queued(reader)? else {
+                break None;
+            };
+            // `Latest`: a backlog record read into the queue before a newer record of its
+            // key was handed out must not follow it.
+            if self.shared.config.mode == Mode::Latest
+                && delivery.lane == DeliveryLane::Catchup
+                && self.shared.superseded_while_queued(&delivery)
+            {
+                continue;
+            }
+            break Some(delivery);
+        };
         if self.shared.config.auto_ack {
             if let Some(delivery) = &delivery {
                 self.shared.ack(delivery.ack_token());
@@ -781,8 +793,8 @@ impl Drop for CatchupConsumer {
 
 impl CatchupConsumer {
     fn stop_rebuild(&self) {
-        if let Some(stop) = &self.rebuild {
-            let _ = stop.try_send(());
+        if let Some(rebuild) = &self.rebuild {
+            let _ = rebuild.send(CatchupCommand::Shutdown);
         }
     }
 

@@ -14,18 +14,64 @@ pub(crate) type KeyNotes = Vec<(Box<[u8]>, i64)>;
 pub(crate) struct RebuildWanted {
     pub partition: PartitionId,
     pub generation: u64,
+    /// The partition's layout (what the reading lane names; it appends nothing).
+    pub layout: crate::store::LayoutId,
     pub left: Range<i64>,
 }
 
 impl Shared {
-    /// Whether appends to `key` are noted in a key index (a split partition in
-    /// `Mode::Latest`): only then are their keys copied out before the append.
-    pub fn indexes_keys(&self, key: &PartitionId) -> bool {
-        self.config.mode == Mode::Latest
-            && self
-                .partitions()
-                .get(key)
-                .is_some_and(|runtime| runtime.latest.is_some())
+    /// The assignment whose key index notes appends to `key` (a split partition in
+    /// `Mode::Latest`), if any: only then are their keys copied out before the append.
+    pub fn indexes_keys(&self, key: &PartitionId) -> Option<u64> {
+        if self.config.mode != Mode::Latest {
+            return None;
+        }
+        self.partitions()
+            .get(key)
+            .filter(|runtime| runtime.latest.is_some())
+            .map(|runtime| runtime.generation)
+    }
+
+    /// Notes records appended to `key`'s buffer (the append succeeded: the records are the
+    /// current layout's and will be handed out or skipped in their lane's order) into the
+    /// index of assignment `generation` — not a later one's (a topic recreated meanwhile
+    /// has other records at those offsets).
+    pub fn note_keys(&self, key: &PartitionId, generation: u64, notes: KeyNotes) {
+        if let Some(index) = self
+            .partitions()
+            .get_mut(key)
+            .filter(|runtime| runtime.generation == generation)
+            .and_then(|runtime| runtime.latest.as_mut())
+        {
+            for (noted, offset) in notes {
+                index.note(Some(&noted), offset);
+            }
+        }
+    }
+
+    /// `Mode::Latest`: whether the backlog record `delivery`, read into the reader's queue
+    /// earlier, was superseded since (a newer record of its key handed out or buffered
+    /// meanwhile); it is then acknowledged here and never handed out.
+    pub fn superseded_while_queued(&self, delivery: &Delivery) -> bool {
+        let mut partitions = self.partitions();
+        let Some(runtime) = partitions
+            .get_mut(&(delivery.topic.clone(), delivery.partition))
+            .filter(|runtime| runtime.generation == delivery.generation)
+        else {
+            return false;
+        };
+        let superseded = runtime
+            .latest
+            .as_ref()
+            .is_some_and(|index| index.superseded(delivery.key.as_deref(), delivery.offset));
+        if superseded {
+            let freed = runtime.acknowledge(lane_index(Lane::Catchup), delivery.offset);
+            drop(partitions);
+            self.processed_since_commit
+                .fetch_add(freed, Ordering::Relaxed);
+            telemetry::records_superseded(&self.group, Lane::Catchup.as_str(), 1);
+        }
+        superseded
     }
 
     /// The offset after the last live record this process handed out of `key`, if any.
@@ -50,18 +96,11 @@ impl Shared {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Notes records appended to `key`'s buffer (the append succeeded: the records are the
-    /// current layout's and will be handed out or skipped in their lane's order).
-    pub fn note_keys(&self, key: &PartitionId, notes: KeyNotes) {
-        if let Some(index) = self
-            .partitions()
-            .get_mut(key)
-            .and_then(|runtime| runtime.latest.as_mut())
-        {
-            for (noted, offset) in notes {
-                index.note(Some(&noted), offset);
-            }
-        }
+    /// Forgets what this process handed out of `topic`'s live lanes: the topic was deleted
+    /// and created again, its offsets start over.
+    pub fn forget_live_handed(&self, topic: &str) {
+        self.live_handed()
+            .retain(|(handed_topic, _), _| handed_topic != topic);
     }
 
     /// The partitions whose key index waits for records to be read again from Kafka.
@@ -73,6 +112,7 @@ impl Shared {
                 Some(RebuildWanted {
                     partition: partition.clone(),
                     generation: runtime.generation,
+                    layout: runtime.live.cursor().layout(),
                     left,
                 })
             })
@@ -80,8 +120,8 @@ impl Shared {
     }
 
     /// The rebuild read `notes` and everything else below `next` of assignment `generation`
-    /// of `key`; wakes the reader once the catch-up lane may deliver. Whether the
-    /// partition's rebuild is complete (or no longer wanted).
+    /// of `key`; wakes the reader once the catch-up lane may deliver. Whether that
+    /// assignment's index is still there (else the rebuild of it stops).
     pub fn rebuild_noted(
         &self,
         key: &PartitionId,
@@ -95,14 +135,14 @@ impl Shared {
             .filter(|runtime| runtime.generation == generation)
             .and_then(|runtime| runtime.latest.as_mut())
         else {
-            return true;
+            return false;
         };
         for (noted, offset) in notes {
             index.note(Some(&noted), offset);
         }
+        let waited = !index.catchup_may_deliver();
         index.rebuilt_to(next);
-        let done = index.catchup_may_deliver();
-        if done {
+        if waited && index.catchup_may_deliver() {
             tracing::info!(
                 topic = key.0,
                 partition = key.1,
@@ -113,7 +153,7 @@ impl Shared {
             drop(partitions);
             self.notify.notify_waiters();
         }
-        done
+        true
     }
 }
 

@@ -15,7 +15,7 @@ pub(crate) mod types;
 mod writable;
 
 pub(crate) use health::BrokerHealth;
-pub(crate) use latest::{KeyNotes, RebuildWanted, key_notes};
+pub(crate) use latest::{RebuildWanted, key_notes};
 pub(crate) use stopped::{BufferFailure, Stopped};
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};

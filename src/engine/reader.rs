@@ -95,14 +95,15 @@ impl Shared {
                 filled += deliveries.len();
                 queues[queue].extend(deliveries);
             }
+            if runtime.latest.is_some()
+                && KeyIndex::done(runtime.layout.catchup_end(), runtime.acks[0].committable())
+            {
+                runtime.latest = None;
+            }
             if !runtime.drained
-                && KeyIndex::done(
-                    runtime.layout.catchup_end(),
-                    runtime.acks[0].delivered_next(),
-                )
+                && runtime.acks[0].delivered_next() >= runtime.layout.catchup_end().unwrap_or(0)
             {
                 runtime.drained = true;
-                runtime.latest = None;
                 self.emit(Event::CatchupDrained {
                     topic: key.0.clone(),
                     partition: key.1,

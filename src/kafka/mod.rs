@@ -7,7 +7,6 @@ mod catchup_fetcher;
 mod context;
 mod ffi;
 mod group_offsets;
-mod key_rebuild;
 mod live;
 mod offset_commit;
 mod prefetch;
@@ -22,7 +21,6 @@ pub(crate) use context::{
     RoleContext, check_token_settings, create_consumer, for_role, tokens_from_hooks,
 };
 pub(crate) use group_offsets::committed_partitions;
-pub(crate) use key_rebuild::KeyRebuild;
 pub(crate) use live::{LiveCommand, LiveFetcher, Reply};
 pub(crate) use offset_commit::commit_each;
 pub(crate) use rebootstrap::Rebootstrap;

@@ -81,11 +81,11 @@ impl KeyIndex {
         Some(Self::new(first.end, seen_end.max(state.live.fetched_next)))
     }
 
-    /// Whether the split's backlog is all handed out, `catchup_delivered_next` being where
-    /// the catch-up lane's deliveries have come: the index is no longer needed (the live
-    /// lane alone delivers in order).
-    pub fn done(catchup_end: Option<i64>, catchup_delivered_next: i64) -> bool {
-        catchup_end.is_none_or(|end| catchup_delivered_next >= end)
+    /// Whether the split's backlog is all processed, `catchup_processed` being where the
+    /// catch-up lane's acknowledgements have come: the index is no longer needed (the live
+    /// lane alone delivers in order, and no backlog record waits in a reader's queue).
+    pub fn done(catchup_end: Option<i64>, catchup_processed: i64) -> bool {
+        catchup_end.is_none_or(|end| catchup_processed >= end)
     }
 
     /// Notes a record buffered, read by the rebuild or delivered: `offset` is the newest of
@@ -133,6 +133,13 @@ impl KeyIndex {
                 Verdict::Deliver
             }
         }
+    }
+
+    /// Whether a newer record of `key` than `offset` has been noted: asked again when a
+    /// record read earlier is about to be handed out (a newer one may have come since).
+    pub fn superseded(&self, key: Option<&[u8]>, offset: i64) -> bool {
+        key.and_then(|key| self.newest.get(key))
+            .is_some_and(|&newest| newest > offset)
     }
 
     /// How many keys the index holds.
@@ -205,6 +212,9 @@ mod tests {
         assert_eq!(index.rebuild_left(), Some(200..250));
         index.rebuilt_to(260);
         assert!(index.catchup_may_deliver());
+        assert!(index.superseded(Some(b"k"), 50));
+        assert!(!index.superseded(Some(b"k"), 120));
+        assert!(!index.superseded(None, 50));
         assert_eq!(index.verdict(Some(b"k"), 50), Verdict::Skip);
     }
 

@@ -49,6 +49,8 @@ mod world;
 pub use world::Rng;
 use world::{Client, Entry, Log, Polled, key_of, payload, record};
 
+use catchup::store::OffsetRange;
+
 use catchup::plan::Verdict;
 use catchup::store::{Buffer, BufferOptions, Lane, PartitionLayout, PartitionState, StoreError};
 
@@ -65,6 +67,9 @@ struct Fetcher {
     state: LanePartition,
     /// A writer left behind by a revoke: every append it makes must be refused.
     zombie: bool,
+    /// `Latest`: a catch-up-like lane reading keys again into the partition's index, up to
+    /// this offset (its appends go to the index, never to the buffer).
+    rebuild: Option<i64>,
 }
 
 /// The reader of one lane: deliveries, acks, commits.
@@ -149,6 +154,9 @@ struct Part {
     delivered: BTreeSet<i64>,
     /// `Latest`: the partition's key index while it is split (the production [`KeyIndex`]).
     index: Option<KeyIndex>,
+    /// `Latest`: records read and not yet handed out, per lane (the engine's reader reads
+    /// ahead into queues; a newer record of a key can be noted meanwhile).
+    queued: [std::collections::VecDeque<catchup::store::Record>; 2],
     /// `Latest`: per key, the newest offset handed out during this assignment.
     handed_in_assignment: HashMap<Vec<u8>, i64>,
     /// `Latest`: per key, the newest offset the live lane handed out, in any lifetime and
@@ -210,6 +218,7 @@ impl Part {
             last_ordered: None,
             delivered: BTreeSet::new(),
             index: None,
+            queued: Default::default(),
             handed_in_assignment: HashMap::new(),
             live_handed: HashMap::new(),
             live_handed_here: HashMap::new(),
@@ -298,8 +307,10 @@ pub struct Sim {
     ordered: bool,
     /// `Latest`: `Concurrent` with the production key index.
     latest: bool,
-    /// `Latest`: keys of appends that succeeded, to note in their partition's index.
+    /// `Latest`: keys of appends that succeeded (and of what rebuild lanes read), to note
+    /// in their partition's index; and where each rebuild lane got.
     appended_keys: Vec<(usize, Vec<u8>, i64)>,
+    rebuilt: Vec<(usize, i64)>,
     /// The group's protocol is eager: a refused seek is followed by an assignment of
     /// everything (the incremental forms are refused outside a rebalance).
     eager: bool,
@@ -390,6 +401,7 @@ impl Sim {
             ordered,
             latest,
             appended_keys: Vec::new(),
+            rebuilt: Vec::new(),
             eager,
             catchup_created: false,
             create_hold: Hold::default(),
@@ -655,6 +667,7 @@ impl Sim {
         };
         runtime.last_ordered = None;
         runtime.handed_in_assignment.clear();
+        runtime.queued = Default::default();
         runtime.replay_end = state.layout.catchup_ranges.first().map_or(0, |r| r.end);
         runtime.live_resumed = state.live.committed_next;
         if self.latest {
@@ -664,15 +677,27 @@ impl Sim {
             let high = log.lowered_high.unwrap_or(log.high()).min(log.high());
             let seen_end = high.max(runtime.live_handed_next.unwrap_or(high));
             runtime.index = KeyIndex::for_assignment(state, seen_end);
-            if runtime
-                .index
-                .as_ref()
-                .is_some_and(|index| !index.catchup_may_deliver())
-            {
-                self.stats.rebuilds += 1;
-            }
         }
+        let rebuild_left = runtime.index.as_ref().and_then(KeyIndex::rebuild_left);
         self.fetchers.retain(|f| f.part != part || f.zombie);
+        if let Some(left) = rebuild_left {
+            // The rebuild consumer (its own, outside the group), reading one range.
+            self.stats.rebuilds += 1;
+            self.generations += 1;
+            self.fetchers.push(Fetcher {
+                lane: Lane::Catchup,
+                part,
+                generation: self.generations,
+                client: Client::new(left.start, self.faults),
+                state: LanePartition::catchup(
+                    layout,
+                    left.start,
+                    vec![OffsetRange::new(left.start, left.end)],
+                ),
+                zombie: false,
+                rebuild: Some(left.end),
+            });
+        }
         if !state.catchup_fetched() {
             let mut client = Client::unassigned(self.faults);
             if self.ensure_catchup_consumer() {
@@ -690,6 +715,7 @@ impl Sim {
                     state.layout.catchup_ranges.clone(),
                 ),
                 zombie: false,
+                rebuild: None,
             });
         }
         self.generations += 1;
@@ -700,6 +726,7 @@ impl Sim {
             client: Client::new(state.live.fetched_next, self.faults),
             state: LanePartition::live(layout, state.live.fetched_next),
             zombie: false,
+            rebuild: None,
         });
         Ok(())
     }
@@ -722,7 +749,7 @@ impl Sim {
         self.catchup_created = true;
         self.create_hold.release();
         for fetcher in &mut self.fetchers {
-            if fetcher.lane == Lane::Catchup && !fetcher.zombie {
+            if fetcher.lane == Lane::Catchup && !fetcher.zombie && fetcher.rebuild.is_none() {
                 fetcher
                     .client
                     .assign(fetcher.state.cursor().stored_next(), &mut self.rng);
@@ -869,15 +896,18 @@ impl Sim {
         let Some(chosen) = self.fetchers.get(index) else {
             return Ok(());
         };
-        let (lane, zombie) = (chosen.lane, chosen.zombie);
-        if lane == Lane::Catchup && !zombie && !self.ensure_catchup_consumer() {
+        let (lane, zombie, rebuild) = (chosen.lane, chosen.zombie, chosen.rebuild.is_some());
+        if lane == Lane::Catchup && !zombie && !rebuild && !self.ensure_catchup_consumer() {
             return Ok(());
         }
         let members: Vec<usize> = if zombie {
             vec![index]
         } else {
             (0..self.fetchers.len())
-                .filter(|&i| self.fetchers[i].lane == lane && !self.fetchers[i].zombie)
+                .filter(|&i| {
+                    let fetcher = &self.fetchers[i];
+                    fetcher.lane == lane && !fetcher.zombie && fetcher.rebuild.is_some() == rebuild
+                })
                 .collect()
         };
         let members = self.poll_round(lane, members)?;
@@ -891,6 +921,11 @@ impl Sim {
         for (part, key, offset) in std::mem::take(&mut self.appended_keys) {
             if let Some(index) = self.parts[part].index.as_mut() {
                 index.note(Some(&key), offset);
+            }
+        }
+        for (part, next) in std::mem::take(&mut self.rebuilt) {
+            if let Some(index) = self.parts[part].index.as_mut() {
+                index.rebuilt_to(next);
             }
         }
         if !refused.is_empty() {
@@ -983,6 +1018,10 @@ impl Sim {
         let partition = id(fetcher.part);
         let lane = fetcher.lane;
         let zombie = fetcher.zombie;
+        if zombie && fetcher.rebuild.is_some() {
+            // A rebuild of a revoked assignment: its index is gone, and so is it.
+            return Ok(RoundEnd::Remove);
+        }
         // What was polled first, then (after an out-of-range) what retention deleted, as the
         // watermarks tell the production state machine.
         for step in [Step::Polled, Step::Truncated] {
@@ -1010,13 +1049,31 @@ impl Sim {
                 Step::Truncated => None,
             };
             let Some(append) = append else { continue };
+            if let Some(end) = fetcher.rebuild {
+                // As the rebuild fetcher stores: keys into the index, up to its end.
+                let next = append.next.min(end);
+                self.appended_keys.extend(
+                    append
+                        .records
+                        .iter()
+                        .filter(|r| r.offset < end)
+                        .filter_map(|record| {
+                            Some((fetcher.part, record.key.clone()?, record.offset))
+                        }),
+                );
+                self.rebuilt.push((fetcher.part, next));
+                fetcher
+                    .state
+                    .handle_appended(AppendResult::Stored { fetched_next: next });
+                continue;
+            }
             let result = buffer.append(lane, &self.topic, partition, append.as_fetched());
             let stored = result.is_ok();
             match answer(result, zombie, lane)? {
                 Some(answer) => fetcher.state.handle_appended(answer),
                 None => return Ok(RoundEnd::Remove),
             }
-            if stored && self.latest {
+            if stored && self.latest && !zombie {
                 // As the fetchers do: what the buffer took is noted in the index.
                 self.appended_keys.extend(
                     append.records.iter().filter_map(|record| {
@@ -1115,9 +1172,35 @@ impl Sim {
     /// order (`Buffer::read_ordered`, as the engine's reader does: the catch-up ranges, then
     /// the live lane), in `Concurrent` mode the next records of `lane`.
     fn read(&mut self, part: usize, lane: Lane) -> Result<(), Failure> {
-        if self.latest && lane == Lane::Catchup && self.rebuild(part) {
-            return Ok(());
+        // `Latest`: the backlog waits while its keys are read again (the engine's fill skips
+        // the lane).
+        let waits = self.latest
+            && lane == Lane::Catchup
+            && self.parts[part]
+                .index
+                .as_ref()
+                .is_some_and(|index| !index.catchup_may_deliver());
+        if !waits {
+            self.fill(part, lane)?;
         }
+        if self.latest {
+            self.hand_out_queued(part)?;
+        }
+        let state = &mut self.parts[part];
+        if state.index.is_some()
+            && KeyIndex::done(
+                state.layout.catchup_end(),
+                state.readers[0].acks.committable(),
+            )
+        {
+            state.index = None;
+        }
+        Ok(())
+    }
+
+    /// Reads the next records of `part` (of `lane` unless `Ordered`) and hands them out —
+    /// in `Latest` into the lane's queue, each asked about as the engine's fill asks.
+    fn fill(&mut self, part: usize, lane: Lane) -> Result<(), Failure> {
         let max = 1 + self.rng.below(50) as usize;
         let buffer = self.buffer()?;
         let (lane, batch) = if self.ordered {
@@ -1134,121 +1217,150 @@ impl Sim {
                 .map_err(|e| err("read", e))?;
             (lane, batch)
         };
-        let ordered = self.ordered;
-        let state = &mut self.parts[part];
-        for record in &batch.records {
+        let next = batch.next;
+        for record in batch.records {
             let offset = record.offset;
             if record.payload.as_deref() != Some(payload(offset).as_slice()) {
                 return Err(format!(
                     "{lane} delivered a record that is not the log's at {offset} of partition {part}"
                 ));
             }
+            if !self.latest {
+                self.hand_out(part, lane, &record)?;
+                continue;
+            }
+            let state = &mut self.parts[part];
             let reader = &mut state.readers[lane_index(lane)];
-            // `Latest`: as the engine's reader asks the index about every record.
+            reader.acks.delivered(offset, 1);
             let verdict = state.index.as_mut().map_or(Verdict::Deliver, |index| {
                 index.verdict(record.key.as_deref(), offset)
             });
             if verdict == Verdict::Skip {
-                reader.acks.delivered(offset, 1);
                 reader.acks.ack(offset);
                 state.delivered.insert(offset);
                 self.stats.superseded += 1;
+            } else {
+                state.queued[lane_index(lane)].push_back(record);
+            }
+        }
+        let reader = &mut self.parts[part].readers[lane_index(lane)];
+        reader.acks.read_through(next);
+        reader.next = reader.next.max(next);
+        Ok(())
+    }
+
+    /// `Latest`: the application takes some queued records (all once faults stopped), in
+    /// any interleaving of the lanes; a backlog record is asked about again, as the engine's
+    /// reader does when it hands one out.
+    fn hand_out_queued(&mut self, part: usize) -> Result<(), Failure> {
+        let count = if self.faults {
+            self.rng.below(8)
+        } else {
+            u64::MAX
+        };
+        for _ in 0..count {
+            let [catchup, live] = &self.parts[part].queued;
+            let lane = match (catchup.is_empty(), live.is_empty()) {
+                (true, true) => break,
+                (true, false) => Lane::Live,
+                (false, true) => Lane::Catchup,
+                (false, false) if self.rng.chance(600) => Lane::Live,
+                (false, false) => Lane::Catchup,
+            };
+            let state = &mut self.parts[part];
+            let Some(record) = state.queued[lane_index(lane)].pop_front() else {
+                break;
+            };
+            let superseded = lane == Lane::Catchup
+                && state
+                    .index
+                    .as_ref()
+                    .is_some_and(|index| index.superseded(record.key.as_deref(), record.offset));
+            if superseded {
+                state.readers[0].acks.ack(record.offset);
+                state.delivered.insert(record.offset);
+                self.stats.superseded += 1;
                 continue;
             }
-            if let Some(key) = record.key.as_ref().filter(|_| self.latest) {
-                if let Some(&newer) = state
-                    .handed_in_assignment
-                    .get(key)
-                    .filter(|&&o| o >= offset)
-                {
-                    return Err(format!(
-                        "Latest handed out {offset} of partition {part} after {newer} of its key in the same assignment"
-                    ));
-                }
-                // An older value after a newer one the live lane handed out: never in one
-                // process; after a crash, only of a newer one the live lane hands out again
-                // (see `KeyIndex::for_assignment`).
-                let newer_here = state.live_handed_here.get(key).copied();
-                let newer_before = state
-                    .live_handed
-                    .get(key)
-                    .copied()
-                    .filter(|&newer| newer < state.live_resumed);
-                if let Some(newer) = newer_here
-                    .into_iter()
-                    .chain(newer_before)
-                    .find(|&newer| newer > offset && newer >= state.replay_end)
-                    .filter(|_| lane == Lane::Catchup)
-                {
-                    return Err(format!(
-                        "Latest's catch-up lane handed out {offset} of partition {part} after the live lane handed out {newer} of its key"
-                    ));
-                }
-                state.handed_in_assignment.insert(key.clone(), offset);
-                state.last_handed.insert(key.clone(), offset);
-                if lane == Lane::Live {
-                    for handed in [&mut state.live_handed, &mut state.live_handed_here] {
-                        let newest = handed.entry(key.clone()).or_insert(offset);
-                        *newest = (*newest).max(offset);
-                    }
-                }
-            }
-            if reader.last_delivered.is_some_and(|last| offset <= last) {
-                return Err(format!(
-                    "{lane} delivered {offset} of partition {part} after {:?}",
-                    reader.last_delivered
-                ));
-            }
-            // `Ordered`: strictly in offset order across the lanes within a lifetime.
-            if ordered && state.last_ordered.is_some_and(|last| offset <= last) {
-                return Err(format!(
-                    "Ordered delivered {offset} of partition {part} after {:?}",
-                    state.last_ordered
-                ));
-            }
-            if lane == Lane::Live {
-                state.live_handed_next = Some(state.live_handed_next.unwrap_or(0).max(offset + 1));
-            }
-            state.last_ordered = Some(offset);
-            reader.last_delivered = Some(offset);
-            reader.acks.delivered(offset, 1);
-            reader.unacked.push(offset);
-            state.delivered.insert(offset);
-        }
-        let reader = &mut state.readers[lane_index(lane)];
-        reader.acks.read_through(batch.next);
-        reader.next = reader.next.max(batch.next);
-        if KeyIndex::done(
-            state.layout.catchup_end(),
-            state.readers[0].acks.delivered_next(),
-        ) {
-            state.index = None;
+            self.hand_out(part, lane, &record)?;
         }
         Ok(())
     }
 
-    /// `Latest`: the rebuild consumer reads the next keys of `part` the application may have
-    /// seen before this assignment, up to the high watermark it sees. Whether the catch-up
-    /// lane still waits for it.
-    fn rebuild(&mut self, part: usize) -> bool {
-        let chunk = 1 + self.rng.below(60) as i64;
+    /// `record` of `lane` reaches the application: the oracles on order, then the reader's
+    /// bookkeeping (in `Latest` the fill counted it delivered already).
+    fn hand_out(
+        &mut self,
+        part: usize,
+        lane: Lane,
+        record: &catchup::store::Record,
+    ) -> Result<(), Failure> {
+        let (ordered, latest) = (self.ordered, self.latest);
         let state = &mut self.parts[part];
-        let Some(index) = state.index.as_mut() else {
-            return false;
-        };
-        let Some(left) = index.rebuild_left() else {
-            return false;
-        };
-        let log = &state.log;
-        let visible = log.lowered_high.unwrap_or(log.high()).min(log.high());
-        let end = left.end.min(visible).min(left.start + chunk);
-        for offset in left.start.max(log.low)..end {
-            if log.is_record(offset) {
-                index.note(key_of(offset).as_deref(), offset);
+        let offset = record.offset;
+        if let Some(key) = record.key.as_ref().filter(|_| latest) {
+            if let Some(&newer) = state
+                .handed_in_assignment
+                .get(key)
+                .filter(|&&o| o >= offset)
+            {
+                return Err(format!(
+                    "Latest handed out {offset} of partition {part} after {newer} of its key in the same assignment"
+                ));
+            }
+            // An older value after a newer one the live lane handed out: never in one
+            // process; after a crash, only of a newer one the live lane hands out again
+            // (see `KeyIndex::for_assignment`).
+            let newer_here = state.live_handed_here.get(key).copied();
+            let newer_before = state
+                .live_handed
+                .get(key)
+                .copied()
+                .filter(|&newer| newer < state.live_resumed);
+            if let Some(newer) = newer_here
+                .into_iter()
+                .chain(newer_before)
+                .find(|&newer| newer > offset && newer >= state.replay_end)
+                .filter(|_| lane == Lane::Catchup)
+            {
+                return Err(format!(
+                    "Latest's catch-up lane handed out {offset} of partition {part} after the live lane handed out {newer} of its key"
+                ));
+            }
+            state.handed_in_assignment.insert(key.clone(), offset);
+            state.last_handed.insert(key.clone(), offset);
+            if lane == Lane::Live {
+                for handed in [&mut state.live_handed, &mut state.live_handed_here] {
+                    let newest = handed.entry(key.clone()).or_insert(offset);
+                    *newest = (*newest).max(offset);
+                }
             }
         }
-        index.rebuilt_to(end);
-        !index.catchup_may_deliver()
+        let reader = &mut state.readers[lane_index(lane)];
+        if reader.last_delivered.is_some_and(|last| offset <= last) {
+            return Err(format!(
+                "{lane} delivered {offset} of partition {part} after {:?}",
+                reader.last_delivered
+            ));
+        }
+        // `Ordered`: strictly in offset order across the lanes within a lifetime.
+        if ordered && state.last_ordered.is_some_and(|last| offset <= last) {
+            return Err(format!(
+                "Ordered delivered {offset} of partition {part} after {:?}",
+                state.last_ordered
+            ));
+        }
+        if lane == Lane::Live {
+            state.live_handed_next = Some(state.live_handed_next.unwrap_or(0).max(offset + 1));
+        }
+        state.last_ordered = Some(offset);
+        reader.last_delivered = Some(offset);
+        if !latest {
+            reader.acks.delivered(offset, 1);
+        }
+        reader.unacked.push(offset);
+        state.delivered.insert(offset);
+        Ok(())
     }
 
     fn ack(&mut self, part: usize, lane: Lane) {

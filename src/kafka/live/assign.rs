@@ -255,6 +255,7 @@ impl LiveState {
                     self.checked(topic);
                 }
                 Ok(Some(old)) => {
+                    self.shared.forget_live_handed(&topic);
                     for (_, partition) in partitions.iter().filter(|(t, _)| *t == topic) {
                         self.shared.emit(Event::LocalDiscarded {
                             topic: topic.clone(),

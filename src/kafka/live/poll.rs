@@ -146,7 +146,9 @@ pub(super) fn append_live(
         // Below the free-space floor (or after a failed write): refetch later.
         return AppendResult::Failed;
     }
-    let notes = shared.indexes_keys(key).then(|| key_notes(&append.records));
+    let notes = shared
+        .indexes_keys(key)
+        .map(|generation| (generation, key_notes(&append.records)));
     let result = shared
         .buffer
         .append_owned(Lane::Live, &key.0, key.1, append);
@@ -154,8 +156,8 @@ pub(super) fn append_live(
         Ok(outcome) => {
             telemetry::records_fetched(&shared.group, "live", outcome.stored as u64);
             shared.add_buffered(key, Lane::Live, outcome.stored_bytes);
-            if let Some(notes) = notes {
-                shared.note_keys(key, notes);
+            if let Some((generation, notes)) = notes {
+                shared.note_keys(key, generation, notes);
             }
         }
         Err(StoreError::StaleLayout { .. }) => {}

@@ -2,6 +2,12 @@
 //! never commits) for every partition under catch-up. A partition leaves it when its position
 //! reaches the end of its last range — position, not "saw offset B-1", because compaction and
 //! transaction markers leave gaps. With nothing left, the consumer is closed.
+//!
+//! In `Mode::Latest` a second one reads the keys a split partition's application may have
+//! seen before this assignment, into the partition's key index instead of the buffer
+//! ([`rebuild`]): the same lanes, positions, holds and out-of-range judgement, another sink.
+
+mod rebuild;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -59,6 +65,34 @@ struct Tracked {
 /// (rdkafka's `PartitionEOF` carries only the partition number).
 type Queue = PartitionQueue<RoleContext>;
 
+/// What a fetcher fetches for, and where its records go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// The backlog, into the buffer's catch-up lanes; partitions come with `Add`.
+    Catchup,
+    /// `Mode::Latest`: the keys to read again, into the partitions' key indexes; the
+    /// partitions are those whose index waits for it (`Shared::rebuilds_wanted`).
+    Rebuild,
+}
+
+impl Role {
+    /// The client id's suffix and the role's name in logs and metrics.
+    fn client_role(self) -> &'static str {
+        match self {
+            Role::Catchup => "catchup",
+            Role::Rebuild => "rebuild",
+        }
+    }
+
+    /// How logs and errors name it.
+    fn name(self) -> &'static str {
+        match self {
+            Role::Catchup => "catch-up",
+            Role::Rebuild => "key rebuild",
+        }
+    }
+}
+
 /// The catch-up fetcher thread.
 pub(crate) struct CatchupFetcher;
 
@@ -68,7 +102,24 @@ impl CatchupFetcher {
         client: &ClientConfig,
         shared: Arc<Shared>,
     ) -> Result<(Sender<CatchupCommand>, JoinHandle<()>), KafkaError> {
-        let mut config = for_role(&for_other_consumers(client), "catchup");
+        Self::spawn_as(Role::Catchup, client, shared)
+    }
+
+    /// `Mode::Latest`: starts the key-rebuild thread (it finds its partitions by itself;
+    /// the sender only stops it).
+    pub fn spawn_rebuild(
+        client: &ClientConfig,
+        shared: Arc<Shared>,
+    ) -> Result<(Sender<CatchupCommand>, JoinHandle<()>), KafkaError> {
+        Self::spawn_as(Role::Rebuild, client, shared)
+    }
+
+    fn spawn_as(
+        role: Role,
+        client: &ClientConfig,
+        shared: Arc<Shared>,
+    ) -> Result<(Sender<CatchupCommand>, JoinHandle<()>), KafkaError> {
+        let mut config = for_role(&for_other_consumers(client), role.client_role());
         config
             .set("group.id", format!("{}.catchup", shared.group))
             .set("enable.auto.commit", "false")
@@ -78,7 +129,7 @@ impl CatchupFetcher {
         let budget = shared.config.buffer_budget_bytes;
         let (commands, receiver) = crossbeam_channel::unbounded();
         let thread = std::thread::Builder::new()
-            .name("catchup-fetcher".into())
+            .name(format!("catchup-{}", role.client_role()))
             .spawn(move || {
                 Fetcher {
                     rebootstrap: Rebootstrap::new(&config),
@@ -87,12 +138,16 @@ impl CatchupFetcher {
                     consumer: None,
                     create_hold: Hold::default(),
                     tracked: HashMap::new(),
-                    budget: Budget::new("catch-up", Lane::Catchup, budget),
+                    // The rebuild buffers nothing: no budget pauses it.
+                    budget: (role == Role::Catchup)
+                        .then(|| Budget::new("catch-up", Lane::Catchup, budget)),
+                    role,
+                    rebuilding: HashMap::new(),
                 }
                 .run(receiver)
             })
             .map_err(|error| KafkaError::Spawn {
-                thread: "catch-up",
+                thread: role.name(),
                 error,
             })?;
         Ok((commands, thread))
@@ -108,20 +163,31 @@ struct Fetcher {
     /// `Add` is never sent again).
     create_hold: Hold,
     tracked: HashMap<PartitionId, Tracked>,
-    budget: Budget,
+    budget: Option<Budget>,
     rebootstrap: Rebootstrap,
+    role: Role,
+    /// `Role::Rebuild`: per partition tracked, the assignment it reads for and the end of
+    /// what it reads.
+    rebuilding: HashMap<PartitionId, rebuild::Rebuilding>,
 }
 
 impl Fetcher {
     fn run(mut self, commands: Receiver<CatchupCommand>) {
         // Dropped before `self` (the consumer) on a panic: see `Shared::stop_on_panic`.
         let shared = self.shared.clone();
-        let _stop_on_panic = shared.stop_on_panic("catch-up");
+        let _stop_on_panic = shared.stop_on_panic(self.role.name());
         loop {
+            if self.role == Role::Rebuild {
+                self.follow_rebuilds();
+            }
             let idle = if self.tracked.is_empty() {
                 self.consumer = None; // none left: leave the brokers alone
                 self.create_hold.release();
-                Some(Duration::from_secs(1))
+                // The catch-up fetcher is woken by its commands; the rebuild looks for work.
+                Some(match self.role {
+                    Role::Catchup => Duration::from_secs(1),
+                    Role::Rebuild => rebuild::IDLE,
+                })
             } else if self.consumer.is_none() {
                 // Waiting to create the consumer again: only commands can change anything.
                 Some(self.create_hold.remaining(Instant::now()))
@@ -168,7 +234,7 @@ impl Fetcher {
                     consumer.client(),
                     !self.shared.health.is_unreachable(),
                     Instant::now(),
-                    "catchup",
+                    self.role.client_role(),
                 );
             }
             if !self.tracked.is_empty() {
@@ -217,7 +283,7 @@ impl Fetcher {
         if self.create_hold.holds(Instant::now()) {
             return false;
         }
-        let context = RoleContext::new(self.shared.health.clone(), "catchup");
+        let context = RoleContext::new(self.shared.health.clone(), self.role.client_role());
         // Each partition gets a queue of its own: the prefetch share is divided among
         // those the group member holds once its assignment is reconciled (any of them
         // may be split; the consumer keeps its settings while it lives).
@@ -232,7 +298,8 @@ impl Fetcher {
         tracing::debug!(
             partitions,
             queue_kib = config.get("queued.max.messages.kbytes"),
-            "creating the catch-up consumer"
+            "creating the {} consumer",
+            self.role.name()
         );
         match super::create_consumer(&config, context) {
             Ok(consumer) => {
@@ -242,7 +309,8 @@ impl Fetcher {
             Err(err) => {
                 let wait = self.create_hold.hold(Instant::now());
                 self.error(format!(
-                    "creating the catch-up consumer: {err}; its partitions wait, retrying in {} s",
+                    "creating the {} consumer: {err}; its partitions wait, retrying in {} s",
+                    self.role.name(),
                     wait.as_secs()
                 ));
                 return false;
@@ -261,18 +329,26 @@ impl Fetcher {
         let (topic, partition) = key;
         let Some(consumer) = &self.consumer else {
             return Err(format!(
-                "catch-up assign of {topic}/{partition}: no consumer"
+                "{} assign of {topic}/{partition}: no consumer",
+                self.role.name()
             ));
         };
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition_offset(topic, *partition, Offset::Offset(position))
             .and_then(|_| consumer.incremental_assign(&tpl))
             .map_err(|err| {
-                format!("catch-up assign of {topic}/{partition} at {position}: {err}")
+                format!(
+                    "{} assign of {topic}/{partition} at {position}: {err}",
+                    self.role.name()
+                )
             })?;
         // librdkafka keeps an application pause across unassign and assign: make the
         // partition's pause state the budget's, whatever it was before.
-        let _ = if self.budget.is_paused(key) {
+        let _ = if self
+            .budget
+            .as_ref()
+            .is_some_and(|budget| budget.is_paused(key))
+        {
             consumer.pause(&tpl)
         } else {
             consumer.resume(&tpl)
@@ -287,7 +363,10 @@ impl Fetcher {
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition(topic, *partition);
         if let Err(err) = consumer.incremental_unassign(&tpl) {
-            self.error(format!("catch-up unassign of {topic}/{partition}: {err}"));
+            self.error(format!(
+                "{} unassign of {topic}/{partition}: {err}",
+                self.role.name()
+            ));
         }
     }
 
@@ -314,7 +393,7 @@ impl Fetcher {
         // each lane decides whether its generation's position can be trusted.
         let positions = consumer
             .position()
-            .map_err(|e| format!("catch-up position: {e}"))?;
+            .map_err(|e| format!("{} position: {e}", self.role.name()))?;
         for element in positions.elements() {
             let key = (element.topic().to_owned(), element.partition());
             if let (Offset::Offset(position), Some(tracked)) =
@@ -332,8 +411,9 @@ impl Fetcher {
         }
         self.reposition();
         let tracked = &self.tracked;
-        self.budget
-            .apply(&self.shared, &consumer, |key| tracked.contains_key(key));
+        if let Some(budget) = &mut self.budget {
+            budget.apply(&self.shared, &consumer, |key| tracked.contains_key(key));
+        }
         Ok(())
     }
 
@@ -412,6 +492,9 @@ impl Fetcher {
     /// cursor. A writer whose layout is gone leaves: a newer Add (or a Remove) is on its way,
     /// and it must not touch the new layout.
     fn store(&mut self, key: &PartitionId, append: PendingAppend) {
+        if self.role == Role::Rebuild {
+            return self.note_keys(key, append);
+        }
         if !self.shared.may_write() {
             // The disk is below its floor (or a write failed): refetch later from the
             // buffer's position; the budget keeps the partition paused meanwhile.
@@ -421,7 +504,7 @@ impl Fetcher {
         let notes = self
             .shared
             .indexes_keys(key)
-            .then(|| key_notes(&append.records));
+            .map(|generation| (generation, key_notes(&append.records)));
         let result = self
             .shared
             .buffer
@@ -431,8 +514,8 @@ impl Fetcher {
                 telemetry::records_fetched(&self.shared.group, "catchup", outcome.stored as u64);
                 self.shared
                     .add_buffered(key, Lane::Catchup, outcome.stored_bytes);
-                if let Some(notes) = notes {
-                    self.shared.note_keys(key, notes);
+                if let Some((generation, notes)) = notes {
+                    self.shared.note_keys(key, generation, notes);
                 }
                 self.shared.notify.notify_waiters();
             }
@@ -461,7 +544,9 @@ impl Fetcher {
             return;
         };
         tracked.lane.handle_appended(answer);
-        if tracked.lane.is_fetched() {
+        if tracked.lane.is_fetched() && self.role == Role::Rebuild {
+            self.stop_rebuilding(key);
+        } else if tracked.lane.is_fetched() {
             tracing::info!(
                 topic = key.0,
                 partition = key.1,
@@ -521,22 +606,36 @@ impl Fetcher {
         };
         match tracked.lane.handle_watermarks(watermarks, now) {
             AfterOutOfRange::Truncated { from, to, append } => {
-                self.shared.emit(Event::Truncated {
-                    topic: key.0.clone(),
-                    partition: key.1,
-                    from,
-                    to,
-                });
+                if self.role == Role::Catchup {
+                    self.shared.emit(Event::Truncated {
+                        topic: key.0.clone(),
+                        partition: key.1,
+                        from,
+                        to,
+                    });
+                } else {
+                    // Nobody can be handed those records again, and older ones of their
+                    // keys are deleted too — unless the buffer still holds them.
+                    tracing::warn!(
+                        topic = key.0,
+                        partition = key.1,
+                        from,
+                        to,
+                        "retention deleted records before their keys were read again"
+                    );
+                }
                 self.store(key, append);
             }
             AfterOutOfRange::PastLogEnd { at, high, wait } => self.error(format!(
-                "catch-up of {}/{}: position {at} is past the log end {high}; fetching there again in {} s",
+                "{} of {}/{}: position {at} is past the log end {high}; fetching there again in {} s",
+                self.role.name(),
                 key.0,
                 key.1,
                 wait.as_secs()
             )),
             AfterOutOfRange::Unknown { reason, wait } => self.error(format!(
-                "catch-up watermarks of {}/{}: {reason}; trying again in {} s",
+                "{} watermarks of {}/{}: {reason}; trying again in {} s",
+                self.role.name(),
                 key.0,
                 key.1,
                 wait.as_secs()
@@ -559,7 +658,8 @@ impl Fetcher {
                     |(topic, partition)| format!("{topic}/{partition}"),
                 );
                 self.error(format!(
-                    "catch-up fetch of {which}: {err}; refetching from the buffer's position"
+                    "{} fetch of {which}: {err}; refetching from where it got",
+                    self.role.name()
                 ));
                 Some(Polled::BreaksChain)
             }
@@ -602,7 +702,9 @@ mod tests {
             consumer: None,
             create_hold: Hold::default(),
             tracked: HashMap::new(),
-            budget: Budget::new("catch-up", Lane::Catchup, 1 << 20),
+            budget: Some(Budget::new("catch-up", Lane::Catchup, 1 << 20)),
+            role: Role::Catchup,
+            rebuilding: HashMap::new(),
         };
         let key: PartitionId = ("orders".into(), 3);
         fetcher.add(
