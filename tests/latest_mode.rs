@@ -194,6 +194,11 @@ async fn latest_ends_with_every_keys_latest_value_across_a_sigkill() {
         second_log.contains("key index rebuilt"),
         "the second run never rebuilt a key index; its log:\n{second_log}"
     );
+    for line in second_log.lines().filter(|line| {
+        line.contains("reading again the keys") || line.contains("key index rebuilt")
+    }) {
+        eprintln!("latest_mode, second run: {line}");
+    }
 
     // Per key, the value processed last (first run, then second) is the log's latest.
     let runs = [

@@ -1310,13 +1310,15 @@ impl Sim {
             }
             // An older value after a newer one the live lane handed out: never in one
             // process; after a crash, only of a newer one the live lane hands out again
-            // (see `KeyIndex::for_assignment`).
+            // (see `KeyIndex::for_assignment`) or one retention deleted.
             let newer_here = state.live_handed_here.get(key).copied();
+            // (Unless retention deleted it before its key could be read again: see
+            // docs/design.md, "Latest: the key index".)
             let newer_before = state
                 .live_handed
                 .get(key)
                 .copied()
-                .filter(|&newer| newer < state.live_resumed);
+                .filter(|&newer| newer < state.live_resumed && newer >= state.log.low);
             if let Some(newer) = newer_here
                 .into_iter()
                 .chain(newer_before)
