@@ -30,6 +30,10 @@
 //!   `concurrent` and in `latest`: records handed out and the time until every partition's
 //!   last record is processed and committed (drain time).
 //!
+//! `CATCHUP_BENCH_CLI_ALT=PATH` adds `catchup run` of another build of the binary beside this
+//! one's in `throughput` (for instance the system allocator's: `cargo build --release
+//! --no-default-features --features cli --target-dir target/system-alloc`).
+//!
 //! `CATCHUP_BENCH_SIZES`, `CATCHUP_BENCH_READERS` (names or parts of names),
 //! `CATCHUP_BENCH_BACKLOGS`, `CATCHUP_BENCH_RECOVERY_RECORDS`, `CATCHUP_BENCH_COMMIT_MS` (the
 //! library's commit interval, 1000) and `CATCHUP_BENCH_RDKAFKA=key=value,...` (settings given
@@ -57,6 +61,8 @@ use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
 const PARTITIONS: i32 = 8;
 const CHILD_ENV: &str = "CATCHUP_BENCH_CHILD";
+/// Another build of the `catchup` binary to run beside this one's (its path).
+const CLI_ALT_ENV: &str = "CATCHUP_BENCH_CLI_ALT";
 const WAIT: Duration = Duration::from_secs(600);
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
@@ -111,6 +117,9 @@ enum Reader {
     Library(Mode),
     /// `catchup run --mode ordered` with its fsynced file sink on tmpfs.
     CliSink,
+    /// The same with another build of the binary (`CATCHUP_BENCH_CLI_ALT`, a path), e.g.
+    /// one with another allocator, side by side in the same run.
+    CliSinkAlt,
 }
 
 impl Reader {
@@ -124,6 +133,7 @@ impl Reader {
             Reader::Library(Mode::Latest) => "catchup latest",
             Reader::Library(_) => "catchup (another mode)",
             Reader::CliSink => "catchup run + sink",
+            Reader::CliSinkAlt => "catchup run + sink (other build)",
         }
     }
 }
@@ -181,8 +191,10 @@ impl Bench {
             Reader::Library(Mode::Ordered),
             Reader::Library(Mode::Concurrent),
             Reader::CliSink,
+            Reader::CliSinkAlt,
         ]
         .into_iter()
+        .filter(|&r| r != Reader::CliSinkAlt || std::env::var_os(CLI_ALT_ENV).is_some())
         .filter(|r| {
             std::env::var("CATCHUP_BENCH_READERS").map_or(true, |only| {
                 only.split(',').any(|name| r.name().contains(name.trim()))
@@ -266,7 +278,16 @@ impl Bench {
                     peak_rss_bytes: counted.1,
                 })
             }
-            Reader::CliSink => self.cli_sink(topic, &group, &dir, records),
+            Reader::CliSink => {
+                let binary = PathBuf::from(env!("CARGO_BIN_EXE_catchup"));
+                self.cli_sink(&binary, topic, &group, &dir, records)
+            }
+            Reader::CliSinkAlt => {
+                let binary = std::env::var_os(CLI_ALT_ENV)
+                    .map(PathBuf::from)
+                    .ok_or(format!("{CLI_ALT_ENV} is not set"))?;
+                self.cli_sink(&binary, topic, &group, &dir, records)
+            }
             Reader::Bare | Reader::Library(_) => {
                 let spec = serde_json::json!({
                     "task": "throughput",
@@ -296,12 +317,19 @@ impl Bench {
     }
 
     /// `catchup run` with a sink on tmpfs: timed from its start to the sink's last line.
-    fn cli_sink(&self, topic: &str, group: &str, dir: &Path, records: u64) -> Result<Measured> {
+    fn cli_sink(
+        &self,
+        binary: &Path,
+        topic: &str,
+        group: &str,
+        dir: &Path,
+        records: u64,
+    ) -> Result<Measured> {
         let sink_dir = tempfile::Builder::new()
             .prefix("catchup-bench-sink")
             .tempdir_in(shm_or_target())?;
         let sink = sink_dir.path().join("sink.jsonl");
-        let child = Command::new(env!("CARGO_BIN_EXE_catchup"))
+        let child = Command::new(binary)
             .args([
                 "run",
                 "--brokers",
