@@ -1,6 +1,7 @@
 //! `Mode::Latest` in the runtime: the fetchers note the keys they append, the rebuild
 //! notes the keys of what earlier processes may have delivered, and the reader asks the
-//! partition's [`KeyIndex`] about each record it hands out (see `reader`).
+//! partition's [`KeyIndex`] about each record it reads (see `reader`) and again about each
+//! backlog record it hands out.
 
 use std::ops::Range;
 
@@ -69,6 +70,7 @@ impl Shared {
             drop(partitions);
             self.processed_since_commit
                 .fetch_add(freed, Ordering::Relaxed);
+            // (Counted delivered when it was read: the two counters overlap by these.)
             telemetry::records_superseded(&self.group, Lane::Catchup.as_str(), 1);
         }
         superseded

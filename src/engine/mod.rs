@@ -117,9 +117,9 @@ impl PartitionRuntime {
     }
 
     /// `Mode::Latest`: indexes the keys of this split partition (assigned with `state`;
-    /// `seen_end` as [`KeyIndex::for_assignment`] takes it) from now on, the catch-up lane waiting until what the
-    /// application may have seen is read again from Kafka (see [`KeyIndex`]). A partition
-    /// that is not split has no index.
+    /// `seen_end` as [`KeyIndex::for_assignment`] takes it) from now on, the catch-up lane
+    /// waiting until what the application may have seen is read again from Kafka (see
+    /// [`KeyIndex`]). A partition that is not split has no index.
     pub fn index_keys(&mut self, state: &PartitionState, seen_end: i64) {
         self.latest = KeyIndex::for_assignment(state, seen_end);
     }

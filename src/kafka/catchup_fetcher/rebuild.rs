@@ -76,12 +76,8 @@ impl Fetcher {
         };
         let end = rebuilding.end;
         let next = append.next.min(end);
-        let notes = append
-            .records
-            .iter()
-            .filter(|record| record.offset < end)
-            .filter_map(|record| Some((record.key.as_deref()?.into(), record.offset)))
-            .collect();
+        let within = append.records.partition_point(|record| record.offset < end);
+        let notes = key_notes(&append.records[..within]);
         if !self
             .shared
             .rebuild_noted(key, rebuilding.generation, notes, next)
