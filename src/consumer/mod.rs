@@ -334,10 +334,11 @@ impl CatchupConsumer {
                 break None;
             };
             // `Latest`: a backlog record read into the queue before a newer record of its
-            // key was handed out must not follow it.
+            // key was handed out must not follow it (nor one whose partition was revoked
+            // meanwhile: the check of revocations above may have raced with it).
             if self.shared.config.mode == Mode::Latest
                 && delivery.lane == DeliveryLane::Catchup
-                && self.shared.superseded_while_queued(&delivery)
+                && self.shared.withheld_at_hand_out(&delivery)
             {
                 continue;
             }

@@ -51,15 +51,17 @@ impl Shared {
     }
 
     /// `Mode::Latest`: whether the backlog record `delivery`, read into the reader's queue
-    /// earlier, was superseded since (a newer record of its key handed out or buffered
-    /// meanwhile); it is then acknowledged here and never handed out.
-    pub fn superseded_while_queued(&self, delivery: &Delivery) -> bool {
+    /// earlier, must not be handed out now: superseded since (a newer record of its key
+    /// handed out or buffered meanwhile: it is acknowledged here), or of an assignment that
+    /// ended meanwhile (its partition's next owner hands it out, or a newer record of its
+    /// key, after what this one may have handed out).
+    pub fn withheld_at_hand_out(&self, delivery: &Delivery) -> bool {
         let mut partitions = self.partitions();
         let Some(runtime) = partitions
             .get_mut(&(delivery.topic.clone(), delivery.partition))
             .filter(|runtime| runtime.generation == delivery.generation)
         else {
-            return false;
+            return true;
         };
         let superseded = runtime
             .latest
@@ -98,11 +100,15 @@ impl Shared {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Forgets what this process handed out of `topic`'s live lanes: the topic was deleted
-    /// and created again, its offsets start over.
-    pub fn forget_live_handed(&self, topic: &str) {
+    /// Forgets what this process handed out of `topic`'s live lanes (of `partition` only,
+    /// if given): the topic was deleted and created again, or may have been, and its offsets
+    /// start over (a horizon above the new log end would hold the backlog until the log
+    /// grows past it).
+    pub fn forget_live_handed(&self, topic: &str, partition: Option<i32>) {
         self.live_handed()
-            .retain(|(handed_topic, _), _| handed_topic != topic);
+            .retain(|(handed_topic, handed_partition), _| {
+                handed_topic != topic || partition.is_some_and(|p| p != *handed_partition)
+            });
     }
 
     /// The partitions whose key index waits for records to be read again from Kafka.

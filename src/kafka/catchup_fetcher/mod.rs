@@ -295,6 +295,10 @@ impl Fetcher {
         );
         let budget = self.shared.config.buffer_budget_bytes;
         super::prefetch::apply(&mut config, &super::prefetch::catchup(budget, partitions));
+        if self.role == Role::Rebuild {
+            // It keeps keys only; what it prefetches is not the budget's.
+            config.set("queued.max.messages.kbytes", rebuild::QUEUE_KIB);
+        }
         tracing::debug!(
             partitions,
             queue_kib = config.get("queued.max.messages.kbytes"),

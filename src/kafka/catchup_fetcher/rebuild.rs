@@ -10,6 +10,9 @@ use crate::engine::RebuildWanted;
 /// How often an idle rebuild thread looks for partitions waiting for it.
 pub(super) const IDLE: Duration = Duration::from_millis(100);
 
+/// What the rebuild's consumer may prefetch, in KiB (it keeps the keys only).
+pub(super) const QUEUE_KIB: &str = "16384";
+
 /// A partition being read for its keys: for which assignment, and up to where.
 pub(super) struct Rebuilding {
     generation: u64,
@@ -50,21 +53,24 @@ impl Fetcher {
                 to = left.end,
                 "reading again the keys the application may have seen; the backlog waits for them"
             );
-            self.rebuilding.insert(
-                partition.clone(),
-                Rebuilding {
-                    generation,
-                    end: left.end,
-                },
-            );
             let range = OffsetRange::new(left.start, left.end);
             self.add(
-                partition,
+                partition.clone(),
                 Tracked {
                     lane: LanePartition::catchup(layout, left.start, vec![range]),
                     queue: None,
                 },
             );
+            // Only what is tracked (`add` leaves out a range already read).
+            if self.tracked.contains_key(&partition) {
+                self.rebuilding.insert(
+                    partition,
+                    Rebuilding {
+                        generation,
+                        end: left.end,
+                    },
+                );
+            }
         }
     }
 

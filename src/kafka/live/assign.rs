@@ -222,6 +222,7 @@ impl LiveState {
         // A partition whose records could not be dropped waits (it is reconciled again).
         let mut undecided = Vec::new();
         for key in crate::plan::incarnation_unknown(partitions, &topics, &ids) {
+            self.shared.forget_live_handed(&key.0, Some(key.1));
             match self.shared.buffer.discard_partition(&key.0, key.1) {
                 Ok(false) => {}
                 Ok(true) => self.shared.emit(Event::LocalDiscarded {
@@ -255,7 +256,7 @@ impl LiveState {
                     self.checked(topic);
                 }
                 Ok(Some(old)) => {
-                    self.shared.forget_live_handed(&topic);
+                    self.shared.forget_live_handed(&topic, None);
                     for (_, partition) in partitions.iter().filter(|(t, _)| *t == topic) {
                         self.shared.emit(Event::LocalDiscarded {
                             topic: topic.clone(),
