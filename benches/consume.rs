@@ -717,13 +717,7 @@ impl Bench {
     /// always in the same partition; returns how many keys were updated.
     fn produce_zipf(&self, topic: &str, count: u64, keys: usize) -> Result<usize> {
         use rand::SeedableRng;
-        let producer: BaseProducer = ClientConfig::new()
-            .set("bootstrap.servers", &self.brokers)
-            .set("linger.ms", "20")
-            .set("batch.size", "1000000")
-            .set("queue.buffering.max.messages", "1000000")
-            .set("queue.buffering.max.kbytes", "65536")
-            .create()?;
+        let producer = self.bulk_producer()?;
         let zipf = zipf::Zipf::new(keys, 1.1);
         let mut rng = rand::rngs::StdRng::seed_from_u64(0x2a7e57);
         let mut updated = std::collections::HashSet::new();
@@ -759,16 +753,21 @@ impl Bench {
             .block_on(self.admin.delete_topics(&[topic], &AdminOptions::new()));
     }
 
-    /// Produces `count` records of `size` value bytes, round-robin over the partitions, with
-    /// keys numbered from `first`.
-    fn produce(&self, topic: &str, count: u64, size: usize, first: u64) -> Result<()> {
-        let producer: BaseProducer = ClientConfig::new()
+    /// A producer that batches as much as it can (the benchmark's topics are filled fast).
+    fn bulk_producer(&self) -> Result<BaseProducer> {
+        Ok(ClientConfig::new()
             .set("bootstrap.servers", &self.brokers)
             .set("linger.ms", "20")
             .set("batch.size", "1000000")
             .set("queue.buffering.max.messages", "1000000")
             .set("queue.buffering.max.kbytes", "65536")
-            .create()?;
+            .create()?)
+    }
+
+    /// Produces `count` records of `size` value bytes, round-robin over the partitions, with
+    /// keys numbered from `first`.
+    fn produce(&self, topic: &str, count: u64, size: usize, first: u64) -> Result<()> {
+        let producer = self.bulk_producer()?;
         let value = vec![b'x'; size];
         for index in first..first + count {
             let key = format!("k{index:012}");

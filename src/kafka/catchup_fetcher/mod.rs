@@ -219,9 +219,7 @@ impl Fetcher {
                     ),
                     CatchupCommand::Remove { partitions, done } => {
                         for key in &partitions {
-                            if self.tracked.remove(key).is_some() {
-                                self.unassign(key);
-                            }
+                            self.leave(key);
                         }
                         let _ = done.send(());
                     }
@@ -358,6 +356,13 @@ impl Fetcher {
             consumer.resume(&tpl)
         };
         Ok(())
+    }
+
+    /// Stops fetching `key`, if it is tracked.
+    fn leave(&mut self, key: &PartitionId) {
+        if self.tracked.remove(key).is_some() {
+            self.unassign(key);
+        }
     }
 
     fn unassign(&self, (topic, partition): &PartitionId) {
@@ -535,8 +540,7 @@ impl Fetcher {
                     partition = key.1,
                     "stale catch-up writer dropped"
                 );
-                self.tracked.remove(key);
-                self.unassign(key);
+                self.leave(key);
             }
         }
     }
@@ -548,16 +552,18 @@ impl Fetcher {
             return;
         };
         tracked.lane.handle_appended(answer);
-        if tracked.lane.is_fetched() && self.role == Role::Rebuild {
+        if !tracked.lane.is_fetched() {
+            return;
+        }
+        if self.role == Role::Rebuild {
             self.stop_rebuilding(key);
-        } else if tracked.lane.is_fetched() {
+        } else {
             tracing::info!(
                 topic = key.0,
                 partition = key.1,
                 "catch-up lane fetched; partition leaves the catch-up consumer"
             );
-            self.tracked.remove(key);
-            self.unassign(key);
+            self.leave(key);
             self.shared.emit(Event::CatchupFetched {
                 topic: key.0.clone(),
                 partition: key.1,

@@ -96,8 +96,6 @@ impl Fetcher {
     /// Leaves `key`: rebuilt, or no longer waited for.
     pub(super) fn stop_rebuilding(&mut self, key: &PartitionId) {
         self.rebuilding.remove(key);
-        if self.tracked.remove(key).is_some() {
-            self.unassign(key);
-        }
+        self.leave(key);
     }
 }
