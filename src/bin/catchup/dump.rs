@@ -4,7 +4,8 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use catchup::store::{Buffer, Lane, PartitionState, Record, StoreError};
-use serde_json::Value;
+
+use crate::schema::{RecordLine, RecordView, stored_timestamp};
 
 /// Arguments of `catchup dump`.
 #[derive(clap::Args)]
@@ -93,7 +94,8 @@ fn dump_lane(
             break;
         }
         for record in batch.records.iter().take(left) {
-            if writeln!(out, "{}", record_json(topic, partition, lane, record)).is_err() {
+            let line = record_line(topic, partition, lane, record);
+            if serde_json::to_writer(&mut *out, &line).is_err() || out.write_all(b"\n").is_err() {
                 return Ok(0); // stdout closed: stop quietly
             }
             left -= 1;
@@ -103,19 +105,27 @@ fn dump_lane(
     Ok(left)
 }
 
-fn record_json(topic: &str, partition: i32, lane: Lane, record: &Record) -> Value {
-    Value::Object(crate::schema::record_json(crate::schema::RecordView {
-        topic,
-        partition,
-        lane: lane.as_str(),
-        offset: record.offset,
-        timestamp: crate::schema::stored_timestamp(record.timestamp),
-        key: record.key.as_deref(),
-        value: record.payload.as_deref(),
-        headers: record
-            .headers
-            .iter()
-            .map(|h| (h.key.as_str(), h.value.as_deref()))
-            .collect(),
-    }))
+fn record_line<'a>(
+    topic: &'a str,
+    partition: i32,
+    lane: Lane,
+    record: &'a Record,
+) -> RecordLine<'a> {
+    RecordLine {
+        record: RecordView {
+            topic,
+            partition,
+            lane: lane.as_str(),
+            offset: record.offset,
+            timestamp: stored_timestamp(record.timestamp),
+            key: record.key.as_deref(),
+            value: record.payload.as_deref(),
+            headers: record
+                .headers
+                .iter()
+                .map(|h| (h.key.as_str(), h.value.as_deref()))
+                .collect(),
+        },
+        processed: None,
+    }
 }

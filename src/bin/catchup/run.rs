@@ -390,7 +390,7 @@ pub async fn process(
             match &mut processing.output {
                 Output::Discard => {}
                 Output::File(sink) => sink.write(delivery, now_ms())?,
-                Output::Exec(_) => lines.push(record_line(delivery, now_ms())),
+                Output::Exec(_) => lines.push(record_line(delivery, now_ms()).to_text()),
             }
         }
         match &mut processing.output {

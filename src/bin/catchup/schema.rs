@@ -1,26 +1,15 @@
 //! The one JSON schema of a record, shared by `dump` and the `run` sink: `topic`,
 //! `partition`, `lane`, `offset`, `timestamp` (ms or null) and `timestamp_type`, `key` and
 //! `value` (text, or `key_b64`/`value_b64` when not UTF-8, null for none), and `headers`
-//! (`[{"key": …, "value": …}]`, values encoded the same way).
+//! (`[{"key": …, "value": …}]`, values encoded the same way). A processed record adds
+//! `assignment` and `processed_at_ms`. Fields are written in name order.
+//!
+//! A line is serialized straight into its writer: `catchup run` writes one per record, and
+//! building a JSON tree first (a map, a string per field) cost more than the write.
 
 use base64::Engine;
 use catchup::Timestamp;
-use serde_json::{Map, Value, json};
-
-/// A JSON field for `bytes`: `name` with the text when it is UTF-8, else `name_b64` with
-/// base64; `null` for no bytes.
-pub fn bytes_field(name: &str, bytes: Option<&[u8]>) -> (String, Value) {
-    match bytes {
-        None => (name.to_owned(), Value::Null),
-        Some(bytes) => match std::str::from_utf8(bytes) {
-            Ok(text) => (name.to_owned(), Value::String(text.to_owned())),
-            Err(_) => (
-                format!("{name}_b64"),
-                Value::String(base64::engine::general_purpose::STANDARD.encode(bytes)),
-            ),
-        },
-    }
-}
+use serde::ser::{Serialize, SerializeMap, Serializer};
 
 /// What a record is made of, wherever it comes from (the buffer or a delivery).
 pub struct RecordView<'a> {
@@ -35,6 +24,28 @@ pub struct RecordView<'a> {
     pub headers: Vec<(&'a str, Option<&'a [u8]>)>,
 }
 
+/// A record as one JSON object: the view, and for a processed record the assignment it was
+/// delivered under and when it was processed (milliseconds since the epoch).
+pub struct RecordLine<'a> {
+    pub record: RecordView<'a>,
+    pub processed: Option<Processed>,
+}
+
+/// The fields `catchup run` adds to a record it processed.
+#[derive(Clone, Copy)]
+pub struct Processed {
+    pub assignment: u64,
+    pub processed_at_ms: u64,
+}
+
+impl RecordLine<'_> {
+    /// The line as text (no newline).
+    pub fn to_text(&self) -> String {
+        // Serializing borrowed bytes and numbers into a String cannot fail.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+}
+
 /// A timestamp of the buffer, as the public type.
 pub fn stored_timestamp(stored: catchup::store::Timestamp) -> Timestamp {
     match stored {
@@ -44,32 +55,155 @@ pub fn stored_timestamp(stored: catchup::store::Timestamp) -> Timestamp {
     }
 }
 
-/// The record as a JSON object.
-pub fn record_json(record: RecordView<'_>) -> Map<String, Value> {
-    let (timestamp, timestamp_type) = match record.timestamp {
-        Timestamp::NotAvailable => (None, "none"),
-        Timestamp::CreateTime(ms) => (Some(ms), "create_time"),
-        Timestamp::LogAppendTime(ms) => (Some(ms), "log_append_time"),
-    };
-    let mut object = Map::new();
-    object.insert("topic".into(), json!(record.topic));
-    object.insert("partition".into(), json!(record.partition));
-    object.insert("lane".into(), json!(record.lane));
-    object.insert("offset".into(), json!(record.offset));
-    object.insert("timestamp".into(), json!(timestamp));
-    object.insert("timestamp_type".into(), json!(timestamp_type));
-    let (key_name, key) = bytes_field("key", record.key);
-    object.insert(key_name, key);
-    let (value_name, value) = bytes_field("value", record.value);
-    object.insert(value_name, value);
-    let headers: Vec<Value> = record
-        .headers
-        .iter()
-        .map(|(key, value)| {
-            let (name, value) = bytes_field("value", *value);
-            json!({ "key": key, name: value })
-        })
-        .collect();
-    object.insert("headers".into(), Value::Array(headers));
-    object
+impl Serialize for RecordLine<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let record = &self.record;
+        let (timestamp, timestamp_type) = match record.timestamp {
+            Timestamp::NotAvailable => (None, "none"),
+            Timestamp::CreateTime(ms) => (Some(ms), "create_time"),
+            Timestamp::LogAppendTime(ms) => (Some(ms), "log_append_time"),
+        };
+        let mut map = serializer.serialize_map(None)?;
+        if let Some(processed) = self.processed {
+            map.serialize_entry("assignment", &processed.assignment)?;
+        }
+        map.serialize_entry("headers", &Headers(&record.headers))?;
+        bytes_entry(&mut map, "key", record.key)?;
+        map.serialize_entry("lane", record.lane)?;
+        map.serialize_entry("offset", &record.offset)?;
+        map.serialize_entry("partition", &record.partition)?;
+        if let Some(processed) = self.processed {
+            map.serialize_entry("processed_at_ms", &processed.processed_at_ms)?;
+        }
+        map.serialize_entry("timestamp", &timestamp)?;
+        map.serialize_entry("timestamp_type", timestamp_type)?;
+        map.serialize_entry("topic", record.topic)?;
+        bytes_entry(&mut map, "value", record.value)?;
+        map.end()
+    }
+}
+
+/// `name` with the text when `bytes` are UTF-8, else `name_b64` with base64; `null` for no
+/// bytes.
+fn bytes_entry<M: SerializeMap>(
+    map: &mut M,
+    name: &'static str,
+    bytes: Option<&[u8]>,
+) -> Result<(), M::Error> {
+    match bytes.map(std::str::from_utf8) {
+        None => map.serialize_entry(name, &None::<&str>),
+        Some(Ok(text)) => map.serialize_entry(name, text),
+        Some(Err(_)) => {
+            let encoded = base64::engine::general_purpose::STANDARD.encode(bytes.unwrap_or(&[]));
+            map.serialize_entry(&format!("{name}_b64"), &encoded)
+        }
+    }
+}
+
+/// The headers as `[{"key": …, "value": …}]`.
+struct Headers<'a>(&'a [(&'a str, Option<&'a [u8]>)]);
+
+impl Serialize for Headers<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.0.iter().map(|&(key, value)| Header { key, value }))
+    }
+}
+
+struct Header<'a> {
+    key: &'a str,
+    value: Option<&'a [u8]>,
+}
+
+impl Serialize for Header<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(2))?;
+        map.serialize_entry("key", self.key)?;
+        bytes_entry(&mut map, "value", self.value)?;
+        map.end()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{Value, json};
+
+    fn view<'a>(key: Option<&'a [u8]>, value: Option<&'a [u8]>) -> RecordView<'a> {
+        RecordView {
+            topic: "orders",
+            partition: 3,
+            lane: "live",
+            offset: 42,
+            timestamp: Timestamp::CreateTime(1_700_000_000_000),
+            key,
+            value,
+            headers: vec![
+                ("trace", Some(b"abc")),
+                ("bin", Some(&[0xff, 0x00])),
+                ("none", None),
+            ],
+        }
+    }
+
+    /// The schema's fields and their encodings, in name order (as the tree this replaced
+    /// wrote them, so lines stay byte for byte what they were).
+    #[test]
+    fn a_line_has_every_field_in_name_order() {
+        let line = RecordLine {
+            record: view(Some(b"k1"), Some(&[0xff, 0xfe])),
+            processed: Some(Processed {
+                assignment: 7,
+                processed_at_ms: 1_800_000_000_000,
+            }),
+        }
+        .to_text();
+        let expected = json!({
+            "assignment": 7,
+            "headers": [
+                {"key": "trace", "value": "abc"},
+                {"key": "bin", "value_b64": "/wA="},
+                {"key": "none", "value": null},
+            ],
+            "key": "k1",
+            "lane": "live",
+            "offset": 42,
+            "partition": 3,
+            "processed_at_ms": 1_800_000_000_000u64,
+            "timestamp": 1_700_000_000_000i64,
+            "timestamp_type": "create_time",
+            "topic": "orders",
+            "value_b64": "//4=",
+        });
+        // serde_json's map sorts its keys: its text is the name order.
+        assert_eq!(line, expected.to_string());
+    }
+
+    #[test]
+    fn a_dumped_record_has_no_processing_fields_and_null_bytes_stay_null() {
+        let mut record = view(None, None);
+        record.timestamp = Timestamp::NotAvailable;
+        record.headers.clear();
+        let line = RecordLine {
+            record,
+            processed: None,
+        }
+        .to_text();
+        let parsed: Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(
+            line,
+            json!({
+                "headers": [],
+                "key": null,
+                "lane": "live",
+                "offset": 42,
+                "partition": 3,
+                "timestamp": null,
+                "timestamp_type": "none",
+                "topic": "orders",
+                "value": null,
+            })
+            .to_string()
+        );
+        assert!(parsed.get("assignment").is_none());
+    }
 }
