@@ -216,6 +216,8 @@ pub struct Buffer {
     memory_bytes: std::sync::atomic::AtomicU64,
     /// Bytes it wrote to sled so far (what waited beyond it).
     spilled_bytes: std::sync::atomic::AtomicU64,
+    /// Bytes it spilled since it last waited for sled's writes (`relieve_memory`).
+    spilled_unflushed: std::sync::atomic::AtomicU64,
     /// The current layout of each partition this process has touched (see [`LayoutId`]).
     layouts: Mutex<HashMap<PartitionKey, LayoutId>>,
     next_layout: std::sync::atomic::AtomicU64,

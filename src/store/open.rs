@@ -148,6 +148,7 @@ impl Buffer {
             tail_bytes: std::sync::atomic::AtomicU64::new(0),
             memory_bytes: std::sync::atomic::AtomicU64::new(memory_bytes),
             spilled_bytes: std::sync::atomic::AtomicU64::new(0),
+            spilled_unflushed: std::sync::atomic::AtomicU64::new(0),
             layouts: Mutex::new(HashMap::new()),
             next_layout: std::sync::atomic::AtomicU64::new(1),
             compaction: compact::Tracker::default(),
