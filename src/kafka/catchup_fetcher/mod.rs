@@ -8,6 +8,7 @@
 //! ([`rebuild`]): the same lanes, positions, holds and out-of-range judgement, another sink.
 
 mod rebuild;
+mod wakeup;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -32,6 +33,8 @@ use crate::fetch::{
 use crate::store::{Lane, LayoutId, OffsetRange, StoreError};
 
 const POLL_BATCH: usize = 2000;
+/// The longest a fetcher whose queues are all empty waits before it looks again.
+const EMPTY_WAIT: Duration = Duration::from_millis(20);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Requests to the catch-up thread.
@@ -143,6 +146,7 @@ impl CatchupFetcher {
                         .then(|| Budget::new("catch-up", Lane::Catchup, budget)),
                     role,
                     rebuilding: HashMap::new(),
+                    wakeup: wakeup::Wakeup::default(),
                 }
                 .run(receiver)
             })
@@ -169,6 +173,8 @@ struct Fetcher {
     /// `Role::Rebuild`: per partition tracked, the assignment it reads for and the end of
     /// what it reads.
     rebuilding: HashMap<PartitionId, rebuild::Rebuilding>,
+    /// Raised when one of the consumer's queues receives something.
+    wakeup: wakeup::Wakeup,
 }
 
 impl Fetcher {
@@ -264,6 +270,9 @@ impl Fetcher {
             .consumer
             .as_ref()
             .and_then(|c| c.split_partition_queue(&key.0, key.1));
+        if let Some(queue) = &mut tracked.queue {
+            queue.set_nonempty_callback(self.wakeup.callback());
+        }
         let at = tracked.lane.cursor().stored_next();
         if let Err(err) = self.assign_at(key, at) {
             self.error(err);
@@ -304,7 +313,9 @@ impl Fetcher {
             self.role.name()
         );
         match super::create_consumer(&config, context) {
-            Ok(consumer) => {
+            Ok(mut consumer) => {
+                // Callbacks and errors arrive on the main queue.
+                consumer.set_nonempty_callback(self.wakeup.callback());
                 self.consumer = Some(Arc::new(consumer));
                 self.create_hold.release();
             }
@@ -390,8 +401,10 @@ impl Fetcher {
         };
         let mut polled = self.poll_round(&consumer);
         if polled.is_empty() {
-            // Nothing anywhere: serve callbacks and wait a little on the main queue.
-            self.poll_main(&consumer, Duration::from_millis(20), &mut polled);
+            // Nothing anywhere: wait until a queue receives something, or a little (errors
+            // and callbacks are served each round), and poll again.
+            self.wakeup.wait(EMPTY_WAIT);
+            polled = self.poll_round(&consumer);
         }
         polled.feed(
             self.tracked
@@ -715,6 +728,7 @@ mod tests {
             budget: Some(Budget::new("catch-up", Lane::Catchup, 1 << 20)),
             role: Role::Catchup,
             rebuilding: HashMap::new(),
+            wakeup: wakeup::Wakeup::default(),
         };
         let key: PartitionId = ("orders".into(), 3);
         fetcher.add(
