@@ -59,7 +59,7 @@ mod tests {
     fn a_raise_from_another_thread_ends_the_wait_and_is_used_up() {
         let wakeup = Wakeup::default();
         let callback = wakeup.callback();
-        let raiser = std::thread::spawn(move || callback());
+        let raiser = std::thread::spawn(callback);
         let started = Instant::now();
         wakeup.wait(Duration::from_secs(10));
         assert!(started.elapsed() < Duration::from_secs(5));
