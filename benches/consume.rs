@@ -40,7 +40,8 @@
 //! to every reader) narrow or vary a run.
 //!
 //! Prints a table per section (with the core count) and writes everything to
-//! `target/bench-consume.json` (and `target/bench-time-to-fresh.svg`).
+//! `target/bench-consume.json` (and the charts `target/bench-throughput.svg` and
+//! `target/bench-time-to-fresh.svg`).
 //! `cargo test --bench consume` runs a smoke version: 20,000 records, every reader, and checks
 //! that each saw every record.
 
@@ -253,6 +254,9 @@ impl Bench {
             }
             self.delete_topic(&topic);
         }
+        let chart = target_dir().join("bench-throughput.svg");
+        std::fs::write(&chart, chart::throughput(&rows, records, self.cores))?;
+        println!("\nchart: {}", chart.display());
         Ok(serde_json::Value::Array(rows))
     }
 
@@ -1282,8 +1286,10 @@ fn shm_or_target() -> PathBuf {
     }
 }
 
-/// The time-to-fresh chart: backlog on a log x axis, seconds on a log y axis, a line per mode.
+/// The charts: time to fresh (backlog on a log x axis, seconds on a log y axis, a line per
+/// mode) and throughput (a bar per reader, as a share of the bare loop).
 mod chart {
+    use super::human_size;
     use std::fmt::Write;
 
     const WIDTH: f64 = 780.0;
@@ -1419,6 +1425,86 @@ mod chart {
                 RIGHT + 52.0,
                 legend_y + 4.0
             );
+        }
+        svg.push_str("</svg>\n");
+        svg
+    }
+
+    /// Throughput: per value size, a horizontal bar per reader, its records/s as a share of
+    /// the bare loop's in the same run (the bare loop's bar is 100 %).
+    pub fn throughput(rows: &[serde_json::Value], records: u64, cores: usize) -> String {
+        const BAR: f64 = 18.0;
+        const GAP: f64 = 6.0;
+        const GROUP_GAP: f64 = 26.0;
+        const LABEL: f64 = 190.0;
+        const PLOT: f64 = 480.0;
+        let mut sizes: Vec<u64> = rows
+            .iter()
+            .filter_map(|row| row["value_bytes"].as_u64())
+            .collect();
+        sizes.dedup();
+        let bars = rows.len() as f64;
+        let height = TOP + bars * (BAR + GAP) + sizes.len() as f64 * GROUP_GAP + 50.0;
+        let width = LABEL + PLOT + 150.0;
+        let x = |share: f64| LABEL + share.clamp(0.0, 1.0) * PLOT;
+        let mut svg = String::new();
+        let _ = writeln!(
+            svg,
+            r##"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="13">
+<rect width="100%" height="100%" fill="white"/>
+<text x="{0}" y="28" text-anchor="middle" font-size="16">Throughput as a share of a bare rdkafka loop, same run</text>
+<text x="{0}" y="46" text-anchor="middle" fill="#555">{records} records over 8 partitions, {cores} cores, broker on the same cores; higher is better</text>"##,
+            width / 2.0
+        );
+        for share in [0.0, 0.25, 0.5, 0.75, 1.0] {
+            let _ = writeln!(
+                svg,
+                r##"<line x1="{0:.1}" y1="{TOP}" x2="{0:.1}" y2="{1:.1}" stroke="#ddd"/><text x="{0:.1}" y="{2:.1}" text-anchor="middle" fill="#555">{3:.0} %</text>"##,
+                x(share),
+                height - 40.0,
+                height - 24.0,
+                share * 100.0
+            );
+        }
+        let mut top = TOP;
+        for size in &sizes {
+            top += GROUP_GAP;
+            let _ = writeln!(
+                svg,
+                r##"<text x="8" y="{:.1}" font-weight="bold">{}</text>"##,
+                top - 8.0,
+                human_size(*size as usize)
+            );
+            for row in rows
+                .iter()
+                .filter(|row| row["value_bytes"].as_u64() == Some(*size))
+            {
+                let reader = row["reader"].as_str().unwrap_or("?");
+                let share = row["share_of_bare"].as_f64().unwrap_or(f64::NAN);
+                let per_second = row["records_per_second"].as_f64().unwrap_or(f64::NAN);
+                let colour = match reader {
+                    r if r.starts_with("rdkafka") => "#7f7f7f",
+                    "kcat" => "#bcbd22",
+                    r if r.contains("off") => "#d62728",
+                    r if r.contains("ordered") => "#1f77b4",
+                    r if r.contains("concurrent") => "#2ca02c",
+                    _ => "#9467bd",
+                };
+                let _ = writeln!(
+                    svg,
+                    r##"<text x="{0:.1}" y="{1:.1}" text-anchor="end">{2}</text><rect x="{3}" y="{4:.1}" width="{5:.1}" height="{BAR}" fill="{colour}"/><text x="{6:.1}" y="{1:.1}">{7:.0} % · {8:.0}k/s</text>"##,
+                    LABEL - 8.0,
+                    top + BAR - 4.0,
+                    reader,
+                    LABEL,
+                    top,
+                    x(share) - LABEL,
+                    x(share) + 6.0,
+                    share * 100.0,
+                    per_second / 1000.0
+                );
+                top += BAR + GAP;
+            }
         }
         svg.push_str("</svg>\n");
         svg

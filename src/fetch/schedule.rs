@@ -1,8 +1,8 @@
 //! When the group member's periodic work is due, with `now` passed in: commits (every
 //! interval, sooner once much was processed), the pruning of records nobody owns (every 10 s
 //! and after every assignment), retries of partitions that could not be reconciled (1 s,
-//! doubling to 30 s while they keep failing), and probes of brokers that stopped answering
-//! (every 2 s). The live thread asks [`due`](Schedule::due) each round, does what is due, and
+//! doubling to 30 s while they keep failing), probes of brokers that stopped answering
+//! (every 2 s), and giving the allocator's freed memory back (every 250 ms). The live thread asks [`due`](Schedule::due) each round, does what is due, and
 //! says what it did.
 
 use std::time::{Duration, Instant};
@@ -21,6 +21,8 @@ pub const RECONCILE_RETRY_MAX: Duration = Duration::from_secs(30);
 pub const PRUNE_EVERY: Duration = Duration::from_secs(10);
 /// How often the brokers are asked whether they answer again while they do not.
 pub const PROBE_EVERY: Duration = Duration::from_secs(2);
+/// How often the memory the process's allocator keeps after frees is given back.
+pub const TRIM_EVERY: Duration = Duration::from_millis(250);
 
 /// What the live thread has to do this round.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -33,6 +35,8 @@ pub struct Due {
     pub retry: bool,
     /// Ask the brokers whether they answer.
     pub probe: bool,
+    /// Give the memory the allocator keeps back to the system.
+    pub trim: bool,
 }
 
 /// What the schedule needs to know of the consumer this round.
@@ -61,6 +65,7 @@ pub struct Schedule {
     last_prune: Instant,
     pruned_at_assignment: u64,
     last_probe: Instant,
+    last_trim: Instant,
 }
 
 impl Schedule {
@@ -77,6 +82,7 @@ impl Schedule {
             last_prune: now,
             pruned_at_assignment: 0,
             last_probe: now,
+            last_trim: now,
         }
     }
 
@@ -95,6 +101,7 @@ impl Schedule {
                 || facts.assignments != self.pruned_at_assignment,
             retry: facts.damaged || since(self.last_retry) >= self.retry_every,
             probe: facts.troubled && since(self.last_probe) >= PROBE_EVERY,
+            trim: since(self.last_trim) >= TRIM_EVERY,
         }
     }
 
@@ -125,6 +132,11 @@ impl Schedule {
     /// Probed the brokers at `now`.
     pub fn probed(&mut self, now: Instant) {
         self.last_probe = now;
+    }
+
+    /// Gave the allocator's freed memory back at `now`.
+    pub fn trimmed(&mut self, now: Instant) {
+        self.last_trim = now;
     }
 }
 
@@ -192,7 +204,10 @@ mod tests {
         );
 
         let due = schedule.due(at(1), quiet);
-        assert!(due.commit && due.retry && !due.prune && !due.probe);
+        assert!(due.commit && due.retry && due.trim && !due.prune && !due.probe);
+        schedule.trimmed(at(1));
+        assert!(!schedule.due(at(1) + TRIM_EVERY / 2, quiet).trim);
+        assert!(schedule.due(at(1) + TRIM_EVERY, quiet).trim, "every 250 ms");
         schedule.committed(at(1), at(1));
         assert!(!schedule.due(at(1), quiet).commit);
 

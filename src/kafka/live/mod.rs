@@ -10,6 +10,7 @@ mod upkeep;
 
 use commit::commit_main;
 use poll::poll_into_buffer;
+use upkeep::give_back_freed_memory;
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -417,6 +418,10 @@ fn run(
             let _ = state.commit(&consumer, None);
             schedule.committed(started, Instant::now());
             state.report_progress(&consumer);
+        }
+        if due.trim {
+            give_back_freed_memory();
+            schedule.trimmed(Instant::now());
         }
         if due.prune {
             state.prune_unowned(&consumer);
