@@ -2,8 +2,8 @@
 //! interval, sooner once much was processed), the pruning of records nobody owns (every 10 s
 //! and after every assignment), retries of partitions that could not be reconciled (1 s,
 //! doubling to 30 s while they keep failing), probes of brokers that stopped answering
-//! (every 2 s), and giving the allocator's freed memory back (every 250 ms). The live thread asks [`due`](Schedule::due) each round, does what is due, and
-//! says what it did.
+//! (every 2 s), and giving the allocator's freed memory back (every 250 ms). The live thread
+//! asks [`due`](Schedule::due) each round, does what is due, and says what it did.
 
 use std::time::{Duration, Instant};
 

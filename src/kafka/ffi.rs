@@ -1,7 +1,7 @@
 //! What the calls into librdkafka's bindings share: objects freed when dropped, a queue of
 //! our own for one answer, admin options with our timeout, an event checked for errors,
 //! librdkafka's strings. Used where rust-rdkafka does not wrap a call (`topic_id`,
-//! `group_offsets`, `offset_commit`).
+//! `group_offsets`, `offset_commit`, the catch-up fetcher's wait).
 
 use std::ffi::{CStr, c_char};
 use std::time::Duration;
@@ -43,6 +43,26 @@ pub(super) unsafe fn queue(rk: *mut rd::rd_kafka_t) -> Result<Owned<rd::rd_kafka
         return Err("librdkafka could not allocate a queue".into());
     }
     Ok(queue)
+}
+
+/// Events waiting on the consumer queue of `rk` (the queue a consumer's `poll` serves, which
+/// the main queue is forwarded to).
+///
+/// # Safety
+/// `rk` is a live librdkafka consumer handle.
+pub(super) unsafe fn consumer_queue_length(rk: *mut rd::rd_kafka_t) -> usize {
+    // SAFETY: a live handle, as the caller promises; the queue reference is released when
+    // `queue` drops.
+    unsafe {
+        let queue = Owned {
+            ptr: rd::rd_kafka_queue_get_consumer(rk),
+            free: rd::rd_kafka_queue_destroy,
+        };
+        if queue.ptr.is_null() {
+            return 0;
+        }
+        rd::rd_kafka_queue_length(queue.ptr)
+    }
 }
 
 /// Options of an admin request of kind `op` that waits at most `timeout` for the broker.

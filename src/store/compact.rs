@@ -187,9 +187,11 @@ impl Buffer {
     /// it under the lock that orders the write with a compaction: the partition's write
     /// lock, or `topic_alloc` for entries of no partition.
     pub(crate) fn apply(&self, batch: Batch) -> Result<(), StoreError> {
-        self.db()?
-            .apply_batch(batch.sled)
-            .map_err(|err| self.sled_error(err))?;
+        self.db()?.apply_batch(batch.sled).map_err(|err| {
+            self.write_failed
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+            self.sled_error(err)
+        })?;
         self.compaction.touched(batch.keys);
         Ok(())
     }

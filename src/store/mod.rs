@@ -25,7 +25,8 @@
 //!
 //! Durability: the buffer is a cache of Kafka, and the consumer needs none for correctness.
 //! sled writes through its page cache and fsyncs its log every
-//! [`BufferOptions::flush_every_ms`]; after a process crash the buffer holds a prefix of the
+//! [`BufferOptions::flush_every_ms`] (and whenever the memory tier spilled 8 MiB, to bound the
+//! write buffers sled keeps in memory); after a process crash the buffer holds a prefix of the
 //! batches applied. After a power loss that holds only if no item was a blob file (see
 //! [`BufferOptions::segment_bytes`]), and nothing is trusted without checking: every read
 //! verifies that the chunks chain without a hole and decode with their checksums, and the
@@ -218,6 +219,9 @@ pub struct Buffer {
     spilled_bytes: std::sync::atomic::AtomicU64,
     /// Bytes it spilled since it last waited for sled's writes (`relieve_memory`).
     spilled_unflushed: std::sync::atomic::AtomicU64,
+    /// A write to sled failed: sled's flush may then block for good, so the memory tier no
+    /// longer waits for it.
+    write_failed: std::sync::atomic::AtomicBool,
     /// The current layout of each partition this process has touched (see [`LayoutId`]).
     layouts: Mutex<HashMap<PartitionKey, LayoutId>>,
     next_layout: std::sync::atomic::AtomicU64,

@@ -55,7 +55,7 @@ pub struct FetchedBatch {
 }
 
 /// Bytes the memory tier spills between two waits for sled's writes (see
-/// `Buffer::relieve_memory`): two of its segments.
+/// `Buffer::relieve_memory`): two segments of the default size.
 const SPILL_FLUSH_BYTES: u64 = 8 << 20;
 
 impl FetchedBatch {
@@ -297,16 +297,25 @@ impl Buffer {
     /// ones to its I/O threads, with no bound on how many wait: a fetcher spilling faster than
     /// the disk takes writes (the kernel throttles a writer with many dirty pages) piled them
     /// up — `catchup run` peaked at 303–505 MiB with 1 KiB records where it holds under
-    /// 200 MiB. Waiting makes the disk's pace the spiller's: backpressure on a fetcher whose
-    /// records wait anyway.
+    /// 200 MiB. Waiting makes the disk's pace the spiller's. The wait is sled's flush, as its
+    /// own flusher runs every `flush_every_ms`: while it lasts, sled holds back every other
+    /// write of the process too (a write takes sled's lock exclusively, a flush shares it), so
+    /// the other fetcher's appends and the commits wait with it — for as long as the disk
+    /// takes 8 MiB.
     fn relieve_memory(&self) -> Result<(), StoreError> {
         let spilled_before = self.spilled_bytes.load(Ordering::Relaxed);
         self.spill_largest_lanes()?;
+        // Other threads' spills count too: this only moves when the wait comes.
         let spilled = self.spilled_bytes.load(Ordering::Relaxed) - spilled_before;
         let unflushed = self.spilled_unflushed.fetch_add(spilled, Ordering::Relaxed) + spilled;
-        if unflushed >= SPILL_FLUSH_BYTES {
+        // After a failed write sled's flush can block for good: no wait then (the consumer
+        // stops writing anyway).
+        if unflushed >= SPILL_FLUSH_BYTES && !self.write_failed.load(Ordering::Relaxed) {
             self.spilled_unflushed.store(0, Ordering::Relaxed);
-            self.db()?.flush().map_err(|err| self.sled_error(err))?;
+            self.db()?.flush().map_err(|err| {
+                self.write_failed.store(true, Ordering::Relaxed);
+                self.sled_error(err)
+            })?;
         }
         Ok(())
     }

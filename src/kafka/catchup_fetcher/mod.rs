@@ -257,6 +257,9 @@ impl Fetcher {
         if tracked.lane.is_fetched() {
             return;
         }
+        // What was tracked for the key goes first: its queue, dropped, would switch off the
+        // callback of the new one (librdkafka has one queue per partition).
+        self.leave(&key);
         // Without a consumer the partition waits, tracked, for the next attempt to create it.
         if self.ensure_consumer() {
             self.attach(&key, &mut tracked);
@@ -401,9 +404,16 @@ impl Fetcher {
         };
         let mut polled = self.poll_round(&consumer);
         if polled.is_empty() {
-            // Nothing anywhere: wait until a queue receives something, or a little (errors
-            // and callbacks are served each round), and poll again.
-            self.wakeup.wait(EMPTY_WAIT);
+            // Nothing anywhere: wait until a queue receives something, or a little, and poll
+            // again. A queue's callback fires only when it was empty, and a round serves one
+            // event of the main queue: with events still queued there (errors, callbacks that
+            // yield nothing) there is no wait.
+            // SAFETY: the consumer is alive (held here).
+            let main_queued =
+                unsafe { super::ffi::consumer_queue_length(consumer.client().native_ptr()) };
+            if main_queued == 0 {
+                self.wakeup.wait(EMPTY_WAIT);
+            }
             polled = self.poll_round(&consumer);
         }
         polled.feed(

@@ -30,7 +30,8 @@ impl Wakeup {
 
     /// Waits until the flag is raised or `timeout` passes, and lowers it. A flag raised
     /// since the last wait (while the fetcher was polling) returns at once: at worst one
-    /// round too many, never a record left waiting.
+    /// round too many. (A queue raises it only when something arrives while it is empty: the
+    /// fetcher does not wait while its main queue still holds events.)
     pub fn wait(&self, timeout: Duration) {
         let (flag, condvar) = &*self.raised;
         let raised = flag.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
