@@ -288,9 +288,9 @@ impl Buffer {
 
     /// The memory tier holds more than it may: spills the largest lanes' oldest appends to
     /// sled until it holds three quarters of its allowance. The lanes that grow are those
-    /// whose records wait (a live lane behind a backlog, a reader behind its fetcher); the
-    /// oldest appends are those the reader gets to last among what waits in memory, and sled
-    /// holds each lane's prefix.
+    /// whose records wait (a live lane behind a backlog, a reader behind its fetcher). sled
+    /// holds each lane's prefix, so a lane spills its oldest appends: behind a backlog, what
+    /// the reader gets to last; behind a fetcher, what it reads next (from sled, then).
     ///
     /// Every [`SPILL_FLUSH_BYTES`] spilled, it then waits for sled to write what it was
     /// handed. sled copies writes into segment-sized buffers (4 MiB) in memory and hands full
@@ -306,7 +306,10 @@ impl Buffer {
         let spilled_before = self.spilled_bytes.load(Ordering::Relaxed);
         self.spill_largest_lanes()?;
         // Other threads' spills count too: this only moves when the wait comes.
-        let spilled = self.spilled_bytes.load(Ordering::Relaxed) - spilled_before;
+        let spilled = self
+            .spilled_bytes
+            .load(Ordering::Relaxed)
+            .saturating_sub(spilled_before);
         let unflushed = self.spilled_unflushed.fetch_add(spilled, Ordering::Relaxed) + spilled;
         // After a failed write sled's flush can block for good: no wait then (the consumer
         // stops writing anyway).

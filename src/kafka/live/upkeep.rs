@@ -300,11 +300,10 @@ impl LiveState {
 /// (a backlog fetched at full speed, spilled, read, committed): glibc keeps what each
 /// thread's arena freed for that arena's next allocations, and returns to the system only
 /// what lies at the top of a heap. Behind a 1M-record backlog the process peaked at
-/// 328–434 MiB, nearly all of it in five arenas, and held 150–200 MiB once trimmed (248–267
+/// 328–434 MiB, nearly all of it in five arenas, and held 150–200 MiB once trimmed (240–267
 /// MiB peaks since, in the burst before the first trim). `malloc_trim` hands every arena's
-/// free pages back;
-/// it does not change the allocator (an application with its own global allocator frees
-/// little through glibc, and the call finds little to do).
+/// free pages back; it does not change the allocator (an application with its own global
+/// allocator frees little through glibc, and the call finds little to do).
 pub(super) fn give_back_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only releases free memory of glibc's allocator; it takes the
