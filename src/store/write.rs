@@ -303,13 +303,7 @@ impl Buffer {
     /// the other fetcher's appends and the commits wait with it — for as long as the disk
     /// takes 8 MiB.
     fn relieve_memory(&self) -> Result<(), StoreError> {
-        let spilled_before = self.spilled_bytes.load(Ordering::Relaxed);
-        self.spill_largest_lanes()?;
-        // Other threads' spills count too: this only moves when the wait comes.
-        let spilled = self
-            .spilled_bytes
-            .load(Ordering::Relaxed)
-            .saturating_sub(spilled_before);
+        let spilled = self.spill_largest_lanes()?;
         let unflushed = self.spilled_unflushed.fetch_add(spilled, Ordering::Relaxed) + spilled;
         // After a failed write sled's flush can block for good: no wait then (the consumer
         // stops writing anyway).
@@ -324,9 +318,10 @@ impl Buffer {
     }
 
     /// Spills the largest lanes' oldest appends until the tier holds three quarters of its
-    /// allowance.
-    fn spill_largest_lanes(&self) -> Result<(), StoreError> {
+    /// allowance; the bytes spilled.
+    fn spill_largest_lanes(&self) -> Result<u64, StoreError> {
         let target = self.memory_bytes.load(Ordering::Relaxed) / 4 * 3;
+        let mut spilled = 0;
         while self.tail_bytes.load(Ordering::Relaxed) > target {
             let mut largest: Option<(PartitionKey, Lane, u64)> = None;
             for shard in &self.partition_locks {
@@ -341,25 +336,25 @@ impl Buffer {
                 }
             }
             let Some((part, lane, bytes)) = largest else {
-                return Ok(());
+                break;
             };
             let mut shard = self.partition_lock(part);
             if let Some(tail) = shard.tails.get_mut(&part) {
-                self.spill(part, tail, lane, bytes / 2)?;
+                spilled += self.spill(part, tail, lane, bytes / 2)?;
             }
         }
-        Ok(())
+        Ok(spilled)
     }
 
     /// Writes `lane`'s oldest appends in memory to sled until it holds at most `keep_bytes`
-    /// there. A failed write leaves them in memory.
+    /// there; the bytes written. A failed write leaves them in memory.
     fn spill(
         &self,
         part: PartitionKey,
         tail: &mut Tail,
         lane: Lane,
         keep_bytes: u64,
-    ) -> Result<(), StoreError> {
+    ) -> Result<u64, StoreError> {
         let mut taken = Vec::new();
         while tail.counts(lane).1 > keep_bytes {
             match tail.pop_oldest(lane) {
@@ -368,7 +363,7 @@ impl Buffer {
             }
         }
         if taken.is_empty() {
-            return Ok(());
+            return Ok(0);
         }
         let bytes: u64 = taken.iter().map(|pending| pending.bytes).sum();
         let mut persisted = tail.persisted.clone();
@@ -379,7 +374,7 @@ impl Buffer {
                 if self.memory_bytes.load(Ordering::Relaxed) > 0 {
                     self.spilled_bytes.fetch_add(bytes, Ordering::Relaxed);
                 }
-                Ok(())
+                Ok(bytes)
             }
             Err(err) => {
                 tail.restore_oldest(lane, taken);

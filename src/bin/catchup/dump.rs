@@ -3,9 +3,9 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use catchup::store::{Buffer, Lane, PartitionState, Record, StoreError};
+use catchup::store::{Buffer, Lane, PartitionState, StoreError};
 
-use crate::schema::{RecordLine, RecordView, stored_timestamp};
+use crate::schema::RecordLine;
 
 /// Arguments of `catchup dump`.
 #[derive(clap::Args)]
@@ -94,7 +94,7 @@ fn dump_lane(
             break;
         }
         for record in batch.records.iter().take(left) {
-            let line = record_line(topic, partition, lane, record);
+            let line = RecordLine::stored(topic, partition, lane, record);
             if serde_json::to_writer(&mut *out, &line).is_err() || out.write_all(b"\n").is_err() {
                 return Ok(0); // stdout closed: stop quietly
             }
@@ -103,29 +103,4 @@ fn dump_lane(
         next = batch.next;
     }
     Ok(left)
-}
-
-fn record_line<'a>(
-    topic: &'a str,
-    partition: i32,
-    lane: Lane,
-    record: &'a Record,
-) -> RecordLine<'a> {
-    RecordLine {
-        record: RecordView {
-            topic,
-            partition,
-            lane: lane.as_str(),
-            offset: record.offset,
-            timestamp: stored_timestamp(record.timestamp),
-            key: record.key.as_deref(),
-            value: record.payload.as_deref(),
-            headers: record
-                .headers
-                .iter()
-                .map(|h| (h.key.as_str(), h.value.as_deref()))
-                .collect(),
-        },
-        processed: None,
-    }
 }

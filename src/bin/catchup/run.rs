@@ -11,7 +11,8 @@ use rdkafka::ClientConfig;
 
 use crate::Failure;
 use crate::exec::{ExecOptions, ExecSink, Handed, OnFailure};
-use crate::sink::{Sink, record_line};
+use crate::schema::RecordLine;
+use crate::sink::Sink;
 
 /// Arguments of `catchup run`.
 #[derive(clap::Args)]
@@ -390,7 +391,7 @@ pub async fn process(
             match &mut processing.output {
                 Output::Discard => {}
                 Output::File(sink) => sink.write(delivery, now_ms())?,
-                Output::Exec(_) => lines.push(record_line(delivery, now_ms()).to_text()),
+                Output::Exec(_) => lines.push(RecordLine::processed(delivery, now_ms()).to_text()),
             }
         }
         match &mut processing.output {

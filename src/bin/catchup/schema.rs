@@ -38,7 +38,57 @@ pub struct Processed {
     pub processed_at_ms: u64,
 }
 
-impl RecordLine<'_> {
+impl<'a> RecordLine<'a> {
+    /// A record `catchup run` processed at `processed_at_ms`.
+    pub fn processed(delivery: &'a catchup::Delivery, processed_at_ms: u128) -> Self {
+        Self {
+            record: RecordView {
+                topic: &delivery.topic,
+                partition: delivery.partition,
+                lane: delivery.lane.as_str(),
+                offset: delivery.offset,
+                timestamp: delivery.timestamp,
+                key: delivery.key.as_deref(),
+                value: delivery.payload.as_deref(),
+                headers: delivery
+                    .headers
+                    .iter()
+                    .map(|h| (h.key.as_str(), h.value.as_deref()))
+                    .collect(),
+            },
+            processed: Some(Processed {
+                assignment: delivery.assignment(),
+                processed_at_ms: processed_at_ms as u64,
+            }),
+        }
+    }
+
+    /// A record of the buffer, in `topic`'s `partition`, `lane` (as `dump` prints it).
+    pub fn stored(
+        topic: &'a str,
+        partition: i32,
+        lane: catchup::store::Lane,
+        record: &'a catchup::store::Record,
+    ) -> Self {
+        Self {
+            record: RecordView {
+                topic,
+                partition,
+                lane: lane.as_str(),
+                offset: record.offset,
+                timestamp: stored_timestamp(record.timestamp),
+                key: record.key.as_deref(),
+                value: record.payload.as_deref(),
+                headers: record
+                    .headers
+                    .iter()
+                    .map(|h| (h.key.as_str(), h.value.as_deref()))
+                    .collect(),
+            },
+            processed: None,
+        }
+    }
+
     /// The line as text (no newline).
     pub fn to_text(&self) -> String {
         // Serializing borrowed bytes and numbers into a String cannot fail.
@@ -47,7 +97,7 @@ impl RecordLine<'_> {
 }
 
 /// A timestamp of the buffer, as the public type.
-pub fn stored_timestamp(stored: catchup::store::Timestamp) -> Timestamp {
+fn stored_timestamp(stored: catchup::store::Timestamp) -> Timestamp {
     match stored {
         catchup::store::Timestamp::NotAvailable => Timestamp::NotAvailable,
         catchup::store::Timestamp::CreateTime(ms) => Timestamp::CreateTime(ms),
@@ -90,11 +140,13 @@ fn bytes_entry<M: SerializeMap>(
     name: &'static str,
     bytes: Option<&[u8]>,
 ) -> Result<(), M::Error> {
-    match bytes.map(std::str::from_utf8) {
-        None => map.serialize_entry(name, &None::<&str>),
-        Some(Ok(text)) => map.serialize_entry(name, text),
-        Some(Err(_)) => {
-            let encoded = base64::engine::general_purpose::STANDARD.encode(bytes.unwrap_or(&[]));
+    let Some(bytes) = bytes else {
+        return map.serialize_entry(name, &None::<&str>);
+    };
+    match std::str::from_utf8(bytes) {
+        Ok(text) => map.serialize_entry(name, text),
+        Err(_) => {
+            let encoded = base64::engine::general_purpose::STANDARD.encode(bytes);
             map.serialize_entry(&format!("{name}_b64"), &encoded)
         }
     }

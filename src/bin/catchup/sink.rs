@@ -8,32 +8,7 @@ use std::path::PathBuf;
 use catchup::Delivery;
 
 use crate::Failure;
-use crate::schema::{Processed, RecordLine, RecordView};
-
-/// One line: the record in the schema `dump` prints (see `schema`), with the assignment it
-/// was delivered under and when it was processed.
-pub fn record_line(delivery: &Delivery, processed_at_ms: u128) -> RecordLine<'_> {
-    RecordLine {
-        record: RecordView {
-            topic: &delivery.topic,
-            partition: delivery.partition,
-            lane: delivery.lane.as_str(),
-            offset: delivery.offset,
-            timestamp: delivery.timestamp,
-            key: delivery.key.as_deref(),
-            value: delivery.payload.as_deref(),
-            headers: delivery
-                .headers
-                .iter()
-                .map(|h| (h.key.as_str(), h.value.as_deref()))
-                .collect(),
-        },
-        processed: Some(Processed {
-            assignment: delivery.assignment(),
-            processed_at_ms: processed_at_ms as u64,
-        }),
-    }
-}
+use crate::schema::RecordLine;
 
 /// Appends processed records as JSON lines; durable before they are acknowledged.
 pub struct Sink {
@@ -87,10 +62,13 @@ impl Sink {
 
     /// Appends `delivery`'s line.
     pub fn write(&mut self, delivery: &Delivery, processed_at_ms: u128) -> Result<(), Failure> {
-        serde_json::to_writer(&mut self.writer, &record_line(delivery, processed_at_ms))
-            .map_err(std::io::Error::from)
-            .and_then(|()| self.writer.write_all(b"\n"))
-            .map_err(|e| self.error(e))
+        serde_json::to_writer(
+            &mut self.writer,
+            &RecordLine::processed(delivery, processed_at_ms),
+        )
+        .map_err(std::io::Error::from)
+        .and_then(|()| self.writer.write_all(b"\n"))
+        .map_err(|e| self.error(e))
     }
 
     /// Flushes and fsyncs: everything written so far survives a crash (stdout: flushed).
