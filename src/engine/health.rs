@@ -12,11 +12,14 @@ use tokio::sync::broadcast;
 
 use super::telemetry;
 use super::types::{ClientHooks, Event};
-use crate::plan::{REFUSAL_GRACE, Refusal};
+use crate::plan::{Announce, REFUSAL_GRACE, Reachability, Refusal};
 
 /// Whether the brokers can be reached, as every client of one consumer reports it.
 #[derive(Debug)]
 pub(crate) struct BrokerHealth {
+    /// What was announced, and what is suspected (`plan::Reachability`).
+    reachability: std::sync::Mutex<Reachability>,
+    /// `reachability.unreachable()`, read without the lock.
     unreachable: AtomicBool,
     /// The consumer's group, the label of its metrics.
     group: String,
@@ -36,6 +39,7 @@ impl BrokerHealth {
     /// The health of the clients of the consumer in `group`.
     pub fn new(group: &str, hooks: Option<Arc<dyn ClientHooks>>) -> Self {
         Self {
+            reachability: std::sync::Mutex::new(Reachability::default()),
             unreachable: AtomicBool::new(false),
             group: group.to_owned(),
             last_failure: std::sync::Mutex::new(None),
@@ -61,11 +65,61 @@ impl BrokerHealth {
         self.unreachable.load(Ordering::Relaxed)
     }
 
+    /// Whether the brokers are unreachable or suspected to be: the live thread probes them
+    /// until it knows.
+    pub fn in_doubt(&self) -> bool {
+        self.reachability().in_doubt()
+    }
+
     /// A request succeeded: the brokers are reachable (INFO and an event when they were not).
     pub fn reached(&self) {
-        if self.unreachable.swap(false, Ordering::Relaxed) {
-            tracing::info!("the brokers are reachable again");
-            self.emit(Event::BrokersReachable);
+        let mut reachability = self.reachability();
+        let announce = reachability.reached(Instant::now());
+        self.announce(reachability, announce, None);
+    }
+
+    /// A probe of the brokers failed: a suspected report of an outage is believed.
+    pub fn probe_failed(&self, reason: &str) {
+        let mut reachability = self.reachability();
+        let announce = reachability.probe_failed();
+        self.announce(reachability, announce, Some(("live", reason)));
+    }
+
+    fn reachability(&self) -> std::sync::MutexGuard<'_, Reachability> {
+        self.reachability
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Says what `reachability` decided (after letting it go): one WARN and an event for an
+    /// outage, naming the last failed connection; one INFO and an event when it ends.
+    fn announce(
+        &self,
+        reachability: std::sync::MutexGuard<'_, Reachability>,
+        announce: Announce,
+        reporter: Option<(&str, &str)>,
+    ) {
+        self.unreachable
+            .store(reachability.unreachable(), Ordering::Relaxed);
+        drop(reachability);
+        match announce {
+            Announce::Nothing => {}
+            Announce::Reachable => {
+                tracing::info!("the brokers are reachable again");
+                self.emit(Event::BrokersReachable);
+            }
+            Announce::Unreachable => {
+                let (role, reported) = reporter.unwrap_or(("", ""));
+                let reason = self
+                    .last_failure()
+                    .clone()
+                    .unwrap_or_else(|| reported.to_owned());
+                tracing::warn!(
+                    client = role,
+                    "the brokers cannot be reached ({reason}); retrying"
+                );
+                self.emit(Event::BrokersUnreachable { reason });
+            }
         }
     }
 
@@ -160,20 +214,14 @@ impl BrokerHealth {
         *self.last_failure() = Some(reason.to_owned());
     }
 
-    /// No broker can be reached: one WARN and an event naming the last failed connection,
-    /// until a request gets through again ([`reached`](Self::reached)).
+    /// A client reports that no broker can be reached: one WARN and an event naming the last
+    /// failed connection, until a request gets through again ([`reached`](Self::reached)) —
+    /// unless a request got through just before, which makes the report suspect of being
+    /// late (`plan::Reachability`): a failing probe confirms it.
     pub fn all_down(&self, role: &str, reason: &str) {
         telemetry::broker_error(&self.group);
-        if !self.unreachable.swap(true, Ordering::Relaxed) {
-            let reason = self
-                .last_failure()
-                .clone()
-                .unwrap_or_else(|| reason.to_owned());
-            tracing::warn!(
-                client = role,
-                "the brokers cannot be reached ({reason}); retrying"
-            );
-            self.emit(Event::BrokersUnreachable { reason });
-        }
+        let mut reachability = self.reachability();
+        let announce = reachability.all_down(Instant::now());
+        self.announce(reachability, announce, Some((role, reason)));
     }
 }

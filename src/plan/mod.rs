@@ -11,6 +11,7 @@ mod incarnation;
 mod lag;
 mod latest;
 mod progress;
+mod reachability;
 mod reconcile;
 mod refusal;
 mod secret;
@@ -27,6 +28,7 @@ pub use incarnation::incarnation_unknown;
 pub use lag::{SideStatus, TrueLag, true_lag};
 pub use latest::{ENTRY_OVERHEAD_BYTES, KeyIndex, Verdict};
 pub use progress::{BacklogRate, RATE_WINDOW, backlog_left, live_lag, live_lag_seconds};
+pub use reachability::{Announce, Reachability, STALE_AFTER_REACHED};
 pub use reconcile::{
     Committed, Decision, Inputs, LocalAction, MainLogCommit, OffsetReset, PlanEvent, SideValue,
     SideWrite, clip_ranges, local_action, reconcile, trusted_side_entry,

@@ -410,7 +410,7 @@ fn run(
                 processed: shared.processed_since_commit(),
                 assignments: shared.assignments.load(Ordering::Relaxed),
                 damaged: !damaged.is_empty(),
-                troubled: shared.health.is_unreachable() || shared.health.is_refusing(),
+                troubled: shared.health.in_doubt() || shared.health.is_refusing(),
             },
         );
         if due.commit {
@@ -440,9 +440,12 @@ fn run(
         // accept the credentials again: ask (a round trip: messages polled may have been
         // fetched before the brokers went away).
         if due.probe {
-            if consumer.fetch_metadata(None, PROBE_TIMEOUT).is_ok() {
-                shared.health.reached();
-                shared.health.accepted();
+            match consumer.fetch_metadata(None, PROBE_TIMEOUT) {
+                Ok(_) => {
+                    shared.health.reached();
+                    shared.health.accepted();
+                }
+                Err(error) => shared.health.probe_failed(&error.to_string()),
             }
             schedule.probed(Instant::now());
         }
