@@ -71,6 +71,15 @@ impl Rebootstrap {
         if !self.due(reachable, now) {
             return;
         }
+        self.add_servers(
+            client,
+            role,
+            &format!("no broker reachable for {} s", REBOOTSTRAP_AFTER.as_secs()),
+        );
+    }
+
+    /// Adds `client`'s bootstrap servers again now, because of `why` (said in a WARN line).
+    pub(crate) fn add_servers<C: ClientContext>(&self, client: &Client<C>, role: &str, why: &str) {
         let Some(servers) = &self.servers else {
             return;
         };
@@ -80,8 +89,7 @@ impl Rebootstrap {
         tracing::warn!(
             client = role,
             added,
-            "no broker reachable for {} s: adding the bootstrap servers again",
-            REBOOTSTRAP_AFTER.as_secs()
+            "{why}: adding the bootstrap servers again"
         );
     }
 }

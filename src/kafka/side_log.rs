@@ -7,11 +7,11 @@ use std::time::{Duration, Instant};
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
-use super::{BrokerHealth, KafkaError, RoleContext, for_role};
+use super::{BrokerHealth, KafkaError, Rebootstrap, RoleContext, for_role};
 use crate::plan::{
     SIDE_PARTITIONS, SideEntry, SplitSecret, parse_side_key, side_key, side_partition,
 };
@@ -31,6 +31,8 @@ pub struct SideLog {
     partition: i32,
     client_config: ClientConfig,
     producer: FutureProducer<RoleContext>,
+    /// The producer's bootstrap servers, added again after a write timed out.
+    rebootstrap: Rebootstrap,
     health: Arc<BrokerHealth>,
 }
 
@@ -49,6 +51,7 @@ impl SideLog {
             .set("acks", "all")
             .set("linger.ms", "0")
             .set("message.timeout.ms", "30000");
+        let rebootstrap = Rebootstrap::new(&producer_config);
         let producer: FutureProducer<RoleContext> = producer_config
             .create_with_context(RoleContext::new(health.clone(), "side-producer"))
             .map_err(|e| KafkaError::client("creating the side-log producer", e))?;
@@ -58,6 +61,7 @@ impl SideLog {
             partition: 0,
             client_config,
             producer,
+            rebootstrap,
             health,
         };
         let partitions = side_log.ensure_topic()?;
@@ -264,6 +268,31 @@ impl SideLog {
             self.producer.send(record, SIDE_TIMEOUT)
         });
         let deliveries = futures::executor::block_on(futures::future::join_all(sends));
+        // A write that timed out found no broker for its whole timeout: the producer may be
+        // left with none to connect to, as the consumers can be (`Rebootstrap`), and no
+        // later write would get through either. It is the only client nothing polls while
+        // the brokers are away, so its servers are added again here.
+        let timed_out = deliveries.iter().any(|delivery| {
+            matches!(
+                delivery,
+                Err((
+                    rdkafka::error::KafkaError::MessageProduction(
+                        RDKafkaErrorCode::MessageTimedOut
+                    ),
+                    _
+                ))
+            )
+        });
+        if timed_out {
+            self.rebootstrap.add_servers(
+                self.producer.client(),
+                "side-producer",
+                &format!(
+                    "a side-log write found no broker for {} s",
+                    SIDE_TIMEOUT.as_secs()
+                ),
+            );
+        }
         deliveries
             .into_iter()
             .zip(&sealed)
