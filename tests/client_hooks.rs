@@ -13,7 +13,11 @@ use catchup::{ClientHooks, Mode};
 use support::{Kafka, test_config, unique};
 
 const WAIT: Duration = Duration::from_secs(60);
-const BACKLOG: usize = 2000;
+/// Over both partitions: 5,000 each, more than one poll round of the catch-up consumer takes
+/// from a partition's queue (2,000), so the lane waits for the reader and its consumer lives
+/// (and reports) until then. With 1,000 a partition one round now and then fetched a whole
+/// lane, and the consumer left before its first report.
+const BACKLOG: usize = 10_000;
 
 #[derive(Default)]
 struct Seen {

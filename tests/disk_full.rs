@@ -10,6 +10,11 @@
 //!
 //! Before, such a run stopped making progress after 500 records, logged nothing, and ignored
 //! SIGTERM until SIGKILL.
+//!
+//! What fills the disk is what waits: fresh records, produced once the first run has split
+//! its partitions, fetched by the live lanes far ahead of a run that processes 500 records a
+//! second. (A catch-up lane reads ahead only an eighth of its share, so a backlog alone
+//! would stay in Kafka rather than fill the disk.)
 
 mod support;
 
@@ -25,10 +30,14 @@ use support::{Kafka, unique};
 
 const PARTITIONS: i32 = 2;
 const PER_PARTITION: usize = 30_000;
+/// Produced before the first run starts: each partition's backlog, which splits it.
+const BACKLOG: usize = 1_000;
 const VALUE_BYTES: usize = 400;
 
-/// A budget of 64 MiB: the whole backlog (24 MB) is fetched while the slow first run
-/// processes it, the memory tier holds 16 MiB of it, and what waits beyond goes to disk.
+/// A budget of 64 MiB (a live lane's share is 16 MiB while its partition catches up, 32 MiB
+/// after): the fresh records (23 MB) are fetched while the slow first run processes its
+/// backlog and them, the memory tier holds 16 MiB of them, and what waits beyond goes to
+/// disk.
 const WAITS_ON_DISK: [&str; 2] = ["--budget-mib", "64"];
 
 /// A tmpfs mounted for the test, unmounted when dropped.
@@ -86,11 +95,11 @@ fn filler(path: &Path, mib: usize) {
     std::fs::write(path, vec![0u8; mib << 20]).expect("writing the filler file");
 }
 
-/// Produces the topic: `PER_PARTITION` records of `VALUE_BYTES` on each partition.
-async fn produce(kafka: &Kafka, topic: &str) {
-    kafka.create_topic(topic, PARTITIONS).await;
+/// Produces the records `offsets` of every partition, of `VALUE_BYTES` each.
+async fn produce(kafka: &Kafka, topic: &str, offsets: std::ops::Range<usize>) {
     for partition in 0..PARTITIONS {
-        let records: Vec<(String, String)> = (0..PER_PARTITION)
+        let records: Vec<(String, String)> = offsets
+            .clone()
             .map(|i| {
                 (
                     format!("key-{i}"),
@@ -113,14 +122,7 @@ struct Run {
 fn run(kafka: &Kafka, group: &str, topic: &str, dir: &Path, sink: &Path, extra: &[&str]) -> Run {
     let mut child = Command::new(env!("CARGO_BIN_EXE_catchup"))
         .args(["run", "--brokers", &kafka.bootstrap, "--group", group])
-        .args([
-            "--topic",
-            topic,
-            "--mode",
-            "concurrent",
-            "--min-lag",
-            "1000",
-        ])
+        .args(["--topic", topic, "--mode", "concurrent", "--min-lag", "500"])
         .arg("--buffer-dir")
         .arg(dir)
         .arg("--sink")
@@ -183,14 +185,30 @@ fn processed(sinks: &[PathBuf]) -> BTreeSet<(i64, i64)> {
         .collect()
 }
 
-/// A produced topic and a group committed at its start.
+/// A topic with a backlog of `BACKLOG` records a partition, and a group committed at its
+/// start.
 async fn topic_and_group(name: &str) -> (Kafka, String, String) {
     let kafka = Kafka::connect();
     let topic = unique(name);
-    produce(&kafka, &topic).await;
+    kafka.create_topic(&topic, PARTITIONS).await;
+    produce(&kafka, &topic, 0..BACKLOG).await;
     let group = unique(&format!("{name}-group"));
     kafka.commit_as_operator(&group, &topic, &[0, 0]);
     (kafka, topic, group)
+}
+
+/// Once `first` processed its first record (its partitions are split at their log ends),
+/// produces the rest of every partition: fresh records, for its live lanes.
+async fn produce_fresh(kafka: &Kafka, topic: &str, first_sink: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while sink_lines(first_sink).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the first run processed nothing within 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    produce(kafka, topic, BACKLOG..PER_PARTITION).await;
 }
 
 fn every_offset() -> BTreeSet<(i64, i64)> {
@@ -221,6 +239,7 @@ async fn below_the_floor_fetching_pauses_sigterm_exits_and_nothing_is_lost() {
         &first_sink,
         &[&floor[..], &slow[..], &WAITS_ON_DISK[..]].concat(),
     );
+    produce_fresh(&kafka, &topic, &first_sink).await;
     let warning = first.wait_for_line("free-space floor", Duration::from_secs(90));
     assert!(
         warning.contains("WARN") && warning.contains(&buffer.display().to_string()),
@@ -294,6 +313,7 @@ async fn a_write_that_fails_ends_the_run_with_an_error_and_loses_nothing() {
         ]
         .concat(),
     );
+    produce_fresh(&kafka, &topic, &first_sink).await;
     let (status, _, rest) = first.wait(Duration::from_secs(120));
     assert_eq!(status.code(), Some(1), "a failed write is exit 1:\n{rest}");
     assert!(

@@ -10,6 +10,7 @@ mod latest;
 mod progress;
 mod reader;
 mod stopped;
+mod taken;
 pub(crate) mod telemetry;
 pub(crate) mod types;
 mod writable;
@@ -17,6 +18,7 @@ mod writable;
 pub(crate) use health::BrokerHealth;
 pub(crate) use latest::{RebuildWanted, key_notes};
 pub(crate) use stopped::{BufferFailure, Stopped};
+pub(crate) use taken::CatchupTaken;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -65,6 +67,10 @@ pub(crate) struct PartitionRuntime {
     /// reader may acknowledge a record before its fetcher has counted the append that
     /// stored it, and the two must cancel out whatever their order.
     buffered_bytes: [i64; 2],
+    /// Per lane, the part of `buffered_bytes` handed to the application and not yet
+    /// acknowledged: the rest was fetched and is not handed out yet (what a catch-up lane may
+    /// read ahead, `kafka::budget`).
+    handed_bytes: [i64; 2],
     /// Per lane, records below this were in the buffer before this assignment and were never
     /// counted: their acks free nothing from the counters.
     counted_from: [i64; 2],
@@ -107,6 +113,7 @@ impl PartitionRuntime {
             lane_next: [catchup_next, live_next],
             drained: catchup_done,
             buffered_bytes: [0, 0],
+            handed_bytes: [0, 0],
             counted_from: [state.catchup.fetched_next, state.live.fetched_next],
             live: LanePartition::live(layout_id, state.live.fetched_next),
             awaiting_fresh_since: Some(std::time::Instant::now()),
@@ -130,8 +137,22 @@ impl PartitionRuntime {
         let freed = self.acks[lane].ack(offset) as i64;
         if offset >= self.counted_from[lane] {
             self.buffered_bytes[lane] -= freed;
+            self.handed_bytes[lane] -= freed;
         }
         freed.max(0) as u64
+    }
+
+    /// Records that `offset` (of `bytes` bytes) of lane `lane` (an index) is handed out.
+    fn hand_out(&mut self, lane: usize, offset: i64, bytes: usize) {
+        if self.acks[lane].delivered(offset, bytes) && offset >= self.counted_from[lane] {
+            self.handed_bytes[lane] += bytes as i64;
+        }
+    }
+
+    /// Bytes of `lane` fetched and not handed to the application yet.
+    pub fn undelivered(&self, lane: Lane) -> u64 {
+        let lane = lane_index(lane);
+        (self.buffered_bytes[lane] - self.handed_bytes[lane]).max(0) as u64
     }
 
     /// Unacknowledged bytes of `lane`.
@@ -208,6 +229,8 @@ pub(crate) struct Shared {
     subscription: AtomicU64,
     /// Whether the brokers can be reached, as every client reports it.
     pub health: Arc<BrokerHealth>,
+    /// The reader wakes the catch-up fetcher through it when it takes catch-up records.
+    pub catchup_taken: CatchupTaken,
 }
 
 impl Shared {
@@ -241,6 +264,7 @@ impl Shared {
             stopped: Mutex::new(None),
             subscription: AtomicU64::new(0),
             health,
+            catchup_taken: CatchupTaken::default(),
         }
     }
 
@@ -403,6 +427,14 @@ impl Shared {
         self.partitions()
             .iter()
             .map(|(key, runtime)| (key.clone(), runtime.buffered(lane)))
+            .collect()
+    }
+
+    /// Bytes of `lane` fetched and not handed out yet, per assigned partition.
+    pub fn undelivered_by_partition(&self, lane: Lane) -> BTreeMap<PartitionId, u64> {
+        self.partitions()
+            .iter()
+            .map(|(key, runtime)| (key.clone(), runtime.undelivered(lane)))
             .collect()
     }
 

@@ -50,6 +50,7 @@ impl Shared {
         };
         let per_partition = (max / starts.len()).max(MIN_READ);
         let mut filled = 0;
+        let mut catchup_taken = false;
         for (key, generation, reads) in starts {
             let mut batches = Vec::with_capacity(reads.len());
             let mut damaged = None;
@@ -91,6 +92,7 @@ impl Shared {
                     continue; // read again meanwhile (cannot happen: one reader at a time)
                 }
                 *next = batch.next;
+                catchup_taken |= batch.lane == Lane::Catchup && !batch.records.is_empty();
                 let deliveries = self.deliver(&key, runtime, batch.lane, batch.records, batch.next);
                 filled += deliveries.len();
                 queues[queue].extend(deliveries);
@@ -112,6 +114,9 @@ impl Shared {
             if filled >= max {
                 break;
             }
+        }
+        if catchup_taken {
+            self.catchup_taken.taken();
         }
         Ok(())
     }
@@ -211,7 +216,7 @@ impl Shared {
         let mut superseded = 0;
         let mut freed = 0;
         for record in records {
-            runtime.acks[index].delivered(record.offset, record.payload_bytes());
+            runtime.hand_out(index, record.offset, record.payload_bytes());
             let verdict = runtime.latest.as_mut().map_or(Verdict::Deliver, |keys| {
                 keys.verdict(record.key.as_deref(), record.offset)
             });

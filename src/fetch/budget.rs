@@ -41,6 +41,11 @@ impl<K: Ord + Clone> PausePolicy<K> {
         self.paused.contains(partition)
     }
 
+    /// Whether any partition is paused.
+    pub fn any_paused(&self) -> bool {
+        !self.paused.is_empty()
+    }
+
     /// Decides the changes for this round. `usage` holds every partition the fetcher fetches
     /// with its unacknowledged bytes; a partition no longer in it is forgotten (its consumer
     /// assignment is gone, and so is the pause).
@@ -95,10 +100,12 @@ mod tests {
         assert_eq!(changes.len(), 1);
         assert_eq!((changes[0].partition, changes[0].paused), ("a", true));
         assert!(policy.is_paused(&"a"));
+        assert!(policy.any_paused());
         // Still above half a share: stays paused; the other partition is not affected.
         assert_eq!(policy.decide(1000, 4, &usage(200, 240)), vec![]);
         let changes = policy.decide(1000, 4, &usage(125, 240));
         assert_eq!((changes[0].partition, changes[0].paused), ("a", false));
+        assert!(!policy.any_paused());
     }
 
     #[test]

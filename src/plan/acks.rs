@@ -36,16 +36,19 @@ impl AckTracker {
 
     /// Records that `offset` (of `bytes` bytes) was handed to the application. Offsets must
     /// increase; offsets between deliveries (compaction, markers) count as processed once
-    /// everything before them is.
-    pub fn delivered(&mut self, offset: i64, bytes: usize) {
-        if offset >= self.delivered_next {
-            self.outstanding.push_back(Outstanding {
-                offset,
-                acked: false,
-                bytes,
-            });
-            self.delivered_next = offset + 1;
+    /// everything before them is. Whether it was recorded (an offset below the last one
+    /// delivered is not).
+    pub fn delivered(&mut self, offset: i64, bytes: usize) -> bool {
+        if offset < self.delivered_next {
+            return false;
         }
+        self.outstanding.push_back(Outstanding {
+            offset,
+            acked: false,
+            bytes,
+        });
+        self.delivered_next = offset + 1;
+        true
     }
 
     /// Marks the lane read through `next` (exclusive) even where no record was delivered.
@@ -135,7 +138,7 @@ mod tests {
         assert_eq!(acks.committable(), 0);
         acks.ack(0);
         assert_eq!(acks.committable(), 10);
-        acks.delivered(5, 1); // below delivered_next: ignored
+        assert!(!acks.delivered(5, 1), "below delivered_next: ignored");
         assert_eq!(acks.committable(), 10);
     }
 }

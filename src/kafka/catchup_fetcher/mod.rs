@@ -35,6 +35,9 @@ use crate::store::{Lane, LayoutId, OffsetRange, StoreError};
 const POLL_BATCH: usize = 2000;
 /// The longest a fetcher whose queues are all empty waits before it looks again.
 const EMPTY_WAIT: Duration = Duration::from_millis(20);
+/// The longest a fetcher that leaves a queue unpolled (`Budget::holds`) waits: the reader
+/// wakes it when it takes catch-up records, and this covers a word it missed.
+const HELD_WAIT: Duration = Duration::from_millis(5);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Requests to the catch-up thread.
@@ -131,6 +134,10 @@ impl CatchupFetcher {
             .set("enable.partition.eof", "true");
         let budget = shared.config.buffer_budget_bytes;
         let (commands, receiver) = crossbeam_channel::unbounded();
+        let wakeup = wakeup::Wakeup::default();
+        if role == Role::Catchup {
+            shared.catchup_taken.wake_with(wakeup.callback());
+        }
         let thread = std::thread::Builder::new()
             .name(format!("catchup-{}", role.client_role()))
             .spawn(move || {
@@ -146,7 +153,7 @@ impl CatchupFetcher {
                         .then(|| Budget::new("catch-up", Lane::Catchup, budget)),
                     role,
                     rebuilding: HashMap::new(),
-                    wakeup: wakeup::Wakeup::default(),
+                    wakeup,
                 }
                 .run(receiver)
             })
@@ -412,7 +419,9 @@ impl Fetcher {
             let main_queued =
                 unsafe { super::ffi::consumer_queue_length(consumer.client().native_ptr()) };
             if main_queued == 0 {
-                self.wakeup.wait(EMPTY_WAIT);
+                let holding = self.budget.as_ref().is_some_and(Budget::holds_any);
+                self.wakeup
+                    .wait(if holding { HELD_WAIT } else { EMPTY_WAIT });
             }
             polled = self.poll_round(&consumer);
         }
@@ -445,19 +454,23 @@ impl Fetcher {
         let tracked = &self.tracked;
         if let Some(budget) = &mut self.budget {
             budget.apply(&self.shared, &consumer, |key| tracked.contains_key(key));
+            self.shared.catchup_taken.set_holding(budget.holds_any());
         }
         Ok(())
     }
 
     /// Polls the main queue (callbacks, and messages fetched before a queue was split) and
-    /// every partition queue, up to `POLL_BATCH` each. Errors end a queue's turn, never the
-    /// round: what was polled before them is kept.
+    /// every partition queue the budget does not hold, up to `POLL_BATCH` each. Errors end a
+    /// queue's turn, never the round: what was polled before them is kept. A held queue keeps
+    /// its records and events, in order, for a later round.
     fn poll_round(&self, consumer: &BaseConsumer<RoleContext>) -> Round<PartitionId> {
         let mut polled = Round::new();
         self.poll_main(consumer, Duration::ZERO, &mut polled);
+        let held = |key: &PartitionId| self.budget.as_ref().is_some_and(|b| b.holds(key));
         for (key, queue) in self
             .tracked
             .iter()
+            .filter(|(key, _)| !held(key))
             .filter_map(|(k, t)| Some((k, t.queue.as_ref()?)))
         {
             let mut records = Vec::new();
