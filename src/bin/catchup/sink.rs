@@ -62,13 +62,10 @@ impl Sink {
 
     /// Appends `delivery`'s line.
     pub fn write(&mut self, delivery: &Delivery, processed_at_ms: u128) -> Result<(), Failure> {
-        serde_json::to_writer(
-            &mut self.writer,
-            &RecordLine::processed(delivery, processed_at_ms),
-        )
-        .map_err(std::io::Error::from)
-        .and_then(|()| self.writer.write_all(b"\n"))
-        .map_err(|e| self.error(e))
+        RecordLine::processed(delivery, processed_at_ms)
+            .write_to(&mut self.writer)
+            .and_then(|()| self.writer.write_all(b"\n"))
+            .map_err(|e| self.error(e))
     }
 
     /// Flushes and fsyncs: everything written so far survives a crash (stdout: flushed).
