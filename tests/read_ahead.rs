@@ -1,4 +1,4 @@
-//! A catch-up lane reads ahead of its reader at most an eighth of its share of the byte
+//! A catch-up lane reads ahead of its reader about an eighth of its share of the byte
 //! budget: behind a slow reader its next records wait in Kafka's client, not in sled (the
 //! memory tier spills a lane's oldest records first, exactly those the reader takes next).
 //! The read-ahead counts what is not handed out yet, not what is unacknowledged: an
@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use catchup::{CatchupConfig, CatchupConsumer, Event, Mode};
 use support::{Kafka, catchup_consumer, unique};
+use tokio::sync::broadcast::error::TryRecvError;
 
 const WAIT: Duration = Duration::from_secs(30);
 const RECORDS: usize = 20_000;
@@ -83,9 +84,12 @@ async fn a_catchup_lane_reads_ahead_an_eighth_of_its_share() {
         "the catch-up lane ran {farthest_ahead} records ahead of its reader: held at an eighth of its share, it stays far below the share's {SHARE_RECORDS}"
     );
     let mut paused = Vec::new();
-    while let Ok(event) = events.try_recv() {
-        if matches!(&event, Event::Backpressure { paused: true, .. }) {
-            paused.push(event);
+    loop {
+        match events.try_recv() {
+            Ok(event @ Event::Backpressure { paused: true, .. }) => paused.push(event),
+            Ok(_) => {}
+            Err(TryRecvError::Empty) => break,
+            Err(error) => panic!("the events could not all be seen: {error}"),
         }
     }
     assert!(

@@ -725,7 +725,8 @@ impl CatchupConsumer {
     }
 
     /// Whether the brokers answer, as the consumer's clients last reported it (`false` from
-    /// the first "all brokers are down" until a request gets through again): for health
+    /// an "all brokers are down" until a request gets through again; a report that comes
+    /// within 2 s of a request that got through counts once a probe fails too): for health
     /// checks, next to [`Event::BrokersUnreachable`] and [`Event::BrokersReachable`].
     ///
     /// ```no_run

@@ -415,10 +415,17 @@ impl Shared {
         self.events.subscribe()
     }
 
-    /// Counts `bytes` appended to `lane` of `key` against the byte budget.
-    pub fn add_buffered(&self, key: &PartitionId, lane: Lane, bytes: u64) {
+    /// Counts `bytes` appended to `lane` of `key`, which left the lane fetched up to
+    /// `fetched_next`, against the byte budget. An append that landed before the partition's
+    /// runtime was made (a writer of an earlier assignment, late) is below what the runtime
+    /// counts from: its records are never handed out or acknowledged as counted, so counting
+    /// it would leave the lane's counters above zero for good.
+    pub fn add_buffered(&self, key: &PartitionId, lane: Lane, fetched_next: i64, bytes: u64) {
         if let Some(runtime) = self.partitions().get_mut(key) {
-            runtime.buffered_bytes[lane_index(lane)] += bytes as i64;
+            let lane = lane_index(lane);
+            if fetched_next > runtime.counted_from[lane] {
+                runtime.buffered_bytes[lane] += bytes as i64;
+            }
         }
     }
 
@@ -468,4 +475,86 @@ impl Shared {
 
 fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / (1 << 20) as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{BufferOptions, OffsetRange};
+
+    const KEY: fn() -> PartitionId = || ("orders".to_owned(), 0);
+
+    /// A split partition (backlog 0..1000) whose catch-up lane was fetched up to 100 before
+    /// this assignment, in a consumer of its own.
+    fn consumer_with_split(dir: &std::path::Path) -> Shared {
+        let buffer = Buffer::open(dir, BufferOptions::default()).expect("buffer");
+        let shared = Shared::new(
+            Arc::new(buffer),
+            CatchupConfig::new(dir),
+            "group".into(),
+            Arc::new(BrokerHealth::new("group", None)),
+        );
+        let mut state = PartitionState::new(PartitionLayout {
+            epoch: 1,
+            catchup_ranges: vec![OffsetRange::new(0, 1000)],
+            live_from: 1000,
+        });
+        state.catchup.fetched_next = 100;
+        let runtime = PartitionRuntime::new(1, &state, LayoutId(1), None, None, 0);
+        shared.partitions().insert(KEY(), runtime);
+        shared
+    }
+
+    fn undelivered(shared: &Shared) -> u64 {
+        shared.partitions()[&KEY()].undelivered(Lane::Catchup)
+    }
+
+    fn hand_out(shared: &Shared, offset: i64, bytes: usize) {
+        let catchup = lane_index(Lane::Catchup);
+        if let Some(runtime) = shared.partitions().get_mut(&KEY()) {
+            runtime.hand_out(catchup, offset, bytes);
+        }
+    }
+
+    fn acknowledge(shared: &Shared, offset: i64) {
+        let catchup = lane_index(Lane::Catchup);
+        if let Some(runtime) = shared.partitions().get_mut(&KEY()) {
+            runtime.acknowledge(catchup, offset);
+        }
+    }
+
+    #[test]
+    fn what_is_fetched_and_not_handed_out_is_counted_in_any_order() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let shared = consumer_with_split(dir.path());
+        // A late append of an earlier assignment (below where this one counts from).
+        shared.add_buffered(&KEY(), Lane::Catchup, 100, 500);
+        assert_eq!(undelivered(&shared), 0, "a stale append is not counted");
+        // Records the buffer held before this assignment count for nothing either way.
+        hand_out(&shared, 50, 10);
+        acknowledge(&shared, 50);
+        assert_eq!(undelivered(&shared), 0);
+        // 100..103 fetched (10 bytes each), then handed out one by one.
+        shared.add_buffered(&KEY(), Lane::Catchup, 103, 30);
+        assert_eq!(undelivered(&shared), 30);
+        hand_out(&shared, 100, 10);
+        assert_eq!(undelivered(&shared), 20);
+        // Acknowledging a handed-out record frees it from both counters.
+        acknowledge(&shared, 100);
+        assert_eq!(undelivered(&shared), 20);
+        hand_out(&shared, 101, 10);
+        hand_out(&shared, 102, 10);
+        assert_eq!(undelivered(&shared), 0);
+        // The reader may hand out and acknowledge before the fetcher counts the append.
+        hand_out(&shared, 103, 10);
+        acknowledge(&shared, 103);
+        assert_eq!(undelivered(&shared), 0, "never below zero");
+        shared.add_buffered(&KEY(), Lane::Catchup, 104, 10);
+        assert_eq!(undelivered(&shared), 0, "the two cancel out");
+        acknowledge(&shared, 101);
+        acknowledge(&shared, 102);
+        let runtime = &shared.partitions()[&KEY()];
+        assert_eq!(runtime.buffered(Lane::Catchup), 0, "all acknowledged");
+        assert_eq!(runtime.undelivered(Lane::Catchup), 0);
+    }
 }

@@ -92,7 +92,7 @@ pub struct CatchupConfig {
     /// fetched: a partition's lane pauses above its share and resumes below half of it. A
     /// quarter of it is the buffer's memory tier: records the reader takes from memory, and
     /// that a commit drops without writing them; what waits beyond it is written to disk. A
-    /// catch-up lane reads ahead of the reader at most an eighth of its share (fetched and
+    /// catch-up lane reads ahead of the reader about an eighth of its share (fetched and
     /// not handed out yet): the rest of its backlog waits in Kafka, not on disk.
     pub buffer_budget_bytes: u64,
     /// Free space to leave on the buffer's filesystem: below it both fetchers pause every

@@ -23,7 +23,8 @@ use crate::engine::{PartitionId, Shared};
 use crate::fetch::PausePolicy;
 use crate::store::Lane;
 
-/// A catch-up lane reads ahead of the reader at most its share divided by this.
+/// A catch-up lane stops reading ahead of the reader once it is its share divided by this
+/// ahead (decided once a round: the round that crosses it may poll one queue's worth more).
 pub(crate) const READ_AHEAD_DIVISOR: u64 = 8;
 
 /// One fetcher's side of the byte budget.

@@ -18,6 +18,8 @@ use crate::plan::{
 
 /// How long one side-log operation may take before it is an error.
 const SIDE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the side log's producer tries to deliver a write (`message.timeout.ms`).
+const SIDE_MESSAGE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The latest side-topic value of each partition of one group, by (topic, partition), as
 /// read: reconciliation decodes and authenticates it (or finds it stale).
@@ -50,7 +52,10 @@ impl SideLog {
             .set("enable.idempotence", "true")
             .set("acks", "all")
             .set("linger.ms", "0")
-            .set("message.timeout.ms", "30000");
+            .set(
+                "message.timeout.ms",
+                SIDE_MESSAGE_TIMEOUT.as_millis().to_string(),
+            );
         let rebootstrap = Rebootstrap::new(&producer_config);
         let producer: FutureProducer<RoleContext> = producer_config
             .create_with_context(RoleContext::new(health.clone(), "side-producer"))
@@ -289,7 +294,7 @@ impl SideLog {
                 "side-producer",
                 &format!(
                     "a side-log write found no broker for {} s",
-                    SIDE_TIMEOUT.as_secs()
+                    SIDE_MESSAGE_TIMEOUT.as_secs()
                 ),
             );
         }

@@ -557,8 +557,12 @@ impl Fetcher {
         match &result {
             Ok(outcome) if outcome.stored > 0 => {
                 telemetry::records_fetched(&self.shared.group, "catchup", outcome.stored as u64);
-                self.shared
-                    .add_buffered(key, Lane::Catchup, outcome.stored_bytes);
+                self.shared.add_buffered(
+                    key,
+                    Lane::Catchup,
+                    outcome.fetched_next,
+                    outcome.stored_bytes,
+                );
                 if let Some((generation, notes)) = notes {
                     self.shared.note_keys(key, generation, notes);
                 }

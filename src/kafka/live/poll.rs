@@ -155,7 +155,7 @@ pub(super) fn append_live(
     match &result {
         Ok(outcome) => {
             telemetry::records_fetched(&shared.group, "live", outcome.stored as u64);
-            shared.add_buffered(key, Lane::Live, outcome.stored_bytes);
+            shared.add_buffered(key, Lane::Live, outcome.fetched_next, outcome.stored_bytes);
             if let Some((generation, notes)) = notes {
                 shared.note_keys(key, generation, notes);
             }
