@@ -26,8 +26,12 @@ fn records(start: i64, count: usize, size: usize) -> Vec<Record> {
         .map(|i| Record {
             offset: start + i,
             timestamp: Timestamp::CreateTime(1_764_000_000_000 + i),
-            key: Some(format!("k{:06}", (start + i) % 1_000_000).into_bytes()),
-            payload: Some(vec![(i % 251) as u8; size - 7]), // key + payload = size bytes
+            key: Some(
+                format!("k{:06}", (start + i) % 1_000_000)
+                    .into_bytes()
+                    .into(),
+            ),
+            payload: Some(vec![(i % 251) as u8; size - 7].into()), // key + payload = size bytes
             headers: Vec::new(),
         })
         .collect()

@@ -65,6 +65,8 @@ pub mod plan;
 #[doc(hidden)]
 pub mod store;
 
+/// The type of a [`Delivery`]'s key and value: shared, cheap to clone, read as `&[u8]`.
+pub use bytes::Bytes;
 pub use consumer::{
     AckToken, CatchupConfig, CatchupConsumer, ClientHooks, Delivery, DeliveryHeaders, DeliveryLane,
     DiskFloor, Event, Header, Health, LaneBuffer, Mode, PartitionBuffer, PartitionLag, SideStatus,

@@ -66,8 +66,8 @@ fn record(epoch: u64, partition: i32, lane: Lane, offset: i64) -> Record {
     Record {
         offset,
         timestamp: Timestamp::CreateTime(offset),
-        key: Some(offset.to_be_bytes().to_vec()),
-        payload: Some(payload),
+        key: Some(offset.to_be_bytes().to_vec().into()),
+        payload: Some(payload.into()),
         headers,
     }
 }

@@ -97,8 +97,8 @@ pub fn record(epoch: u64, partition: u8, lane: Lane, offset: i64) -> Record {
     Record {
         offset,
         timestamp: Timestamp::LogAppendTime(offset * 10),
-        key: (offset % 3 != 0).then(|| offset.to_le_bytes().to_vec()),
-        payload: Some(payload),
+        key: (offset % 3 != 0).then(|| offset.to_le_bytes().to_vec().into()),
+        payload: Some(payload.into()),
         headers: Vec::new(),
     }
 }

@@ -23,7 +23,7 @@ fn record(offset: i64) -> Record {
         offset,
         timestamp: Timestamp::CreateTime(offset),
         key: None,
-        payload: Some(offset.to_be_bytes().to_vec()),
+        payload: Some(offset.to_be_bytes().to_vec().into()),
         headers: Vec::new(),
     }
 }

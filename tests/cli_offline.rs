@@ -71,8 +71,8 @@ fn record(offset: i64, payload: &[u8]) -> Record {
     Record {
         offset,
         timestamp: Timestamp::CreateTime(1000 + offset),
-        key: Some(format!("k{offset}").into_bytes()),
-        payload: Some(payload.to_vec()),
+        key: Some(format!("k{offset}").into_bytes().into()),
+        payload: Some(payload.to_vec().into()),
         headers: vec![Header {
             key: "trace".into(),
             value: Some(b"abc".to_vec()),

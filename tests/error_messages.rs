@@ -28,7 +28,7 @@ fn record(offset: i64) -> Record {
         offset,
         timestamp: Timestamp::CreateTime(1),
         key: None,
-        payload: Some(vec![7; 300]),
+        payload: Some(vec![7; 300].into()),
         headers: Vec::new(),
     }
 }

@@ -86,8 +86,10 @@ async fn aborted_transactions_and_markers_do_not_stall_catch_up() {
             .await
             .expect("in time")
             .expect("recv");
-        payloads
-            .push(String::from_utf8(delivery.payload.clone().unwrap_or_default()).expect("utf-8"));
+        payloads.push(
+            String::from_utf8(delivery.payload.as_deref().unwrap_or_default().to_vec())
+                .expect("utf-8"),
+        );
         consumer.ack(&delivery);
     }
     let expected: Vec<String> = (0..60)

@@ -4,6 +4,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
+
 use crate::fetch::DiskFloor;
 use crate::store::OffsetRange;
 
@@ -394,6 +396,11 @@ impl DeliveryLane {
 
 /// A record handed to the application. Acknowledge it with
 /// [`CatchupConsumer::ack`](crate::CatchupConsumer::ack) once processed.
+///
+/// Key and value are [`Bytes`]: shared with the buffer, not copied for each delivery, and
+/// cheap to clone. A record fetched with its neighbours shares one allocation with them (up
+/// to 16 KiB, freed with the last of them): to keep a value for long, copy it
+/// (`payload.to_vec()`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Delivery {
@@ -403,10 +410,10 @@ pub struct Delivery {
     pub partition: i32,
     /// Offset.
     pub offset: i64,
-    /// Key.
-    pub key: Option<Vec<u8>>,
-    /// Value.
-    pub payload: Option<Vec<u8>>,
+    /// Key; `None` for a null key.
+    pub key: Option<Bytes>,
+    /// Value; `None` for a null value (a tombstone).
+    pub payload: Option<Bytes>,
     /// Headers, in the order the producer wrote them.
     pub headers: DeliveryHeaders,
     /// Timestamp.
@@ -517,8 +524,11 @@ impl rdkafka::Message for Delivery {
         self.payload.as_deref()
     }
 
+    /// Always `None`: a delivery's value is shared with the buffer (and with its
+    /// neighbours' values) and never changed in place. Copy it to change it
+    /// (`payload.to_vec()`).
     unsafe fn payload_mut(&mut self) -> Option<&mut [u8]> {
-        self.payload.as_deref_mut()
+        None
     }
 
     fn topic(&self) -> &str {

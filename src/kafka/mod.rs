@@ -1,6 +1,7 @@
 //! rdkafka adapters: the live fetcher (the group member, with its rebalance context), the
 //! catch-up fetcher, and the side log. Thin I/O around the decisions in [`crate::plan`].
 
+mod arena;
 mod budget;
 mod cached_watermarks;
 mod catchup_fetcher;
@@ -30,6 +31,7 @@ use rdkafka::Message;
 use rdkafka::message::{BorrowedMessage, Headers};
 
 use crate::store::{Header, Record, Timestamp};
+pub(crate) use arena::Arenas;
 
 /// Errors of the Kafka layer, with what was being done. New variants may come in minor
 /// versions.
@@ -102,8 +104,8 @@ impl KafkaError {
     }
 }
 
-/// The buffer's copy of a fetched message.
-pub(crate) fn to_record(message: &BorrowedMessage<'_>) -> Record {
+/// The buffer's copy of a fetched message (its key and value in `arenas`).
+pub(crate) fn to_record(message: &BorrowedMessage<'_>, arenas: &mut Arenas) -> Record {
     let timestamp = match message.timestamp() {
         rdkafka::Timestamp::NotAvailable => Timestamp::NotAvailable,
         rdkafka::Timestamp::CreateTime(ms) => Timestamp::CreateTime(ms),
@@ -124,8 +126,12 @@ pub(crate) fn to_record(message: &BorrowedMessage<'_>) -> Record {
     Record {
         offset: message.offset(),
         timestamp,
-        key: message.key().map(<[u8]>::to_vec),
-        payload: message.payload().map(<[u8]>::to_vec),
+        key: message
+            .key()
+            .map(|key| arenas.copy(message.topic(), message.partition(), key)),
+        payload: message
+            .payload()
+            .map(|payload| arenas.copy(message.topic(), message.partition(), payload)),
         headers,
     }
 }

@@ -6,7 +6,7 @@ fn record(offset: i64, size: usize) -> Record {
     Record {
         offset,
         timestamp: Timestamp::CreateTime(1_700_000_000_000 + offset),
-        key: Some(format!("k{offset}").into_bytes()),
+        key: Some(format!("k{offset}").into_bytes().into()),
         // Varied bytes: a compressible payload would flatter nothing here, but stay honest.
         payload: Some(
             (0..size)

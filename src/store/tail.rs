@@ -205,7 +205,7 @@ mod tests {
             offset,
             timestamp: Timestamp::NotAvailable,
             key: None,
-            payload: Some(vec![0; 10]),
+            payload: Some(vec![0; 10].into()),
             headers: Vec::new(),
         }
     }

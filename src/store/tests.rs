@@ -8,8 +8,8 @@ fn record(offset: i64) -> Record {
     Record {
         offset,
         timestamp: Timestamp::CreateTime(1_700_000_000_000 + offset),
-        key: Some(format!("k{offset}").into_bytes()),
-        payload: Some(vec![offset as u8; 100]),
+        key: Some(format!("k{offset}").into_bytes().into()),
+        payload: Some(vec![offset as u8; 100].into()),
         headers: vec![Header {
             key: "h".into(),
             value: None,
@@ -904,7 +904,7 @@ fn blobs_seen(
     for batch in 0..batches {
         let records: Vec<Record> = (batch * 1000..(batch + 1) * 1000)
             .map(|offset| Record {
-                payload: Some(vec![(offset % 251) as u8; size]),
+                payload: Some(vec![(offset % 251) as u8; size].into()),
                 ..record(offset)
             })
             .collect();

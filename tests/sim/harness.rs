@@ -1058,7 +1058,7 @@ impl Sim {
                         .iter()
                         .filter(|r| r.offset < end)
                         .filter_map(|record| {
-                            Some((fetcher.part, record.key.clone()?, record.offset))
+                            Some((fetcher.part, record.key.as_deref()?.to_vec(), record.offset))
                         }),
                 );
                 self.rebuilt.push((fetcher.part, next));
@@ -1075,11 +1075,10 @@ impl Sim {
             }
             if stored && self.latest && !zombie {
                 // As the fetchers do: what the buffer took is noted in the index.
-                self.appended_keys.extend(
-                    append.records.iter().filter_map(|record| {
-                        Some((fetcher.part, record.key.clone()?, record.offset))
-                    }),
-                );
+                self.appended_keys
+                    .extend(append.records.iter().filter_map(|record| {
+                        Some((fetcher.part, record.key.as_deref()?.to_vec(), record.offset))
+                    }));
             }
         }
         if lane == Lane::Catchup && !zombie && fetcher.state.is_fetched() {
@@ -1298,7 +1297,7 @@ impl Sim {
         let (ordered, latest) = (self.ordered, self.latest);
         let state = &mut self.parts[part];
         let offset = record.offset;
-        if let Some(key) = record.key.as_ref().filter(|_| latest) {
+        if let Some(key) = record.key.as_deref().filter(|_| latest) {
             if let Some(&newer) = state
                 .handed_in_assignment
                 .get(key)
@@ -1329,11 +1328,11 @@ impl Sim {
                     "Latest's catch-up lane handed out {offset} of partition {part} after the live lane handed out {newer} of its key"
                 ));
             }
-            state.handed_in_assignment.insert(key.clone(), offset);
-            state.last_handed.insert(key.clone(), offset);
+            state.handed_in_assignment.insert(key.to_vec(), offset);
+            state.last_handed.insert(key.to_vec(), offset);
             if lane == Lane::Live {
                 for handed in [&mut state.live_handed, &mut state.live_handed_here] {
-                    let newest = handed.entry(key.clone()).or_insert(offset);
+                    let newest = handed.entry(key.to_vec()).or_insert(offset);
                     *newest = (*newest).max(offset);
                 }
             }

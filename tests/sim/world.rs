@@ -111,8 +111,8 @@ pub(super) fn record(offset: i64) -> Record {
     Record {
         offset,
         timestamp: Timestamp::NotAvailable,
-        key: key_of(offset),
-        payload: Some(payload(offset)),
+        key: key_of(offset).map(Into::into),
+        payload: Some(payload(offset).into()),
         headers: Vec::new(),
     }
 }

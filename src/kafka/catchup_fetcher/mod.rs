@@ -22,7 +22,7 @@ use rdkafka::error::KafkaError as RdError;
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
 use super::side_log::for_other_consumers;
-use super::{Budget, KafkaError, Rebootstrap, RoleContext, for_role, to_record};
+use super::{Arenas, Budget, KafkaError, Rebootstrap, RoleContext, for_role, to_record};
 use crate::engine::telemetry;
 use crate::engine::types::Event;
 use crate::engine::{PartitionId, Shared, key_notes};
@@ -154,6 +154,7 @@ impl CatchupFetcher {
                     role,
                     rebuilding: HashMap::new(),
                     wakeup,
+                    arenas: Arenas::default(),
                 }
                 .run(receiver)
             })
@@ -182,6 +183,8 @@ struct Fetcher {
     rebuilding: HashMap<PartitionId, rebuild::Rebuilding>,
     /// Raised when one of the consumer's queues receives something.
     wakeup: wakeup::Wakeup,
+    /// Where fetched keys and values are copied to.
+    arenas: Arenas,
 }
 
 impl Fetcher {
@@ -463,9 +466,10 @@ impl Fetcher {
     /// every partition queue the budget does not hold, up to `POLL_BATCH` each. Errors end a
     /// queue's turn, never the round: what was polled before them is kept. A held queue keeps
     /// its records and events, in order, for a later round.
-    fn poll_round(&self, consumer: &BaseConsumer<RoleContext>) -> Round<PartitionId> {
+    fn poll_round(&mut self, consumer: &BaseConsumer<RoleContext>) -> Round<PartitionId> {
+        let mut arenas = std::mem::take(&mut self.arenas);
         let mut polled = Round::new();
-        self.poll_main(consumer, Duration::ZERO, &mut polled);
+        self.poll_main(consumer, Duration::ZERO, &mut polled, &mut arenas);
         let held = |key: &PartitionId| self.budget.as_ref().is_some_and(|b| b.holds(key));
         for (key, queue) in self
             .tracked
@@ -478,7 +482,7 @@ impl Fetcher {
             for _ in 0..POLL_BATCH {
                 match queue.poll(Duration::ZERO) {
                     None => break,
-                    Some(Ok(message)) => records.push(to_record(&message)),
+                    Some(Ok(message)) => records.push(to_record(&message, &mut arenas)),
                     Some(Err(err)) => {
                         error = self.partition_error(Some(key), &err);
                         break;
@@ -493,6 +497,7 @@ impl Fetcher {
                 polled.push(Some(key.clone()), event);
             }
         }
+        self.arenas = arenas;
         polled
     }
 
@@ -501,12 +506,13 @@ impl Fetcher {
         consumer: &BaseConsumer<RoleContext>,
         timeout: Duration,
         polled: &mut Round<PartitionId>,
+        arenas: &mut Arenas,
     ) {
         match consumer.poll(timeout) {
             None => {}
             Some(Ok(message)) => polled.push(
                 Some((message.topic().to_owned(), message.partition())),
-                Polled::Messages(vec![to_record(&message)]),
+                Polled::Messages(vec![to_record(&message, arenas)]),
             ),
             Some(Err(err)) => {
                 // The main queue does not say which partition an error is about: every
@@ -756,6 +762,7 @@ mod tests {
             role: Role::Catchup,
             rebuilding: HashMap::new(),
             wakeup: wakeup::Wakeup::default(),
+            arenas: Arenas::default(),
         };
         let key: PartitionId = ("orders".into(), 3);
         fetcher.add(

@@ -12,8 +12,9 @@ pub(super) fn poll_into_buffer(
     consumer: &BaseConsumer<LiveContext>,
     shared: &Shared,
     budget: &Budget,
+    arenas: &mut Arenas,
 ) -> Option<(FatalKind, String)> {
-    let LiveRound { polled, fatal } = poll_round(consumer, shared);
+    let LiveRound { polled, fatal } = poll_round(consumer, shared, arenas);
     // Positions move past offsets without records (transaction markers, compaction); each
     // cursor decides whether its generation's position can be trusted.
     let positions = consumer.position().ok();
@@ -72,7 +73,11 @@ fn rebalances(shared: &Shared) -> u64 {
     shared.assignments.load(Ordering::Relaxed) + shared.revocations.load(Ordering::Relaxed)
 }
 
-pub(super) fn poll_round(consumer: &BaseConsumer<LiveContext>, shared: &Shared) -> LiveRound {
+pub(super) fn poll_round(
+    consumer: &BaseConsumer<LiveContext>,
+    shared: &Shared,
+    arenas: &mut Arenas,
+) -> LiveRound {
     let mut round = LiveRound::default();
     let mut timeout = Duration::from_millis(50);
     // A rebalance inside a `poll` of this round may revoke a partition and assign it again:
@@ -89,7 +94,7 @@ pub(super) fn poll_round(consumer: &BaseConsumer<LiveContext>, shared: &Shared) 
         match polled {
             None => break,
             Some(Ok(message)) => round.polled.push_record(
-                to_record(&message),
+                to_record(&message, arenas),
                 |((topic, partition), _)| {
                     *partition == message.partition() && topic == message.topic()
                 },
