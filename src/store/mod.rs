@@ -161,9 +161,9 @@ pub struct BufferOptions {
     pub disk_allowance_bytes: u64,
     /// Bytes of appended records the buffer may keep in memory ahead of sled (the memory
     /// tier, see `tail`): the reader takes them from there, a commit drops them unwritten,
-    /// and only what waits beyond this is written to sled, largest lane first. 0 (the
-    /// default) writes every append through; the consumer gives it a quarter of its byte
-    /// budget.
+    /// and only what waits beyond this is written to sled, largest lane first. What a reader
+    /// took may hold as much again until its commit. 0 (the default) writes every append
+    /// through; the consumer gives it a quarter of its byte budget.
     pub memory_bytes: u64,
 }
 
@@ -213,6 +213,8 @@ pub struct Buffer {
     partition_locks: Vec<Mutex<Shard>>,
     /// Bytes the memory tier holds, every partition.
     tail_bytes: std::sync::atomic::AtomicU64,
+    /// Of them, the bytes of appends a reader took (they wait for their commit).
+    tail_taken_bytes: std::sync::atomic::AtomicU64,
     /// Bytes it may hold ([`BufferOptions::memory_bytes`], [`Buffer::set_memory_bytes`]).
     memory_bytes: std::sync::atomic::AtomicU64,
     /// Bytes it wrote to sled so far (what waited beyond it).

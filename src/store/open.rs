@@ -146,6 +146,7 @@ impl Buffer {
                 .map(|_| Mutex::new(Shard::default()))
                 .collect(),
             tail_bytes: std::sync::atomic::AtomicU64::new(0),
+            tail_taken_bytes: std::sync::atomic::AtomicU64::new(0),
             memory_bytes: std::sync::atomic::AtomicU64::new(memory_bytes),
             spilled_bytes: std::sync::atomic::AtomicU64::new(0),
             spilled_unflushed: std::sync::atomic::AtomicU64::new(0),

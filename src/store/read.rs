@@ -213,8 +213,11 @@ impl Buffer {
         let from = state.normalize(lane, batch.next);
         let mut shard = self.partition_lock(part);
         if let Some(tail) = self.tail_in(&mut shard, part)? {
-            if let Some((records, next)) = tail.read(lane, from, max_records - batch.records.len())
+            if let Some((records, next, newly_taken)) =
+                tail.read(lane, from, max_records - batch.records.len())
             {
+                self.tail_taken_bytes
+                    .fetch_add(newly_taken, std::sync::atomic::Ordering::Relaxed);
                 batch.records.extend(records);
                 batch.next = batch.next.max(next);
             }

@@ -8,6 +8,11 @@
 //! what waits beyond the memory the buffer may use is *spilled*: written to sled, oldest
 //! first, as the append would have written it.
 //!
+//! What a reader took out of memory and the application has not committed yet is about to go:
+//! it counts against the allowance only up to a second allowance of its own ([`must_spill`]).
+//! Counted with what waits, a reader a few batches ahead of its commits made the tier spill
+//! the very records that were being committed, and read back nothing of them.
+//!
 //! sled holds a prefix of each lane, the memory the rest: a lane's appends in memory start
 //! where its chunks in sled end (`persisted`'s `fetched_next`) and chain on without a gap. The
 //! state in sled describes only what sled holds, so a crash loses the memory and nothing
@@ -33,6 +38,8 @@ pub(super) struct Pending {
     pub records: Vec<Record>,
     /// What the records take in memory ([`cost`]): what the allowance counts.
     pub bytes: u64,
+    /// A reader took its records (they wait for their commit, not for a reader).
+    pub taken: bool,
 }
 
 /// What an append of `records` takes in memory: its records and the append itself (never 0,
@@ -55,6 +62,30 @@ pub(super) struct LaneTail {
     pub pending: VecDeque<Pending>,
     /// Sum of the appends' `bytes`.
     pub bytes: u64,
+    /// Sum of the taken appends' `bytes`.
+    pub taken: u64,
+}
+
+impl LaneTail {
+    /// Bytes no reader took yet: what waits.
+    fn untaken(&self) -> u64 {
+        self.bytes - self.taken
+    }
+}
+
+/// Whether the tier, holding `held` bytes of which readers took `taken`, must spill under an
+/// allowance of `allowed`: when what waits is above the allowance, or everything is above
+/// twice of it. Taken records leave at their commit (a commit is due every 32nd of the budget,
+/// and the allowance is a quarter of it), so the second allowance is reached only when
+/// commits stall.
+pub(super) fn must_spill(held: u64, taken: u64, allowed: u64) -> bool {
+    held.saturating_sub(taken) > allowed || held > 2 * allowed
+}
+
+/// Whether a spill went far enough: a quarter of each bound is free again (a spill per
+/// append at the bound would write small chunks).
+pub(super) fn spilled_enough(held: u64, taken: u64, allowed: u64) -> bool {
+    held.saturating_sub(taken) <= allowed / 4 * 3 && held <= 2 * allowed / 4 * 3
 }
 
 /// What the buffer holds of one partition beyond sled, with sled's state of it.
@@ -100,6 +131,16 @@ impl Tail {
         self.lanes.iter().map(|lane| lane.bytes).sum()
     }
 
+    /// Bytes held in memory that a reader took, both lanes.
+    pub fn taken_bytes(&self) -> u64 {
+        self.lanes.iter().map(|lane| lane.taken).sum()
+    }
+
+    /// Bytes of `lane` that no reader took.
+    pub fn untaken(&self, lane: Lane) -> u64 {
+        self.lanes[index(lane)].untaken()
+    }
+
     /// Keeps an append in memory.
     pub fn push(&mut self, lane: Lane, pending: Pending) {
         let lane = &mut self.lanes[index(lane)];
@@ -112,6 +153,9 @@ impl Tail {
         let lane = &mut self.lanes[index(lane)];
         let pending = lane.pending.pop_front()?;
         lane.bytes -= pending.bytes;
+        if pending.taken {
+            lane.taken -= pending.bytes;
+        }
         Some(pending)
     }
 
@@ -120,15 +164,21 @@ impl Tail {
         let lane = &mut self.lanes[index(lane)];
         let pending = lane.pending.pop_back()?;
         lane.bytes -= pending.bytes;
+        if pending.taken {
+            lane.taken -= pending.bytes;
+        }
         Some(pending)
     }
 
     /// Puts appends taken by [`pop_oldest`](Self::pop_oldest) back, oldest first (their
     /// spill failed).
-    pub fn restore_oldest(&mut self, lane: Lane, taken: Vec<Pending>) {
+    pub fn restore_oldest(&mut self, lane: Lane, popped: Vec<Pending>) {
         let lane = &mut self.lanes[index(lane)];
-        for pending in taken.into_iter().rev() {
+        for pending in popped.into_iter().rev() {
             lane.bytes += pending.bytes;
+            if pending.taken {
+                lane.taken += pending.bytes;
+            }
             lane.pending.push_front(pending);
         }
     }
@@ -139,12 +189,16 @@ impl Tail {
     /// (what it proved of the offsets above still holds). Returns the bytes dropped. Sled's
     /// state then moves its `fetched_next` up to `committed` if it was below: it holds
     /// nothing anyone will read down there, and memory chains on from `committed`.
-    pub fn drop_committed(&mut self, lane: Lane, committed: i64) -> u64 {
+    /// Returns the bytes dropped, and of them those a reader had taken.
+    pub fn drop_committed(&mut self, lane: Lane, committed: i64) -> (u64, u64) {
         let tail = &mut self.lanes[index(lane)];
-        let mut dropped = 0;
+        let (mut dropped, mut dropped_taken) = (0, 0);
         while let Some(front) = tail.pending.front_mut() {
             if front.fetched_next <= committed {
                 dropped += front.bytes;
+                if front.taken {
+                    dropped_taken += front.bytes;
+                }
                 tail.pending.pop_front();
                 continue;
             }
@@ -155,36 +209,56 @@ impl Tail {
                 front.first = committed;
                 front.bytes -= cut_bytes;
                 dropped += cut_bytes;
+                if front.taken {
+                    dropped_taken += cut_bytes;
+                }
             }
             break;
         }
         tail.bytes -= dropped;
-        dropped
+        tail.taken -= dropped_taken;
+        (dropped, dropped_taken)
     }
 
     /// `lane`'s records in memory from offset `from` on (normalized, at or past sled's end),
     /// whole appends at a time, until at least `max_records`; with the position the next read
     /// continues from. `None` when memory does not hold `from` (a spill moved it to sled
-    /// meanwhile: read sled again).
-    pub fn read(&self, lane: Lane, from: i64, max_records: usize) -> Option<(Vec<Record>, i64)> {
+    /// meanwhile: read sled again). The appends read are taken: the third value is the bytes
+    /// this read took that no read took before.
+    pub fn read(
+        &mut self,
+        lane: Lane,
+        from: i64,
+        max_records: usize,
+    ) -> Option<(Vec<Record>, i64, u64)> {
+        let tail = &mut self.lanes[index(lane)];
         let mut records = Vec::new();
         let mut next = from;
-        for pending in &self.lanes[index(lane)].pending {
+        let mut newly_taken = 0;
+        for pending in &mut tail.pending {
             if pending.fetched_next <= next {
                 continue;
             }
             if pending.first > next {
                 // Appends chain from sled's end: a gap means `from` is not in memory.
-                return (next > from).then_some((records, next));
+                if next == from {
+                    return None;
+                }
+                break;
             }
             let skip = pending.records.partition_point(|r| r.offset < from);
             records.extend(pending.records[skip..].iter().cloned());
             next = pending.fetched_next;
+            if !pending.taken {
+                pending.taken = true;
+                newly_taken += pending.bytes;
+            }
             if records.len() >= max_records {
                 break;
             }
         }
-        Some((records, next))
+        tail.taken += newly_taken;
+        Some((records, next, newly_taken))
     }
 
     /// Records and bytes of `lane` in memory.
@@ -218,6 +292,7 @@ mod tests {
             fetched_next: next,
             bytes: append_cost(&records),
             records,
+            taken: false,
         }
     }
 
@@ -261,8 +336,10 @@ mod tests {
         let mut tail = tail();
         tail.push(Lane::Live, pending(110, &[110, 112], 115));
         tail.push(Lane::Live, pending(115, &[119], 120));
-        let offsets = |read: Option<(Vec<Record>, i64)>| {
-            read.map(|(records, next)| (records.iter().map(|r| r.offset).collect::<Vec<_>>(), next))
+        let offsets = |read: Option<(Vec<Record>, i64, u64)>| {
+            read.map(|(records, next, _)| {
+                (records.iter().map(|r| r.offset).collect::<Vec<_>>(), next)
+            })
         };
         assert_eq!(
             offsets(tail.read(Lane::Live, 110, 10)),
@@ -288,18 +365,24 @@ mod tests {
         let mut tail = tail();
         tail.push(Lane::Live, pending(110, &[110, 112], 115));
         tail.push(Lane::Live, pending(115, &[119], 120));
-        assert_eq!(tail.drop_committed(Lane::Live, 110), 0);
+        assert_eq!(tail.drop_committed(Lane::Live, 110), (0, 0));
         // 111 cuts the first append: 110 goes, 112 stays, and it starts at 111.
-        assert_eq!(tail.drop_committed(Lane::Live, 111), each());
+        assert_eq!(tail.drop_committed(Lane::Live, 111), (each(), 0));
         let front = &tail.lanes[1].pending[0];
         assert_eq!(
             (front.first, front.records.len(), front.bytes),
             (111, 1, each() + overhead())
         );
-        assert_eq!(tail.drop_committed(Lane::Live, 117), each() + overhead());
+        assert_eq!(
+            tail.drop_committed(Lane::Live, 117),
+            (each() + overhead(), 0)
+        );
         assert_eq!(tail.counts(Lane::Live), (1, each() + overhead()));
         assert_eq!(tail.lanes[1].pending[0].first, 117);
-        assert_eq!(tail.drop_committed(Lane::Live, 120), each() + overhead());
+        assert_eq!(
+            tail.drop_committed(Lane::Live, 120),
+            (each() + overhead(), 0)
+        );
         assert_eq!(tail.counts(Lane::Live), (0, 0));
     }
 
@@ -314,5 +397,65 @@ mod tests {
         let firsts: Vec<i64> = tail.lanes[1].pending.iter().map(|p| p.first).collect();
         assert_eq!(firsts, [110, 115]);
         assert_eq!(tail.bytes(), 2 * (each() + overhead()));
+    }
+
+    #[test]
+    fn what_a_reader_took_is_counted_until_it_leaves() {
+        let mut tail = tail();
+        tail.push(Lane::Live, pending(110, &[110, 112], 115));
+        tail.push(Lane::Live, pending(115, &[119], 120));
+        let first = 2 * each() + overhead();
+        let second = each() + overhead();
+        // A read takes whole appends, and each only once.
+        assert_eq!(tail.read(Lane::Live, 111, 1).map(|r| r.2), Some(first));
+        assert_eq!(tail.read(Lane::Live, 110, 1).map(|r| r.2), Some(0));
+        assert_eq!(
+            (tail.taken_bytes(), tail.untaken(Lane::Live)),
+            (first, second)
+        );
+        // A commit cutting a taken append drops taken bytes.
+        assert_eq!(tail.drop_committed(Lane::Live, 111), (each(), each()));
+        assert_eq!(tail.taken_bytes(), first - each());
+        // A spill of a taken append, put back when it failed.
+        let popped = tail.pop_oldest(Lane::Live).into_iter().collect::<Vec<_>>();
+        assert_eq!(tail.taken_bytes(), 0);
+        tail.restore_oldest(Lane::Live, popped);
+        assert_eq!(tail.taken_bytes(), first - each());
+        assert_eq!(tail.read(Lane::Live, 115, 10).map(|r| r.2), Some(second));
+        assert_eq!(tail.untaken(Lane::Live), 0);
+        assert_eq!(
+            tail.drop_committed(Lane::Live, 120),
+            (first - each() + second, first - each() + second)
+        );
+        assert_eq!((tail.bytes(), tail.taken_bytes()), (0, 0));
+    }
+
+    #[test]
+    fn the_tier_spills_for_what_waits_and_for_everything_only_at_twice_its_allowance() {
+        // (held, taken, allowed) → must spill, spilled enough
+        let table = [
+            ((100, 0, 100), (false, false)),
+            ((101, 0, 100), (true, false)),
+            ((75, 0, 100), (false, true)),
+            // What readers took waits for its commit: up to a second allowance.
+            ((180, 90, 100), (false, false)),
+            ((200, 150, 100), (false, false)),
+            ((201, 150, 100), (true, false)),
+            ((150, 100, 100), (false, true)),
+            ((151, 100, 100), (false, false)),
+            ((190, 80, 100), (true, false)),
+            // Counters read apart may cross for a moment.
+            ((10, 20, 100), (false, true)),
+        ];
+        for ((held, taken, allowed), (spill, enough)) in table {
+            assert_eq!(
+                (
+                    must_spill(held, taken, allowed),
+                    spilled_enough(held, taken, allowed)
+                ),
+                (spill, enough),
+                "held {held}, taken {taken}, allowed {allowed}"
+            );
+        }
     }
 }

@@ -1134,3 +1134,82 @@ fn reads_stop_at_the_proven_end_of_the_state_they_loaded() {
     assert!(tail.records.is_empty(), "{:?}", offsets(&tail));
     assert_eq!(tail.next, 10);
 }
+
+#[test]
+fn records_a_reader_took_wait_for_their_commit_in_memory_and_what_waits_is_spilled() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let each = super::tail::append_cost(&records(0..1)) - super::tail::append_cost(&[]);
+    let allowed = 100 * each;
+    let buffer = Buffer::open(
+        dir.path().join("buf"),
+        BufferOptions {
+            memory_bytes: allowed,
+            ..BufferOptions::default()
+        },
+    )
+    .expect("open buffer");
+    buffer
+        .reset_partition("t", 0, PartitionLayout::split(1, 0, 1_000))
+        .expect("layout");
+    // 90 records in memory, all read: they wait for their commit only.
+    for start in (0..90).step_by(10) {
+        append(
+            &buffer,
+            Lane::Catchup,
+            "t",
+            0,
+            &records(start..start + 10),
+            start + 10,
+        )
+        .expect("append");
+    }
+    let batch = buffer.read(Lane::Catchup, "t", 0, 0, 1_000).expect("read");
+    assert_eq!(offsets(&batch), (0..90).collect::<Vec<_>>());
+    // 90 more nobody read: the tier holds 180 records' worth, over its allowance, and
+    // writes nothing — what waits is under it.
+    for start in (90..180).step_by(10) {
+        append(
+            &buffer,
+            Lane::Catchup,
+            "t",
+            0,
+            &records(start..start + 10),
+            start + 10,
+        )
+        .expect("append");
+    }
+    assert!(buffer.memory_held() > allowed);
+    assert_eq!(
+        buffer.spilled_bytes(),
+        0,
+        "records a reader took were spilled"
+    );
+    // The commit drops what was read; what waits beyond the allowance is spilled.
+    buffer
+        .record_committed(Lane::Catchup, "t", 0, 90)
+        .expect("commit");
+    for start in (180..300).step_by(10) {
+        append(
+            &buffer,
+            Lane::Catchup,
+            "t",
+            0,
+            &records(start..start + 10),
+            start + 10,
+        )
+        .expect("append");
+    }
+    assert!(buffer.spilled_bytes() > 0, "what waits was not spilled");
+    assert!(buffer.memory_held() <= allowed);
+    // Nothing lost on the way: sled's prefix and memory read on from the commit.
+    let mut read = Vec::new();
+    let mut from = 90;
+    while from < 300 {
+        let batch = buffer
+            .read(Lane::Catchup, "t", 0, from, 1_000)
+            .expect("read");
+        read.extend(offsets(&batch));
+        from = batch.next;
+    }
+    assert_eq!(read, (90..300).collect::<Vec<_>>());
+}

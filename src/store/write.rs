@@ -261,9 +261,11 @@ impl Buffer {
             fetched_next,
             records: kept,
             bytes: held_bytes,
+            taken: false,
         };
         tail.push(lane, pending);
         let held = self.tail_bytes.fetch_add(held_bytes, Ordering::Relaxed) + held_bytes;
+        let taken = self.tail_taken_bytes.load(Ordering::Relaxed);
         let allowed = self.memory_bytes.load(Ordering::Relaxed);
         if allowed == 0 {
             // No memory tier: written through, the state with it (and whatever an earlier
@@ -275,7 +277,7 @@ impl Buffer {
                 }
                 return Err(err);
             }
-        } else if held > allowed {
+        } else if super::tail::must_spill(held, taken, allowed) {
             drop(shard);
             self.relieve_memory()?;
         }
@@ -317,20 +319,31 @@ impl Buffer {
         Ok(())
     }
 
-    /// Spills the largest lanes' oldest appends until the tier holds three quarters of its
-    /// allowance; the bytes spilled.
+    /// Spills the largest lanes' oldest appends until a quarter of the tier's bounds is free
+    /// again ([`spilled_enough`](super::tail::spilled_enough)); the bytes spilled. While what
+    /// waits is over its bound, the lanes with the most records no reader took go first.
     fn spill_largest_lanes(&self) -> Result<u64, StoreError> {
-        let target = self.memory_bytes.load(Ordering::Relaxed) / 4 * 3;
+        let allowed = self.memory_bytes.load(Ordering::Relaxed);
         let mut spilled = 0;
-        while self.tail_bytes.load(Ordering::Relaxed) > target {
+        loop {
+            let held = self.tail_bytes.load(Ordering::Relaxed);
+            let taken = self.tail_taken_bytes.load(Ordering::Relaxed);
+            if super::tail::spilled_enough(held, taken, allowed) {
+                break;
+            }
+            let untaken_over = held.saturating_sub(taken) > allowed / 4 * 3;
             let mut largest: Option<(PartitionKey, Lane, u64)> = None;
             for shard in &self.partition_locks {
                 let shard = super::lock(shard);
                 for (part, tail) in &shard.tails {
                     for lane in Lane::ALL {
-                        let (_, bytes) = tail.counts(lane);
-                        if bytes > largest.map_or(0, |(_, _, most)| most) {
-                            largest = Some((*part, lane, bytes));
+                        let measure = if untaken_over {
+                            tail.untaken(lane)
+                        } else {
+                            tail.counts(lane).1
+                        };
+                        if measure > largest.map_or(0, |(_, _, most)| most) {
+                            largest = Some((*part, lane, measure));
                         }
                     }
                 }
@@ -355,29 +368,35 @@ impl Buffer {
         lane: Lane,
         keep_bytes: u64,
     ) -> Result<u64, StoreError> {
-        let mut taken = Vec::new();
+        let mut popped = Vec::new();
         while tail.counts(lane).1 > keep_bytes {
             match tail.pop_oldest(lane) {
-                Some(pending) => taken.push(pending),
+                Some(pending) => popped.push(pending),
                 None => break,
             }
         }
-        if taken.is_empty() {
+        if popped.is_empty() {
             return Ok(0);
         }
-        let bytes: u64 = taken.iter().map(|pending| pending.bytes).sum();
+        let bytes: u64 = popped.iter().map(|pending| pending.bytes).sum();
+        let taken: u64 = popped
+            .iter()
+            .filter(|pending| pending.taken)
+            .map(|pending| pending.bytes)
+            .sum();
         let mut persisted = tail.persisted.clone();
-        match self.write_pending(part, &mut persisted, lane, &taken) {
+        match self.write_pending(part, &mut persisted, lane, &popped) {
             Ok(()) => {
                 tail.persisted = persisted;
                 self.tail_bytes.fetch_sub(bytes, Ordering::Relaxed);
+                self.tail_taken_bytes.fetch_sub(taken, Ordering::Relaxed);
                 if self.memory_bytes.load(Ordering::Relaxed) > 0 {
                     self.spilled_bytes.fetch_add(bytes, Ordering::Relaxed);
                 }
                 Ok(bytes)
             }
             Err(err) => {
-                tail.restore_oldest(lane, taken);
+                tail.restore_oldest(lane, popped);
                 Err(err)
             }
         }
@@ -537,6 +556,8 @@ impl Buffer {
     fn forget_tail(&self, shard: &mut Shard, part: PartitionKey) {
         if let Some(tail) = shard.tails.remove(&part) {
             self.tail_bytes.fetch_sub(tail.bytes(), Ordering::Relaxed);
+            self.tail_taken_bytes
+                .fetch_sub(tail.taken_bytes(), Ordering::Relaxed);
         }
     }
 
@@ -639,8 +660,10 @@ impl Buffer {
         batch.insert(keys::state(part), codec::encode(&state));
         self.apply(batch)?;
         tail.persisted = state;
-        let dropped = tail.drop_committed(lane, committed);
+        let (dropped, dropped_taken) = tail.drop_committed(lane, committed);
         self.tail_bytes.fetch_sub(dropped, Ordering::Relaxed);
+        self.tail_taken_bytes
+            .fetch_sub(dropped_taken, Ordering::Relaxed);
         self.compaction.removed(removed);
         Ok(covered.len())
     }
