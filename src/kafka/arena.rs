@@ -9,12 +9,20 @@
 //! Chunks are per partition: a partition's records are committed and spilled in offset
 //! order, so a chunk is never held by one slow partition for records that other partitions
 //! let go (with one chunk for all, a live lane waiting behind its backlog would keep the
-//! chunks of every partition's fresh records).
+//! chunks of every partition's fresh records). A partition's first chunk is small and each
+//! next one twice as large, up to 16 KiB: the memory tier counts a record's bytes, not its
+//! chunk's, and a partition that sends a record now and then — or one of thousands, whose
+//! chunk is let go before its next record — holds little more than its records.
 
 use bytes::{Bytes, BytesMut};
 
-/// Bytes of one chunk: what one partition's newest records may hold beyond their own size.
+/// Bytes of a chunk at most: what one partition's newest records may hold beyond their own
+/// size.
 const CHUNK_BYTES: usize = 16 * 1024;
+
+/// Bytes of a partition's first chunk (each next one is twice as large, up to
+/// [`CHUNK_BYTES`]).
+const FIRST_CHUNK_BYTES: usize = 512;
 
 /// A key or value larger than this gets an allocation of its own (a chunk would be mostly
 /// that record, and the rest of the chunk wasted behind it).
@@ -24,10 +32,19 @@ const OWN_ALLOCATION_ABOVE: usize = CHUNK_BYTES / 4;
 /// chunk is let go and chunks start anew.
 const MAX_PARTITIONS: usize = 1024;
 
+/// One partition's chunk.
+struct Chunk {
+    topic: String,
+    partition: i32,
+    bytes: BytesMut,
+    /// The size of its next chunk.
+    next_size: usize,
+}
+
 /// The chunk each partition's records are copied into.
 #[derive(Default)]
 pub(crate) struct Arenas {
-    chunks: Vec<(String, i32, BytesMut)>,
+    chunks: Vec<Chunk>,
     /// The entry used last: records come in runs of one partition.
     last: usize,
 }
@@ -42,16 +59,17 @@ impl Arenas {
             return Bytes::copy_from_slice(bytes);
         }
         let chunk = self.chunk(topic, partition);
-        if chunk.capacity() < bytes.len() {
+        if chunk.bytes.capacity() < bytes.len() {
             // What is left of the old chunk is freed with its last record.
-            *chunk = BytesMut::with_capacity(CHUNK_BYTES);
+            chunk.bytes = BytesMut::with_capacity(chunk.next_size.max(bytes.len()));
+            chunk.next_size = (chunk.next_size * 2).min(CHUNK_BYTES);
         }
-        chunk.extend_from_slice(bytes);
-        chunk.split().freeze()
+        chunk.bytes.extend_from_slice(bytes);
+        chunk.bytes.split().freeze()
     }
 
-    fn chunk(&mut self, topic: &str, partition: i32) -> &mut BytesMut {
-        let matches = |(t, p, _): &(String, i32, BytesMut)| *p == partition && t == topic;
+    fn chunk(&mut self, topic: &str, partition: i32) -> &mut Chunk {
+        let matches = |chunk: &Chunk| chunk.partition == partition && chunk.topic == topic;
         let found = if self.chunks.get(self.last).is_some_and(matches) {
             Some(self.last)
         } else {
@@ -63,12 +81,16 @@ impl Arenas {
                 if self.chunks.len() >= MAX_PARTITIONS {
                     self.chunks.clear();
                 }
-                self.chunks
-                    .push((topic.to_owned(), partition, BytesMut::new()));
+                self.chunks.push(Chunk {
+                    topic: topic.to_owned(),
+                    partition,
+                    bytes: BytesMut::new(),
+                    next_size: FIRST_CHUNK_BYTES,
+                });
                 self.chunks.len() - 1
             }
         };
-        &mut self.chunks[self.last].2
+        &mut self.chunks[self.last]
     }
 }
 
@@ -93,21 +115,34 @@ mod tests {
     }
 
     #[test]
-    fn a_full_chunk_is_replaced_and_large_values_are_allocated_alone() {
+    fn chunks_grow_from_small_to_full_size_and_large_values_are_allocated_alone() {
         let mut arenas = Arenas::default();
-        let piece = vec![7u8; OWN_ALLOCATION_ABOVE];
-        let copies: Vec<Bytes> = (0..CHUNK_BYTES / piece.len() + 1)
-            .map(|_| arenas.copy("t", 0, &piece))
-            .collect();
-        assert!(copies.iter().all(|copy| copy[..] == piece[..]));
-        let last = &copies[copies.len() - 1];
-        let before = &copies[copies.len() - 2];
-        assert_ne!(last.as_ptr(), before.as_ptr().wrapping_add(before.len()));
+        let piece = [7u8; FIRST_CHUNK_BYTES / 2];
+        // A chunk is replaced when the next value does not fit; each is twice the last.
+        let mut sizes = Vec::new();
+        let mut previous: Option<Bytes> = None;
+        let mut in_chunk = 0;
+        for _ in 0..200 {
+            let copy = arenas.copy("t", 0, &piece);
+            assert_eq!(copy[..], piece[..]);
+            let adjacent = previous
+                .as_ref()
+                .is_some_and(|p| copy.as_ptr() == p.as_ptr().wrapping_add(p.len()));
+            if !adjacent && in_chunk > 0 {
+                sizes.push(in_chunk * piece.len());
+                in_chunk = 0;
+            }
+            in_chunk += 1;
+            previous = Some(copy);
+        }
+        assert_eq!(sizes[..6], [512, 1024, 2048, 4096, 8192, 16384]);
+        assert!(sizes[6..].iter().all(|&size| size == CHUNK_BYTES));
         let large = vec![1u8; OWN_ALLOCATION_ABOVE + 1];
+        let room = arenas.chunk("t", 0).bytes.capacity();
         assert_eq!(arenas.copy("t", 0, &large)[..], large[..]);
         assert_eq!(
-            arenas.chunk("t", 0).capacity(),
-            CHUNK_BYTES - piece.len(),
+            arenas.chunk("t", 0).bytes.capacity(),
+            room,
             "the large value took nothing of the chunk"
         );
     }

@@ -79,13 +79,13 @@ impl LaneTail {
 /// and the allowance is a quarter of it), so the second allowance is reached only when
 /// commits stall.
 pub(super) fn must_spill(held: u64, taken: u64, allowed: u64) -> bool {
-    held.saturating_sub(taken) > allowed || held > 2 * allowed
+    held.saturating_sub(taken) > allowed || held > allowed.saturating_mul(2)
 }
 
 /// Whether a spill went far enough: a quarter of each bound is free again (a spill per
 /// append at the bound would write small chunks).
 pub(super) fn spilled_enough(held: u64, taken: u64, allowed: u64) -> bool {
-    held.saturating_sub(taken) <= allowed / 4 * 3 && held <= 2 * allowed / 4 * 3
+    held.saturating_sub(taken) <= allowed / 4 * 3 && held <= allowed / 4 * 3 * 2
 }
 
 /// What the buffer holds of one partition beyond sled, with sled's state of it.
