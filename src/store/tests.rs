@@ -1151,33 +1151,26 @@ fn records_a_reader_took_wait_for_their_commit_in_memory_and_what_waits_is_spill
     buffer
         .reset_partition("t", 0, PartitionLayout::split(1, 0, 1_000))
         .expect("layout");
+    let append_in_tens = |offsets: std::ops::Range<i64>| {
+        for start in offsets.step_by(10) {
+            append(
+                &buffer,
+                Lane::Catchup,
+                "t",
+                0,
+                &records(start..start + 10),
+                start + 10,
+            )
+            .expect("append");
+        }
+    };
     // 90 records in memory, all read: they wait for their commit only.
-    for start in (0..90).step_by(10) {
-        append(
-            &buffer,
-            Lane::Catchup,
-            "t",
-            0,
-            &records(start..start + 10),
-            start + 10,
-        )
-        .expect("append");
-    }
+    append_in_tens(0..90);
     let batch = buffer.read(Lane::Catchup, "t", 0, 0, 1_000).expect("read");
     assert_eq!(offsets(&batch), (0..90).collect::<Vec<_>>());
     // 90 more nobody read: the tier holds 180 records' worth, over its allowance, and
     // writes nothing — what waits is under it.
-    for start in (90..180).step_by(10) {
-        append(
-            &buffer,
-            Lane::Catchup,
-            "t",
-            0,
-            &records(start..start + 10),
-            start + 10,
-        )
-        .expect("append");
-    }
+    append_in_tens(90..180);
     assert!(buffer.memory_held() > allowed);
     assert_eq!(
         buffer.spilled_bytes(),
@@ -1188,17 +1181,7 @@ fn records_a_reader_took_wait_for_their_commit_in_memory_and_what_waits_is_spill
     buffer
         .record_committed(Lane::Catchup, "t", 0, 90)
         .expect("commit");
-    for start in (180..300).step_by(10) {
-        append(
-            &buffer,
-            Lane::Catchup,
-            "t",
-            0,
-            &records(start..start + 10),
-            start + 10,
-        )
-        .expect("append");
-    }
+    append_in_tens(180..300);
     assert!(buffer.spilled_bytes() > 0, "what waits was not spilled");
     assert!(buffer.memory_held() <= allowed);
     // Nothing lost on the way: sled's prefix and memory read on from the commit.
