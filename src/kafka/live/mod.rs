@@ -421,7 +421,7 @@ fn run(
             state.report_progress(&consumer);
         }
         if due.trim {
-            give_back_freed_memory();
+            give_back_freed_memory(shared.config.buffer_budget_bytes);
             schedule.trimmed(Instant::now());
         }
         if due.prune {

@@ -293,7 +293,8 @@ impl LiveState {
     }
 }
 
-/// Gives the memory glibc's allocator keeps after frees back to the system (elsewhere:
+/// Gives the memory glibc's allocator keeps after frees back to the system when it keeps more
+/// than [`worth_trimming`](crate::fetch::worth_trimming) allows for `budget` (elsewhere:
 /// nothing).
 ///
 /// Records are allocated on the fetchers' threads and freed on the application's, in bursts
@@ -304,11 +305,16 @@ impl LiveState {
 /// MiB peaks since, in the burst before the first trim). `malloc_trim` hands every arena's
 /// free pages back; it does not change the allocator (an application with its own global
 /// allocator frees little through glibc, and the call finds little to do).
-pub(super) fn give_back_freed_memory() {
+pub(super) fn give_back_freed_memory(budget: u64) {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only releases free memory of glibc's allocator; it takes the
-    // allocator's own locks.
+    // SAFETY: mallinfo2 and malloc_trim only read and release free memory of glibc's
+    // allocator; they take the allocator's own locks.
     unsafe {
-        libc::malloc_trim(0);
+        let kept = libc::mallinfo2().fordblks as u64;
+        if crate::fetch::worth_trimming(kept, budget) {
+            libc::malloc_trim(0);
+        }
     }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    let _ = budget;
 }
