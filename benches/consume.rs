@@ -144,6 +144,8 @@ struct Measured {
     records: u64,
     seconds: f64,
     peak_rss_bytes: u64,
+    /// The reader process's CPU time, all its threads, from its start to its exit.
+    cpu_seconds: f64,
 }
 
 struct Bench {
@@ -208,9 +210,9 @@ impl Bench {
             self.cores
         );
         println!(
-            "\n| value | reader | records/s | MB/s | share of bare loop | share of kcat | peak RSS |"
+            "\n| value | reader | records/s | MB/s | share of bare loop | share of kcat | CPU per record | peak RSS |"
         );
-        println!("|---|---|---|---|---|---|---|");
+        println!("|---|---|---|---|---|---|---|---|");
         for &size in &sizes {
             let topic = unique(&format!("bench-{size}"));
             self.create_topic(&topic)?;
@@ -231,13 +233,14 @@ impl Bench {
                 let per_second = measured.records as f64 / measured.seconds;
                 let megabytes = per_second * size as f64 / 1e6;
                 println!(
-                    "| {} | {} | {:.0} | {:.1} | {:.0} % | {:.0} % | {} MiB |",
+                    "| {} | {} | {:.0} | {:.1} | {:.0} % | {:.0} % | {:.2} µs | {} MiB |",
                     human_size(size),
                     reader.name(),
                     per_second,
                     megabytes,
                     100.0 * per_second / bare,
                     100.0 * per_second / kcat,
+                    1e6 * measured.cpu_seconds / measured.records as f64,
                     measured.peak_rss_bytes >> 20
                 );
                 rows.push(serde_json::json!({
@@ -250,6 +253,7 @@ impl Bench {
                     "share_of_bare": per_second / bare,
                     "share_of_kcat": per_second / kcat,
                     "peak_rss_bytes": measured.peak_rss_bytes,
+                    "cpu_seconds": measured.cpu_seconds,
                 }));
             }
             self.delete_topic(&topic);
@@ -273,13 +277,14 @@ impl Bench {
                     .args(["-e", "-q", "-f", "%o\n"])
                     .stdout(Stdio::piped())
                     .spawn()?;
-                let counted = count_lines_of(child)?;
+                let (counted, usage) = count_lines_of(child)?;
                 let seconds = started.elapsed().as_secs_f64();
-                check_count(reader, counted.0, records)?;
+                check_count(reader, counted, records)?;
                 Ok(Measured {
-                    records: counted.0,
+                    records: counted,
                     seconds,
-                    peak_rss_bytes: counted.1,
+                    peak_rss_bytes: usage.peak_rss_bytes,
+                    cpu_seconds: usage.cpu_seconds,
                 })
             }
             Reader::CliSink => {
@@ -306,7 +311,7 @@ impl Bench {
                     "dir": dir,
                 });
                 let child = spawn_child(&spec.to_string())?;
-                let (output, peak_rss_bytes) = output_of(child)?;
+                let (output, usage) = output_of(child)?;
                 let answer: serde_json::Value = serde_json::from_str(output.trim())
                     .map_err(|e| format!("{}: no result ({e}): {output}", reader.name()))?;
                 let counted = answer["records"].as_u64().unwrap_or(0);
@@ -314,7 +319,8 @@ impl Bench {
                 Ok(Measured {
                     records: counted,
                     seconds: answer["seconds"].as_f64().unwrap_or(f64::NAN),
-                    peak_rss_bytes,
+                    peak_rss_bytes: usage.peak_rss_bytes,
+                    cpu_seconds: usage.cpu_seconds,
                 })
             }
         }
@@ -370,12 +376,13 @@ impl Bench {
             std::thread::sleep(Duration::from_millis(5));
         }
         let seconds = started.elapsed().as_secs_f64();
-        let (_, peak_rss_bytes) = output_of(child)?;
+        let (_, usage) = output_of(child)?;
         check_count(Reader::CliSink, lines, records)?;
         Ok(Measured {
             records: lines,
             seconds,
-            peak_rss_bytes,
+            peak_rss_bytes: usage.peak_rss_bytes,
+            cpu_seconds: usage.cpu_seconds,
         })
     }
 
@@ -429,7 +436,8 @@ impl Bench {
                         answer = Some(serde_json::from_str::<serde_json::Value>(&line)?);
                     }
                 }
-                let (status, peak_rss_bytes) = wait_with_peak(&mut child, peak)?;
+                let (status, usage) = wait_with_peak(&mut child, peak)?;
+                let peak_rss_bytes = usage.peak_rss_bytes;
                 let answer = answer.ok_or(format!("{}: no result ({status})", mode_name(mode)))?;
                 let fresh = answer["fresh_seconds"].as_f64().unwrap_or(f64::NAN);
                 let drain = answer["drain_seconds"].as_f64().unwrap_or(f64::NAN);
@@ -621,7 +629,8 @@ impl Bench {
         let buffer_bytes = directory_bytes(&dir);
         let started = Instant::now();
         let recover = spawn_child(&spec("recover"))?;
-        let (answer, peak_rss_bytes) = output_of(recover)?;
+        let (answer, usage) = output_of(recover)?;
+        let peak_rss_bytes = usage.peak_rss_bytes;
         let wall = started.elapsed().as_secs_f64();
         let answer: serde_json::Value = serde_json::from_str(answer.trim())?;
         self.delete_topic(&topic);
@@ -686,7 +695,8 @@ impl Bench {
                 "dir": self.scratch.path().join(unique("buffer")),
             });
             let child = spawn_child(&spec.to_string())?;
-            let (answer, peak_rss_bytes) = output_of(child)?;
+            let (answer, usage) = output_of(child)?;
+            let peak_rss_bytes = usage.peak_rss_bytes;
             let answer: serde_json::Value = serde_json::from_str(answer.trim())?;
             let handed = answer["handed_out"].as_u64().unwrap_or(0);
             let drain = answer["drain_seconds"].as_f64().unwrap_or(f64::NAN);
@@ -1123,23 +1133,23 @@ fn check_count(reader: Reader, counted: u64, expected: u64) -> Result<()> {
     Ok(())
 }
 
-/// Waits for `child`, returning what it printed and its peak RSS.
-fn output_of(mut child: Child) -> Result<(String, u64)> {
+/// Waits for `child`, returning what it printed and what it used.
+fn output_of(mut child: Child) -> Result<(String, Usage)> {
     let peak = PeakRss::watch(child.id());
     let mut output = String::new();
     if let Some(mut stdout) = child.stdout.take() {
         use std::io::Read;
         stdout.read_to_string(&mut output)?;
     }
-    let (status, peak_rss_bytes) = wait_with_peak(&mut child, peak)?;
+    let (status, usage) = wait_with_peak(&mut child, peak)?;
     if !status.success() && output.is_empty() {
         return Err(format!("reader exited with {status:?}").into());
     }
-    Ok((output, peak_rss_bytes))
+    Ok((output, usage))
 }
 
-/// Counts the lines `child` prints, and its peak RSS.
-fn count_lines_of(mut child: Child) -> Result<(u64, u64)> {
+/// Counts the lines `child` prints, and what it used.
+fn count_lines_of(mut child: Child) -> Result<(u64, Usage)> {
     let peak = PeakRss::watch(child.id());
     let mut lines = 0u64;
     if let Some(mut stdout) = child.stdout.take() {
@@ -1153,48 +1163,71 @@ fn count_lines_of(mut child: Child) -> Result<(u64, u64)> {
             lines += chunk[..read].iter().filter(|&&b| b == b'\n').count() as u64;
         }
     }
-    let (_, peak_rss_bytes) = wait_with_peak(&mut child, peak)?;
-    Ok((lines, peak_rss_bytes))
+    let (_, usage) = wait_with_peak(&mut child, peak)?;
+    Ok((lines, usage))
 }
 
-/// The exit status of `child` and its peak resident set, as its last `VmHWM` read before it
-/// exited says. (`wait4`'s `ru_maxrss` would not do: it keeps the high-water mark of the
-/// process image before `exec`, this bench's own.)
-fn wait_with_peak(child: &mut Child, peak: PeakRss) -> Result<(std::process::ExitStatus, u64)> {
+/// What a reader process used: its peak resident set and its CPU time.
+#[derive(Clone, Copy, Default)]
+struct Usage {
+    peak_rss_bytes: u64,
+    /// User and system time of all its threads.
+    cpu_seconds: f64,
+}
+
+/// The exit status of `child` and what it used, as its last `VmHWM` and CPU times read
+/// before it exited say. (`wait4`'s `ru_maxrss` would not do: it keeps the high-water mark
+/// of the process image before `exec`, this bench's own.)
+fn wait_with_peak(child: &mut Child, peak: PeakRss) -> Result<(std::process::ExitStatus, Usage)> {
     let status = child.wait()?;
     Ok((status, peak.finish()))
 }
 
-/// Samples a process's `VmHWM` every few milliseconds until it exits.
+/// Samples a process's `VmHWM` and CPU time every few milliseconds until it exits.
 struct PeakRss {
-    thread: std::thread::JoinHandle<u64>,
+    thread: std::thread::JoinHandle<Usage>,
 }
 
 impl PeakRss {
     fn watch(pid: u32) -> Self {
         let thread = std::thread::spawn(move || {
-            let mut peak = 0;
-            let path = format!("/proc/{pid}/status");
+            let mut usage = Usage::default();
+            let (status_path, stat_path) =
+                (format!("/proc/{pid}/status"), format!("/proc/{pid}/stat"));
+            // SAFETY: sysconf reads a constant of the system.
+            let ticks_per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
             loop {
-                let Ok(status) = std::fs::read_to_string(&path) else {
-                    return peak;
+                let Ok(status) = std::fs::read_to_string(&status_path) else {
+                    return usage;
                 };
                 let Some(kib) = status
                     .lines()
                     .find_map(|line| line.strip_prefix("VmHWM:"))
                     .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
                 else {
-                    return peak; // a zombie: it exited
+                    return usage; // a zombie: it exited
                 };
-                peak = peak.max(kib * 1024);
+                usage.peak_rss_bytes = usage.peak_rss_bytes.max(kib * 1024);
+                // utime and stime are the 14th and 15th fields, counted past the command's
+                // name (in parentheses, which may hold spaces).
+                let ticks = std::fs::read_to_string(&stat_path).ok().and_then(|stat| {
+                    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+                    Some(
+                        fields.get(11)?.parse::<u64>().ok()?
+                            + fields.get(12)?.parse::<u64>().ok()?,
+                    )
+                });
+                if let Some(ticks) = ticks {
+                    usage.cpu_seconds = ticks as f64 / ticks_per_second;
+                }
                 std::thread::sleep(Duration::from_millis(5));
             }
         });
         Self { thread }
     }
 
-    fn finish(self) -> u64 {
-        self.thread.join().unwrap_or(0)
+    fn finish(self) -> Usage {
+        self.thread.join().unwrap_or_default()
     }
 }
 
