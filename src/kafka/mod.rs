@@ -10,6 +10,7 @@ mod ffi;
 mod group_offsets;
 mod live;
 mod offset_commit;
+mod positions;
 mod prefetch;
 mod rebootstrap;
 mod side_log;
@@ -32,6 +33,7 @@ use rdkafka::message::{BorrowedMessage, Headers};
 
 use crate::store::{Header, Record, Timestamp};
 pub(crate) use arena::Arenas;
+pub(crate) use positions::Positions;
 
 /// Errors of the Kafka layer, with what was being done. New variants may come in minor
 /// versions.

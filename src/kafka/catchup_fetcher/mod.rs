@@ -22,7 +22,7 @@ use rdkafka::error::KafkaError as RdError;
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
 use super::side_log::for_other_consumers;
-use super::{Arenas, Budget, KafkaError, Rebootstrap, RoleContext, for_role, to_record};
+use super::{Arenas, Budget, KafkaError, Positions, Rebootstrap, RoleContext, for_role, to_record};
 use crate::engine::telemetry;
 use crate::engine::types::Event;
 use crate::engine::{PartitionId, Shared, key_notes};
@@ -155,6 +155,7 @@ impl CatchupFetcher {
                     rebuilding: HashMap::new(),
                     wakeup,
                     arenas: Arenas::default(),
+                    positions: Positions::default(),
                 }
                 .run(receiver)
             })
@@ -185,6 +186,8 @@ struct Fetcher {
     wakeup: wakeup::Wakeup,
     /// Where fetched keys and values are copied to.
     arenas: Arenas,
+    /// Where the consumer's positions are read into.
+    positions: Positions,
 }
 
 impl Fetcher {
@@ -435,14 +438,9 @@ impl Fetcher {
         );
         // Positions move past offsets without records (compaction, transaction markers);
         // each lane decides whether its generation's position can be trusted.
-        let positions = consumer
-            .position()
-            .map_err(|e| format!("{} position: {e}", self.role.name()))?;
-        for element in positions.elements() {
-            let key = (element.topic().to_owned(), element.partition());
-            if let (Offset::Offset(position), Some(tracked)) =
-                (element.offset(), self.tracked.get_mut(&key))
-            {
+        let running = self.tracked.keys().cloned().collect();
+        for (key, position) in self.positions.read(&consumer, running) {
+            if let Some(tracked) = self.tracked.get_mut(&key) {
                 tracked.lane.handle_position(position);
             }
         }
@@ -763,6 +761,7 @@ mod tests {
             rebuilding: HashMap::new(),
             wakeup: wakeup::Wakeup::default(),
             arenas: Arenas::default(),
+            positions: Positions::default(),
         };
         let key: PartitionId = ("orders".into(), 3);
         fetcher.add(

@@ -24,7 +24,9 @@ use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientConfig, ClientContext, Message, Offset, TopicPartitionList};
 
 use super::side_log::SideLogWrite;
-use super::{Arenas, Budget, CatchupCommand, KafkaError, Rebootstrap, SideLog, to_record};
+use super::{
+    Arenas, Budget, CatchupCommand, KafkaError, Positions, Rebootstrap, SideLog, to_record,
+};
 use crate::engine::telemetry;
 use crate::engine::types::{Event, Mode};
 use crate::engine::{PartitionId, PartitionRuntime, Shared, Stopped, key_notes};
@@ -344,6 +346,7 @@ fn run(
     );
     let mut budget = Budget::new("live", Lane::Live, shared.config.buffer_budget_bytes);
     let mut arenas = Arenas::default();
+    let mut positions = Positions::default();
     loop {
         rebootstrap.observe(
             consumer.client(),
@@ -450,7 +453,9 @@ fn run(
             }
             schedule.probed(Instant::now());
         }
-        if let Some((kind, message)) = poll_into_buffer(&consumer, &shared, &budget, &mut arenas) {
+        if let Some((kind, message)) =
+            poll_into_buffer(&consumer, &shared, &budget, &mut arenas, &mut positions)
+        {
             state.on_fatal_error(&consumer, kind, message);
         }
         budget.apply(&shared, &consumer, |_| true);

@@ -13,11 +13,9 @@ pub(super) fn poll_into_buffer(
     shared: &Shared,
     budget: &Budget,
     arenas: &mut Arenas,
+    positions: &mut Positions,
 ) -> Option<(FatalKind, String)> {
     let LiveRound { polled, fatal } = poll_round(consumer, shared, arenas);
-    // Positions move past offsets without records (transaction markers, compaction); each
-    // cursor decides whether its generation's position can be trusted.
-    let positions = consumer.position().ok();
     let appends: Vec<(PartitionId, PendingAppend)> = {
         let mut partitions = shared.partitions();
         // What was polled for a partition under an assignment a rebalance of this round
@@ -29,11 +27,12 @@ pub(super) fn poll_into_buffer(
                 .iter_mut()
                 .map(|(key, runtime)| ((key.clone(), runtime.generation), &mut runtime.live)),
         );
-        for element in positions.iter().flat_map(|list| list.elements()) {
-            let key = (element.topic().to_owned(), element.partition());
-            if let (Offset::Offset(position), Some(runtime)) =
-                (element.offset(), partitions.get_mut(&key))
-            {
+        // Positions move past offsets without records (transaction markers, compaction);
+        // each cursor decides whether its generation's position can be trusted. Read after
+        // the round's polls.
+        let running = partitions.keys().cloned().collect();
+        for (key, position) in positions.read(consumer, running) {
+            if let Some(runtime) = partitions.get_mut(&key) {
                 runtime.live.handle_position(position);
             }
         }
@@ -199,6 +198,10 @@ pub(super) fn reposition(consumer: &BaseConsumer<LiveContext>, shared: &Shared, 
         .iter()
         .filter_map(|(key, runtime)| Some((key.clone(), runtime.live.poll_move(now)?)))
         .collect();
+    if targets.is_empty() {
+        // Most rounds: the protocol is a request to librdkafka's main thread.
+        return;
+    }
     let cooperative = matches!(
         consumer.rebalance_protocol(),
         RebalanceProtocol::Cooperative
