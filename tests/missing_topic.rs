@@ -41,7 +41,7 @@ async fn recv_reports_a_topic_that_does_not_exist() {
         .expect("a record once the topic exists")
         .expect("recv after subscribing again");
     assert_eq!(
-        (delivery.topic.as_str(), delivery.offset),
+        (&*delivery.topic, delivery.offset),
         (topic.as_str(), 0)
     );
 }

@@ -58,7 +58,7 @@ impl Shared {
     pub fn withheld_at_hand_out(&self, delivery: &Delivery) -> bool {
         let mut partitions = self.partitions();
         let Some(runtime) = partitions
-            .get_mut(&(delivery.topic.clone(), delivery.partition))
+            .get_mut(&(delivery.topic.to_string(), delivery.partition))
             .filter(|runtime| runtime.generation == delivery.generation)
         else {
             return true;

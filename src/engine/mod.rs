@@ -47,11 +47,17 @@ fn lane_index(lane: Lane) -> usize {
     }
 }
 
+/// The most acknowledgements' room the spare vector keeps between two applications.
+const SPARE_ACKS_KEPT: usize = 1 << 16;
+
 /// One assigned partition.
 #[derive(Debug)]
 pub(crate) struct PartitionRuntime {
     /// Changes with every assignment; deliveries of an older one are not acknowledged.
     pub generation: u64,
+    /// The topic's name, shared by every delivery of the assignment (one allocation per
+    /// assignment, not one per record).
+    topic: std::sync::Arc<str>,
     pub layout: PartitionLayout,
     pub token: Option<SplitToken>,
     pub side: Option<SideEntry>,
@@ -88,6 +94,7 @@ pub(crate) struct PartitionRuntime {
 
 impl PartitionRuntime {
     pub fn new(
+        topic: &str,
         generation: u64,
         state: &PartitionState,
         layout_id: LayoutId,
@@ -100,6 +107,7 @@ impl PartitionRuntime {
         let catchup_done = state.catchup_committed();
         Self {
             generation,
+            topic: topic.into(),
             layout: state.layout.clone(),
             token,
             side,
@@ -197,6 +205,10 @@ pub(crate) struct Shared {
     /// short lock, no lookup), and whoever takes the partitions' lock next applies them
     /// first, so every reader of the runtimes sees them.
     pending_acks: Mutex<Vec<AckToken>>,
+    /// The vector `pending_acks` is swapped with, emptied: applying acks hands neither
+    /// vector's memory to another thread to free (the reader allocates, the live thread
+    /// applies), and its capacity is kept. Taken only under the partitions' lock.
+    spare_acks: Mutex<Vec<AckToken>>,
     /// Woken when records are appended or partitions change.
     pub notify: Notify,
     /// Bumped on every live-lane append: lets `Concurrent` look for fresh records first.
@@ -250,6 +262,7 @@ impl Shared {
             partitions: Mutex::new(BTreeMap::new()),
             generations: Mutex::new(HashMap::new()),
             pending_acks: Mutex::new(Vec::new()),
+            spare_acks: Mutex::new(Vec::new()),
             notify: Notify::new(),
             live_appends: AtomicU64::new(0),
             processed_since_commit: AtomicU64::new(0),
@@ -354,15 +367,25 @@ impl Shared {
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         // Taken under the partitions' lock: acks queued before it are applied before anyone
         // who got the lock first (a commit at a revoke) is done with them.
-        let acks = std::mem::take(
-            &mut *self
+        let mut spare = self
+            .spare_acks
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        {
+            let mut pending = self
                 .pending_acks
                 .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner()),
-        );
-        if !acks.is_empty() {
-            self.apply_acks(&mut partitions, acks);
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            if pending.is_empty() {
+                return partitions;
+            }
+            std::mem::swap(&mut *pending, &mut *spare);
         }
+        self.apply_acks(&mut partitions, &spare);
+        spare.clear();
+        // A burst (acks queued while the lock was held long) does not pin its memory.
+        spare.shrink_to(SPARE_ACKS_KEPT);
+        drop(spare);
         partitions
     }
 
@@ -500,7 +523,7 @@ mod tests {
             live_from: 1000,
         });
         state.catchup.fetched_next = 100;
-        let runtime = PartitionRuntime::new(1, &state, LayoutId(1), None, None, 0);
+        let runtime = PartitionRuntime::new(&KEY().0, 1, &state, LayoutId(1), None, None, 0);
         shared.partitions().insert(KEY(), runtime);
         shared
     }

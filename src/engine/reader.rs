@@ -93,9 +93,14 @@ impl Shared {
                 }
                 *next = batch.next;
                 catchup_taken |= batch.lane == Lane::Catchup && !batch.records.is_empty();
-                let deliveries = self.deliver(&key, runtime, batch.lane, batch.records, batch.next);
-                filled += deliveries.len();
-                queues[queue].extend(deliveries);
+                filled += self.deliver(
+                    &key,
+                    runtime,
+                    batch.lane,
+                    batch.records,
+                    batch.next,
+                    &mut queues[queue],
+                );
             }
             if runtime.latest.is_some()
                 && KeyIndex::done(runtime.layout.catchup_end(), runtime.acks[0].committable())
@@ -184,6 +189,7 @@ impl Shared {
         )
     }
 
+    /// Hands `records` (read up to `next`) out onto `queue`; how many it queued.
     pub(super) fn deliver(
         &self,
         key: &PartitionId,
@@ -191,7 +197,8 @@ impl Shared {
         lane: Lane,
         records: Vec<crate::store::Record>,
         next: i64,
-    ) -> Vec<Delivery> {
+        queue: &mut VecDeque<Delivery>,
+    ) -> usize {
         let delivery_lane = runtime.delivery_lane(lane);
         if lane == Lane::Live && !records.is_empty() {
             if let Some(since) = runtime.awaiting_fresh_since.take() {
@@ -212,7 +219,8 @@ impl Shared {
             }
         }
         let index = lane_index(lane);
-        let mut out = Vec::with_capacity(records.len());
+        let queued_before = queue.len();
+        queue.reserve(records.len());
         let mut superseded = 0;
         let mut freed = 0;
         for record in records {
@@ -226,8 +234,8 @@ impl Shared {
                 superseded += 1;
                 continue;
             }
-            out.push(Delivery {
-                topic: key.0.clone(),
+            queue.push_back(Delivery {
+                topic: runtime.topic.clone(),
                 partition: key.1,
                 offset: record.offset,
                 key: record.key,
@@ -239,23 +247,25 @@ impl Shared {
             });
         }
         runtime.acks[index].read_through(next);
-        if let (Lane::Live, Some(last), Mode::Latest) = (lane, out.last(), self.config.mode) {
+        let queued = queue.len() - queued_before;
+        let newest = queue.back().filter(|_| queued > 0);
+        if let (Lane::Live, Some(last), Mode::Latest) = (lane, newest, self.config.mode) {
             self.live_handed_to(key, last.offset + 1);
         }
-        telemetry::records_delivered(&self.group, lane.as_str(), out.len() as u64);
+        telemetry::records_delivered(&self.group, lane.as_str(), queued as u64);
         if superseded > 0 {
             telemetry::records_superseded(&self.group, lane.as_str(), superseded);
             self.processed_since_commit
                 .fetch_add(freed, Ordering::Relaxed);
         }
-        out
+        queued
     }
 
     /// Whether `delivery` belongs to a current assignment of its partition.
     pub fn is_current(&self, delivery: &Delivery) -> bool {
         let partitions = self.partitions();
         partitions
-            .get(&(delivery.topic.clone(), delivery.partition))
+            .get(&(delivery.topic.to_string(), delivery.partition))
             .is_some_and(|runtime| runtime.generation == delivery.generation)
     }
 
@@ -271,7 +281,7 @@ impl Shared {
     pub(super) fn apply_acks(
         &self,
         partitions: &mut BTreeMap<PartitionId, PartitionRuntime>,
-        acks: Vec<AckToken>,
+        acks: &[AckToken],
     ) {
         let generations = self.generations();
         let mut freed_total = 0;

@@ -404,8 +404,8 @@ impl DeliveryLane {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Delivery {
-    /// Topic.
-    pub topic: String,
+    /// Topic (shared by the deliveries of one assignment of the partition).
+    pub topic: std::sync::Arc<str>,
     /// Partition.
     pub partition: i32,
     /// Offset.

@@ -434,6 +434,7 @@ impl LiveState {
             KafkaError::Assignment(format!("{topic}/{partition} vanished from the buffer"))
         })?;
         let mut runtime = PartitionRuntime::new(
+            topic,
             shared.next_generation(&(topic.to_owned(), partition)),
             &state,
             layout_id,
