@@ -40,10 +40,7 @@ async fn recv_reports_a_topic_that_does_not_exist() {
         .await
         .expect("a record once the topic exists")
         .expect("recv after subscribing again");
-    assert_eq!(
-        (&*delivery.topic, delivery.offset),
-        (topic.as_str(), 0)
-    );
+    assert_eq!((&*delivery.topic, delivery.offset), (topic.as_str(), 0));
 }
 
 /// The stream goes on after a missing topic, as rdkafka's `MessageStream` goes on after an
