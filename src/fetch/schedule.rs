@@ -23,7 +23,7 @@ pub const PRUNE_EVERY: Duration = Duration::from_secs(10);
 /// How often the brokers are asked whether they answer again while they do not.
 pub const PROBE_EVERY: Duration = Duration::from_secs(2);
 /// How often the memory the process's allocator keeps after frees is looked at (and given
-/// back when [`worth_trimming`]).
+/// back when [`TrimWatch::look`] says so).
 pub const TRIM_EVERY: Duration = Duration::from_millis(250);
 /// The least kept memory worth giving back, whatever the budget.
 pub const TRIM_ABOVE_MIN: u64 = 32 << 20;
@@ -144,18 +144,38 @@ impl Schedule {
     }
 }
 
-/// Whether the `kept` bytes the allocator holds free are worth giving back to the system,
-/// for a consumer buffering up to `budget` bytes: above a quarter of the budget (the memory
-/// tier's size), and at least [`TRIM_ABOVE_MIN`].
+/// When the memory the allocator keeps free is worth giving back to the system: once what
+/// was freed since the last time exceeds a quarter of the budget (the memory tier's size),
+/// and at least [`TRIM_ABOVE_MIN`].
 ///
 /// At full speed the allocator keeps 20–45 MiB free from one moment to the next (measured
 /// every 250 ms at the default budget, 100 B and 1 KiB records): the tier's records, handed
 /// out and committed, are freed as the next ones arrive. Given back every 250 ms, those
 /// pages were faulted in again at once — a fetcher thread spent about 12 % of its time
 /// zeroing them, and `off` ran 10–15 % slower at 100 B. What a burst leaves (a backlog
-/// fetched, spilled and read: 150–200 MiB) is well above the bar and still given back.
-pub fn worth_trimming(kept: u64, budget: u64) -> bool {
-    kept > (budget / 4).max(TRIM_ABOVE_MIN)
+/// fetched, spilled and read: 150–200 MiB) is well above the bar and given back.
+///
+/// The allocator's count of free bytes (glibc's `mallinfo2`) still counts what was given
+/// back (the chunks stay free; only their pages go), so the bar is measured from the lowest
+/// count since the last trim: free bytes above it were freed since, and are resident.
+#[derive(Debug, Default)]
+pub struct TrimWatch {
+    /// The fewest free bytes counted since the last trim (after it, at first).
+    floor: u64,
+}
+
+impl TrimWatch {
+    /// Whether to give memory back now, with `kept` free bytes counted, for a consumer
+    /// buffering up to `budget` bytes.
+    pub fn look(&mut self, kept: u64, budget: u64) -> bool {
+        self.floor = self.floor.min(kept);
+        kept - self.floor > (budget / 4).max(TRIM_ABOVE_MIN)
+    }
+
+    /// Memory was given back; `kept` free bytes are counted after it.
+    pub fn trimmed(&mut self, kept: u64) {
+        self.floor = kept;
+    }
 }
 
 /// Whether to commit now: every `interval`, and sooner once a 32nd of the byte budget was
@@ -187,26 +207,51 @@ mod tests {
     #[test]
     fn the_allocator_is_trimmed_only_of_more_than_a_memory_tiers_worth() {
         const MIB: u64 = 1 << 20;
-        for (kept, budget, trim) in [
-            // The default budget: its tier is 64 MiB; steady churn stays below it.
-            (45 * MIB, 256 * MIB, false),
-            (64 * MIB, 256 * MIB, false),
-            (64 * MIB + 1, 256 * MIB, true),
-            (200 * MIB, 256 * MIB, true),
+        for (budget, looks) in [
+            // The default budget (its tier: 64 MiB). Steady churn stays below the bar; a
+            // burst is given back once; what it left, counted free still, does not bring
+            // the trim back while the churn goes on; a second burst does.
+            (
+                256 * MIB,
+                vec![
+                    (45 * MIB, false, 45 * MIB),
+                    (64 * MIB, false, 64 * MIB),
+                    (200 * MIB, true, 190 * MIB),
+                    (230 * MIB, false, 230 * MIB),
+                    (190 * MIB, false, 190 * MIB),
+                    (254 * MIB, false, 254 * MIB),
+                    (255 * MIB, true, 255 * MIB),
+                ],
+            ),
+            // Allocated again and freed again: measured from the lowest count.
+            (
+                256 * MIB,
+                vec![
+                    (300 * MIB, true, 300 * MIB),
+                    (100 * MIB, false, 100 * MIB),
+                    (170 * MIB, true, 170 * MIB),
+                ],
+            ),
             // A small budget: the floor holds.
-            (20 * MIB, 16 * MIB, false),
-            (33 * MIB, 16 * MIB, true),
+            (16 * MIB, vec![(20 * MIB, false, 0), (33 * MIB, true, MIB)]),
             // A large one: its tier's churn is allowed for.
-            (200 * MIB, 1024 * MIB, false),
-            (300 * MIB, 1024 * MIB, true),
-            (0, 0, false),
-            (u64::MAX, u64::MAX, true),
+            (
+                1024 * MIB,
+                vec![(200 * MIB, false, 0), (300 * MIB, true, 0)],
+            ),
+            (u64::MAX, vec![(u64::MAX, true, 0), (0, false, 0)]),
         ] {
-            assert_eq!(
-                worth_trimming(kept, budget),
-                trim,
-                "{kept} kept, budget {budget}"
-            );
+            let mut watch = TrimWatch::default();
+            for (step, (kept, trim, after)) in looks.into_iter().enumerate() {
+                assert_eq!(
+                    watch.look(kept, budget),
+                    trim,
+                    "step {step}: {kept} kept, budget {budget}"
+                );
+                if trim {
+                    watch.trimmed(after);
+                }
+            }
         }
     }
 

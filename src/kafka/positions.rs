@@ -4,10 +4,13 @@
 //! rust-rdkafka's `position()` first asks for the assignment, a request to librdkafka's main
 //! thread and a wait for its answer. A fetcher asks after every round, and at full speed a
 //! round is a few hundred records: the live thread spent a tenth of its waits on those
-//! answers. The fetchers know which partitions they run (a runtime exists only for a
-//! partition assigned to them), so they name them; `rd_kafka_position` reads each under the
-//! partition's own lock. A partition not assigned any more has no position: librdkafka
-//! resets it when the partition's fetch stops, and when it is sought.
+//! answers. The fetchers name the partitions they run (a runtime or a tracked partition)
+//! instead; `rd_kafka_position` reads each under the partition's own lock. Such a partition
+//! may not be assigned at that moment (an assignment that failed, a reassignment between its
+//! unassign and its assign): librdkafka resets a position when the partition's fetch stops
+//! and when it is sought, so what is read is either nothing or the last record handed out
+//! under the lane's own positioning — and a cursor trusts a position only once its current
+//! positioning handed out a record (`fetch::cursor`).
 
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::{Offset, TopicPartitionList};

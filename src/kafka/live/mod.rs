@@ -32,7 +32,7 @@ use crate::engine::types::{Event, Mode};
 use crate::engine::{PartitionId, PartitionRuntime, Shared, Stopped, key_notes};
 use crate::fetch::{
     AfterOutOfRange, AppendResult, Facts, FatalKind, PendingAppend, PollErrorKind, Polled, Round,
-    Schedule, classify_poll_error, fatal_kind,
+    Schedule, TrimWatch, classify_poll_error, fatal_kind,
 };
 use crate::plan::{
     AssignStep, CommitCycle, Committed, Inputs, MainLogCommit, OffsetReset, PlanEvent, SideValue,
@@ -347,6 +347,7 @@ fn run(
     let mut budget = Budget::new("live", Lane::Live, shared.config.buffer_budget_bytes);
     let mut arenas = Arenas::default();
     let mut positions = Positions::default();
+    let mut trim_watch = TrimWatch::default();
     loop {
         rebootstrap.observe(
             consumer.client(),
@@ -424,7 +425,7 @@ fn run(
             state.report_progress(&consumer);
         }
         if due.trim {
-            give_back_freed_memory(shared.config.buffer_budget_bytes);
+            give_back_freed_memory(&mut trim_watch, shared.config.buffer_budget_bytes);
             schedule.trimmed(Instant::now());
         }
         if due.prune {

@@ -293,9 +293,8 @@ impl LiveState {
     }
 }
 
-/// Gives the memory glibc's allocator keeps after frees back to the system when it keeps more
-/// than [`worth_trimming`](crate::fetch::worth_trimming) allows for `budget` (elsewhere:
-/// nothing).
+/// Gives the memory glibc's allocator keeps after frees back to the system when `watch`
+/// says it is worth it for `budget` (elsewhere: nothing).
 ///
 /// Records are allocated on the fetchers' threads and freed on the application's, in bursts
 /// (a backlog fetched at full speed, spilled, read, committed): glibc keeps what each
@@ -304,17 +303,55 @@ impl LiveState {
 /// 328–434 MiB, nearly all of it in five arenas, and held 150–200 MiB once trimmed (240–267
 /// MiB peaks since, in the burst before the first trim). `malloc_trim` hands every arena's
 /// free pages back; it does not change the allocator (an application with its own global
-/// allocator frees little through glibc, and the call finds little to do).
-pub(super) fn give_back_freed_memory(budget: u64) {
+/// allocator frees little through glibc, and the call finds little to do). Where glibc
+/// cannot say what it keeps (`mallinfo2` came with glibc 2.33), it is trimmed every time.
+pub(super) fn give_back_freed_memory(watch: &mut TrimWatch, budget: u64) {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallinfo2 and malloc_trim only read and release free memory of glibc's
-    // allocator; they take the allocator's own locks.
-    unsafe {
-        let kept = libc::mallinfo2().fordblks as u64;
-        if crate::fetch::worth_trimming(kept, budget) {
-            libc::malloc_trim(0);
+    {
+        let kept = glibc::kept_free();
+        if kept.is_none_or(|kept| watch.look(kept, budget)) {
+            // SAFETY: malloc_trim only releases free memory of glibc's allocator; it takes
+            // the allocator's own locks.
+            unsafe {
+                libc::malloc_trim(0);
+            }
+            if let Some(after) = glibc::kept_free() {
+                watch.trimmed(after);
+            }
         }
     }
     #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-    let _ = budget;
+    let _ = (watch, budget);
+}
+
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+mod glibc {
+    use std::sync::OnceLock;
+
+    type Mallinfo2 = unsafe extern "C" fn() -> libc::mallinfo2;
+
+    /// The bytes glibc's allocator counts free in all its arenas, if this glibc can say
+    /// (`mallinfo2`, looked up when first needed: linking it would keep the program from
+    /// starting on a glibc older than 2.33).
+    pub(super) fn kept_free() -> Option<u64> {
+        static MALLINFO2: OnceLock<Option<Mallinfo2>> = OnceLock::new();
+        let mallinfo2 = MALLINFO2.get_or_init(|| {
+            // SAFETY: a lookup of a symbol by a NUL-terminated name.
+            let symbol = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"mallinfo2".as_ptr()) };
+            // SAFETY: glibc's `mallinfo2` has this signature.
+            (!symbol.is_null())
+                .then(|| unsafe { std::mem::transmute::<*mut libc::c_void, Mallinfo2>(symbol) })
+        });
+        // SAFETY: mallinfo2 only reads the allocator's counters, under its own locks.
+        mallinfo2.map(|mallinfo2| unsafe { mallinfo2() }.fordblks as u64)
+    }
+}
+
+#[cfg(all(test, target_os = "linux", target_env = "gnu"))]
+mod tests {
+    #[test]
+    fn glibc_says_what_it_keeps_free() {
+        // Found at run time on the glibc this runs on (2.33 or later): the trim is decided.
+        assert!(super::glibc::kept_free().is_some());
+    }
 }
