@@ -331,8 +331,9 @@ mod glibc {
     type Mallinfo2 = unsafe extern "C" fn() -> libc::mallinfo2;
 
     /// The bytes glibc's allocator counts free in all its arenas, if this glibc can say
-    /// (`mallinfo2`, looked up when first needed: linking it would keep the program from
-    /// starting on a glibc older than 2.33).
+    /// (`mallinfo2`, looked up when first needed: linked, it would keep the crate from
+    /// building and running against a glibc older than 2.33; nor is it found in a static
+    /// build). Where it is missing, the caller trims every time, as before the bar.
     pub(super) fn kept_free() -> Option<u64> {
         static MALLINFO2: OnceLock<Option<Mallinfo2>> = OnceLock::new();
         let mallinfo2 = MALLINFO2.get_or_init(|| {
