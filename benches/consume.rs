@@ -423,7 +423,7 @@ impl Bench {
                     "dir": self.scratch.path().join(unique("buffer")),
                 });
                 let mut child = spawn_child(&spec.to_string())?;
-                let peak = PeakRss::watch(child.id());
+                let watch = UsageWatch::watch(child.id());
                 let stdout = child.stdout.take().ok_or("no stdout")?;
                 let mut answer = None;
                 use std::io::BufRead;
@@ -436,7 +436,7 @@ impl Bench {
                         answer = Some(serde_json::from_str::<serde_json::Value>(&line)?);
                     }
                 }
-                let (status, usage) = wait_with_peak(&mut child, peak)?;
+                let (status, usage) = wait_with_usage(&mut child, watch)?;
                 let peak_rss_bytes = usage.peak_rss_bytes;
                 let answer = answer.ok_or(format!("{}: no result ({status})", mode_name(mode)))?;
                 let fresh = answer["fresh_seconds"].as_f64().unwrap_or(f64::NAN);
@@ -1135,13 +1135,13 @@ fn check_count(reader: Reader, counted: u64, expected: u64) -> Result<()> {
 
 /// Waits for `child`, returning what it printed and what it used.
 fn output_of(mut child: Child) -> Result<(String, Usage)> {
-    let peak = PeakRss::watch(child.id());
+    let watch = UsageWatch::watch(child.id());
     let mut output = String::new();
     if let Some(mut stdout) = child.stdout.take() {
         use std::io::Read;
         stdout.read_to_string(&mut output)?;
     }
-    let (status, usage) = wait_with_peak(&mut child, peak)?;
+    let (status, usage) = wait_with_usage(&mut child, watch)?;
     if !status.success() && output.is_empty() {
         return Err(format!("reader exited with {status:?}").into());
     }
@@ -1150,7 +1150,7 @@ fn output_of(mut child: Child) -> Result<(String, Usage)> {
 
 /// Counts the lines `child` prints, and what it used.
 fn count_lines_of(mut child: Child) -> Result<(u64, Usage)> {
-    let peak = PeakRss::watch(child.id());
+    let watch = UsageWatch::watch(child.id());
     let mut lines = 0u64;
     if let Some(mut stdout) = child.stdout.take() {
         use std::io::Read;
@@ -1163,7 +1163,7 @@ fn count_lines_of(mut child: Child) -> Result<(u64, Usage)> {
             lines += chunk[..read].iter().filter(|&&b| b == b'\n').count() as u64;
         }
     }
-    let (_, usage) = wait_with_peak(&mut child, peak)?;
+    let (_, usage) = wait_with_usage(&mut child, watch)?;
     Ok((lines, usage))
 }
 
@@ -1178,17 +1178,20 @@ struct Usage {
 /// The exit status of `child` and what it used, as its last `VmHWM` and CPU times read
 /// before it exited say. (`wait4`'s `ru_maxrss` would not do: it keeps the high-water mark
 /// of the process image before `exec`, this bench's own.)
-fn wait_with_peak(child: &mut Child, peak: PeakRss) -> Result<(std::process::ExitStatus, Usage)> {
+fn wait_with_usage(
+    child: &mut Child,
+    watch: UsageWatch,
+) -> Result<(std::process::ExitStatus, Usage)> {
     let status = child.wait()?;
-    Ok((status, peak.finish()))
+    Ok((status, watch.finish()))
 }
 
 /// Samples a process's `VmHWM` and CPU time every few milliseconds until it exits.
-struct PeakRss {
+struct UsageWatch {
     thread: std::thread::JoinHandle<Usage>,
 }
 
-impl PeakRss {
+impl UsageWatch {
     fn watch(pid: u32) -> Self {
         let thread = std::thread::spawn(move || {
             let mut usage = Usage::default();
