@@ -112,8 +112,12 @@ fn main() -> Result<()> {
 enum Reader {
     /// A plain rdkafka `BaseConsumer` in a group: the ceiling.
     Bare,
-    /// kcat reading the partitions from the beginning, no group.
+    /// kcat reading the partitions from the beginning, no group, printing offsets to a pipe.
     Kcat,
+    /// kcat as above writing every record as a JSON line (`-J`, key and payload included)
+    /// to a file on the same tmpfs as `catchup run`'s sink: the same bytes written, for
+    /// comparing like with like (a file on tmpfs costs its pages).
+    KcatFile,
     /// The library in a mode, auto-acking.
     Library(Mode),
     /// `catchup run --mode ordered` with its fsynced file sink on tmpfs.
@@ -128,6 +132,7 @@ impl Reader {
         match self {
             Reader::Bare => "rdkafka BaseConsumer",
             Reader::Kcat => "kcat",
+            Reader::KcatFile => "kcat -J to a file",
             Reader::Library(Mode::Off) => "catchup off",
             Reader::Library(Mode::Ordered) => "catchup ordered",
             Reader::Library(Mode::Concurrent) => "catchup concurrent",
@@ -190,6 +195,7 @@ impl Bench {
         let readers: Vec<Reader> = [
             Reader::Bare,
             Reader::Kcat,
+            Reader::KcatFile,
             Reader::Library(Mode::Off),
             Reader::Library(Mode::Ordered),
             Reader::Library(Mode::Concurrent),
@@ -210,9 +216,9 @@ impl Bench {
             self.cores
         );
         println!(
-            "\n| value | reader | records/s | MB/s | share of bare loop | share of kcat | CPU per record | peak RSS |"
+            "\n| value | reader | records/s | MB/s | share of bare loop | share of kcat | share of kcat -J to a file | CPU per record | peak RSS |"
         );
-        println!("|---|---|---|---|---|---|---|---|");
+        println!("|---|---|---|---|---|---|---|---|---|");
         for &size in &sizes {
             let topic = unique(&format!("bench-{size}"));
             self.create_topic(&topic)?;
@@ -228,18 +234,23 @@ impl Bench {
                     .find(|(r, _)| *r == wanted)
                     .map_or(f64::NAN, |(_, m)| m.records as f64 / m.seconds)
             };
-            let (bare, kcat) = (rate(Reader::Bare), rate(Reader::Kcat));
+            let (bare, kcat, kcat_file) = (
+                rate(Reader::Bare),
+                rate(Reader::Kcat),
+                rate(Reader::KcatFile),
+            );
             for (reader, measured) in &results {
                 let per_second = measured.records as f64 / measured.seconds;
                 let megabytes = per_second * size as f64 / 1e6;
                 println!(
-                    "| {} | {} | {:.0} | {:.1} | {:.0} % | {:.0} % | {:.2} µs | {} MiB |",
+                    "| {} | {} | {:.0} | {:.1} | {:.0} % | {:.0} % | {:.0} % | {:.2} µs | {} MiB |",
                     human_size(size),
                     reader.name(),
                     per_second,
                     megabytes,
                     100.0 * per_second / bare,
                     100.0 * per_second / kcat,
+                    100.0 * per_second / kcat_file,
                     1e6 * measured.cpu_seconds / measured.records as f64,
                     measured.peak_rss_bytes >> 20
                 );
@@ -252,6 +263,7 @@ impl Bench {
                     "megabytes_per_second": megabytes,
                     "share_of_bare": per_second / bare,
                     "share_of_kcat": per_second / kcat,
+                    "share_of_kcat_to_file": per_second / kcat_file,
                     "peak_rss_bytes": measured.peak_rss_bytes,
                     "cpu_seconds": measured.cpu_seconds,
                 }));
@@ -279,6 +291,28 @@ impl Bench {
                     .spawn()?;
                 let (counted, usage) = count_lines_of(child)?;
                 let seconds = started.elapsed().as_secs_f64();
+                check_count(reader, counted, records)?;
+                Ok(Measured {
+                    records: counted,
+                    seconds,
+                    peak_rss_bytes: usage.peak_rss_bytes,
+                    cpu_seconds: usage.cpu_seconds,
+                })
+            }
+            Reader::KcatFile => {
+                let sink_dir = tempfile::Builder::new()
+                    .prefix("catchup-bench-kcat")
+                    .tempdir_in(shm_or_target())?;
+                let path = sink_dir.path().join("kcat.jsonl");
+                let started = Instant::now();
+                let child = Command::new("kcat")
+                    .args(["-C", "-b", &self.brokers, "-t", topic, "-o", "beginning"])
+                    .args(["-e", "-q", "-J"])
+                    .stdout(std::fs::File::create(&path)?)
+                    .spawn()?;
+                let (_, usage) = output_of(child)?;
+                let seconds = started.elapsed().as_secs_f64();
+                let counted = count_lines_in(&path)?;
                 check_count(reader, counted, records)?;
                 Ok(Measured {
                     records: counted,
@@ -1167,6 +1201,20 @@ fn count_lines_of(mut child: Child) -> Result<(u64, Usage)> {
     Ok((lines, usage))
 }
 
+/// The lines in the file at `path`.
+fn count_lines_in(path: &Path) -> Result<u64> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path)?;
+    let (mut chunk, mut lines) = (vec![0u8; 1 << 16], 0u64);
+    loop {
+        let read = file.read(&mut chunk)?;
+        if read == 0 {
+            return Ok(lines);
+        }
+        lines += chunk[..read].iter().filter(|&&b| b == b'\n').count() as u64;
+    }
+}
+
 /// What a reader process used: its peak resident set and its CPU time.
 #[derive(Clone, Copy, Default)]
 struct Usage {
@@ -1520,7 +1568,7 @@ mod chart {
                 let per_second = row["records_per_second"].as_f64().unwrap_or(f64::NAN);
                 let colour = match reader {
                     r if r.starts_with("rdkafka") => "#7f7f7f",
-                    "kcat" => "#bcbd22",
+                    r if r.starts_with("kcat") => "#bcbd22",
                     r if r.contains("off") => "#d62728",
                     r if r.contains("ordered") => "#1f77b4",
                     r if r.contains("concurrent") => "#2ca02c",
