@@ -34,7 +34,7 @@ const MAX_PARTITIONS: usize = 1024;
 
 /// One partition's chunk.
 struct Chunk {
-    topic: String,
+    topic: Vec<u8>,
     partition: i32,
     bytes: BytesMut,
     /// The size of its next chunk.
@@ -50,8 +50,8 @@ pub(crate) struct Arenas {
 }
 
 impl Arenas {
-    /// `bytes` of a record of `topic`/`partition`, copied.
-    pub fn copy(&mut self, topic: &str, partition: i32, bytes: &[u8]) -> Bytes {
+    /// `bytes` of a record of `topic` (its name's bytes)/`partition`, copied.
+    pub fn copy(&mut self, topic: &[u8], partition: i32, bytes: &[u8]) -> Bytes {
         if bytes.is_empty() {
             return Bytes::new();
         }
@@ -68,7 +68,7 @@ impl Arenas {
         chunk.bytes.split().freeze()
     }
 
-    fn chunk(&mut self, topic: &str, partition: i32) -> &mut Chunk {
+    fn chunk(&mut self, topic: &[u8], partition: i32) -> &mut Chunk {
         let matches = |chunk: &Chunk| chunk.partition == partition && chunk.topic == topic;
         let found = if self.chunks.get(self.last).is_some_and(matches) {
             Some(self.last)
@@ -82,7 +82,7 @@ impl Arenas {
                     self.chunks.clear();
                 }
                 self.chunks.push(Chunk {
-                    topic: topic.to_owned(),
+                    topic: topic.to_vec(),
                     partition,
                     bytes: BytesMut::new(),
                     next_size: FIRST_CHUNK_BYTES,
@@ -101,9 +101,9 @@ mod tests {
     #[test]
     fn a_partitions_records_share_a_chunk_and_keep_their_own_bytes() {
         let mut arenas = Arenas::default();
-        let first = arenas.copy("t", 0, b"first");
-        let other = arenas.copy("t", 1, b"other partition");
-        let second = arenas.copy("t", 0, b"second");
+        let first = arenas.copy(b"t", 0, b"first");
+        let other = arenas.copy(b"t", 1, b"other partition");
+        let second = arenas.copy(b"t", 0, b"second");
         assert_eq!(
             (&first[..], &second[..], &other[..]),
             (&b"first"[..], &b"second"[..], &b"other partition"[..])
@@ -111,7 +111,7 @@ mod tests {
         // One chunk per partition: the second record lies right behind the first.
         assert_eq!(second.as_ptr(), first.as_ptr().wrapping_add(first.len()));
         assert_ne!(other.as_ptr(), first.as_ptr().wrapping_add(first.len()));
-        assert_eq!(arenas.copy("u", 0, b"").len(), 0);
+        assert_eq!(arenas.copy(b"u", 0, b"").len(), 0);
     }
 
     #[test]
@@ -123,7 +123,7 @@ mod tests {
         let mut previous: Option<Bytes> = None;
         let mut in_chunk = 0;
         for _ in 0..200 {
-            let copy = arenas.copy("t", 0, &piece);
+            let copy = arenas.copy(b"t", 0, &piece);
             assert_eq!(copy[..], piece[..]);
             let adjacent = previous
                 .as_ref()
@@ -138,10 +138,10 @@ mod tests {
         assert_eq!(sizes[..6], [512, 1024, 2048, 4096, 8192, 16384]);
         assert!(sizes[6..].iter().all(|&size| size == CHUNK_BYTES));
         let large = vec![1u8; OWN_ALLOCATION_ABOVE + 1];
-        let room = arenas.chunk("t", 0).bytes.capacity();
-        assert_eq!(arenas.copy("t", 0, &large)[..], large[..]);
+        let room = arenas.chunk(b"t", 0).bytes.capacity();
+        assert_eq!(arenas.copy(b"t", 0, &large)[..], large[..]);
         assert_eq!(
-            arenas.chunk("t", 0).bytes.capacity(),
+            arenas.chunk(b"t", 0).bytes.capacity(),
             room,
             "the large value took nothing of the chunk"
         );
@@ -151,7 +151,7 @@ mod tests {
     fn partitions_beyond_the_bound_start_anew() {
         let mut arenas = Arenas::default();
         for partition in 0..MAX_PARTITIONS as i32 + 5 {
-            assert_eq!(&arenas.copy("t", partition, b"x")[..], b"x");
+            assert_eq!(&arenas.copy(b"t", partition, b"x")[..], b"x");
         }
         assert_eq!(arenas.chunks.len(), 5);
     }

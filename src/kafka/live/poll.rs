@@ -95,7 +95,8 @@ pub(super) fn poll_round(
             Some(Ok(message)) => round.polled.push_record(
                 to_record(&message, arenas),
                 |((topic, partition), _)| {
-                    *partition == message.partition() && topic == message.topic()
+                    *partition == message.partition()
+                        && topic.as_bytes() == crate::kafka::topic_bytes(&message)
                 },
                 || {
                     let key = (message.topic().to_owned(), message.partition());
