@@ -1,6 +1,7 @@
 //! End-to-end consumption against the real broker, side by side in one run: a bare rdkafka
-//! loop (the ceiling), kcat, the library in `off`, `ordered` and `concurrent`, and
-//! `catchup run` with its fsynced file sink.
+//! loop (the ceiling), kcat (printing offsets to a pipe, and writing every record as JSON to
+//! a file on tmpfs: the same bytes `catchup run`'s sink writes), the library in `off`,
+//! `ordered` and `concurrent`, and `catchup run` with its fsynced file sink in each mode.
 //!
 //! ```text
 //! scripts/kafka start
@@ -120,10 +121,11 @@ enum Reader {
     KcatFile,
     /// The library in a mode, auto-acking.
     Library(Mode),
-    /// `catchup run --mode ordered` with its fsynced file sink on tmpfs.
-    CliSink,
-    /// The same with another build of the binary (`CATCHUP_BENCH_CLI_ALT`, a path), e.g.
-    /// one with another allocator, side by side in the same run.
+    /// `catchup run` in a mode with its fsynced file sink on tmpfs.
+    CliSink(Mode),
+    /// `catchup run --mode ordered` of another build of the binary
+    /// (`CATCHUP_BENCH_CLI_ALT`, a path), e.g. one with another allocator, side by side in
+    /// the same run.
     CliSinkAlt,
 }
 
@@ -138,7 +140,10 @@ impl Reader {
             Reader::Library(Mode::Concurrent) => "catchup concurrent",
             Reader::Library(Mode::Latest) => "catchup latest",
             Reader::Library(_) => "catchup (another mode)",
-            Reader::CliSink => "catchup run + sink",
+            Reader::CliSink(Mode::Off) => "catchup run off + sink",
+            Reader::CliSink(Mode::Ordered) => "catchup run ordered + sink",
+            Reader::CliSink(Mode::Concurrent) => "catchup run concurrent + sink",
+            Reader::CliSink(_) => "catchup run (another mode) + sink",
             Reader::CliSinkAlt => "catchup run + sink (other build)",
         }
     }
@@ -199,7 +204,9 @@ impl Bench {
             Reader::Library(Mode::Off),
             Reader::Library(Mode::Ordered),
             Reader::Library(Mode::Concurrent),
-            Reader::CliSink,
+            Reader::CliSink(Mode::Off),
+            Reader::CliSink(Mode::Ordered),
+            Reader::CliSink(Mode::Concurrent),
             Reader::CliSinkAlt,
         ]
         .into_iter()
@@ -321,15 +328,15 @@ impl Bench {
                     cpu_seconds: usage.cpu_seconds,
                 })
             }
-            Reader::CliSink => {
+            Reader::CliSink(mode) => {
                 let binary = PathBuf::from(env!("CARGO_BIN_EXE_catchup"));
-                self.cli_sink(&binary, topic, &group, &dir, records)
+                self.cli_sink(&binary, mode, topic, &group, &dir, records)
             }
             Reader::CliSinkAlt => {
                 let binary = std::env::var_os(CLI_ALT_ENV)
                     .map(PathBuf::from)
                     .ok_or(format!("{CLI_ALT_ENV} is not set"))?;
-                self.cli_sink(&binary, topic, &group, &dir, records)
+                self.cli_sink(&binary, Mode::Ordered, topic, &group, &dir, records)
             }
             Reader::Bare | Reader::Library(_) => {
                 let spec = serde_json::json!({
@@ -360,10 +367,12 @@ impl Bench {
         }
     }
 
-    /// `catchup run` with a sink on tmpfs: timed from its start to the sink's last line.
+    /// `catchup run` in `mode` with a sink on tmpfs: timed from its start to the sink's last
+    /// line.
     fn cli_sink(
         &self,
         binary: &Path,
+        mode: Mode,
         topic: &str,
         group: &str,
         dir: &Path,
@@ -387,7 +396,7 @@ impl Bench {
             .arg(dir)
             .arg("--sink")
             .arg(&sink)
-            .args(["--mode", "ordered", "--exit-when-idle", "1"])
+            .args(["--mode", mode_name(mode), "--exit-when-idle", "1"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()?;
@@ -411,7 +420,7 @@ impl Bench {
         }
         let seconds = started.elapsed().as_secs_f64();
         let (_, usage) = output_of(child)?;
-        check_count(Reader::CliSink, lines, records)?;
+        check_count(Reader::CliSink(mode), lines, records)?;
         Ok(Measured {
             records: lines,
             seconds,
@@ -1569,6 +1578,7 @@ mod chart {
                 let colour = match reader {
                     r if r.starts_with("rdkafka") => "#7f7f7f",
                     r if r.starts_with("kcat") => "#bcbd22",
+                    r if r.starts_with("catchup run") => "#9467bd",
                     r if r.contains("off") => "#d62728",
                     r if r.contains("ordered") => "#1f77b4",
                     r if r.contains("concurrent") => "#2ca02c",
