@@ -1,4 +1,5 @@
-//! A backlog buffered and processed: sled keeps its files at their peak size, so the
+//! Records waiting in the buffer (live lanes behind their backlog in `Ordered`), then
+//! processed: sled keeps its files at their peak size, so the
 //! consumer compacts the buffer into a fresh generation on its own, gives the disk back, and
 //! goes on buffering and delivering — across a restart too — with nothing lost (store audit
 //! D1; issue "disk comes back").
@@ -13,7 +14,13 @@ use support::{Kafka, test_config, unique};
 
 const WAIT: Duration = Duration::from_secs(60);
 const PARTITIONS: i32 = 2;
+/// Records of each partition before the consumer joins: the split's backlog.
+const BACKLOG: i64 = 1_000;
+/// Records of each partition produced once it is split: its live lane waits behind the
+/// backlog (`Ordered`), so they wait in the buffer.
 const PER_PARTITION: i64 = 15_000;
+/// The log end once both are produced.
+const END: i64 = BACKLOG + PER_PARTITION;
 const VALUE_BYTES: usize = 1024;
 
 fn value(partition: i32, offset: i64) -> String {
@@ -89,29 +96,32 @@ async fn a_drained_buffer_gives_its_disk_back() {
     let topic = unique("disk-back");
     let group = unique("disk-back-group");
     kafka.create_topic(&topic, PARTITIONS).await;
-    produce(&kafka, &topic, 0, PER_PARTITION).await;
+    produce(&kafka, &topic, 0, BACKLOG).await;
     kafka.commit_as_operator(&group, &topic, &[0; PARTITIONS as usize]);
     let dir = tempfile::tempdir().expect("tempdir");
     let buffer_dir = dir.path().join("buffer");
-    // A budget of 40 MiB: the memory tier holds up to 10 MiB of the 30 MB backlog, the rest
-    // waits on disk.
-    let config = test_config(&buffer_dir, Mode::Off, 100)
+    // A budget of 64 MiB: four lanes of 16 MiB each (the 15 MB a live lane waits with fit),
+    // the memory tier holds up to 16 MiB of the 30 MB, the rest waits on disk. (A lane the
+    // reader could take now would be held to its read-ahead instead, and wait in Kafka.)
+    let config = test_config(&buffer_dir, Mode::Ordered, 100)
         .disk_allowance_bytes(1 << 20)
-        .buffer_budget_bytes(40 << 20);
+        .buffer_budget_bytes(64 << 20);
 
     let consumer =
         CatchupConsumer::new(&kafka.consumer_config(&group), config.clone()).expect("consumer");
     let mut events = consumer.events();
     consumer.subscribe(&[&topic]).expect("subscribe");
-    support::wait_until_buffered(&consumer, PARTITIONS as usize, PER_PARTITION).await;
+    wait_until_split(&consumer).await;
+    produce(&kafka, &topic, BACKLOG, END).await;
+    support::wait_until_buffered(&consumer, PARTITIONS as usize, END).await;
     let peak = disk_bytes(&buffer_dir);
     let payload = PARTITIONS as u64 * PER_PARTITION as u64 * VALUE_BYTES as u64;
     assert!(
         peak > payload / 3,
-        "{peak} bytes on disk for {payload} of payload, of which memory holds at most 10 MiB"
+        "{peak} bytes on disk for {payload} of payload waiting, of which memory holds at most 16 MiB"
     );
 
-    receive(&consumer, &offsets(0, PER_PARTITION)).await;
+    receive(&consumer, &offsets(0, END)).await;
     let compacted = tokio::time::timeout(WAIT, async {
         loop {
             match events.recv().await {
@@ -142,18 +152,32 @@ async fn a_drained_buffer_gives_its_disk_back() {
     );
 
     // Buffering and delivery go on in the new generation...
-    produce(&kafka, &topic, PER_PARTITION, PER_PARTITION + 200).await;
-    receive(&consumer, &offsets(PER_PARTITION, PER_PARTITION + 200)).await;
+    produce(&kafka, &topic, END, END + 200).await;
+    receive(&consumer, &offsets(END, END + 200)).await;
     consumer.close().await.expect("close");
 
     // ...and after a restart, which opens it.
     let consumer = CatchupConsumer::new(&kafka.consumer_config(&group), config).expect("consumer");
     consumer.subscribe(&[&topic]).expect("subscribe");
-    produce(&kafka, &topic, PER_PARTITION + 200, PER_PARTITION + 400).await;
-    receive(
-        &consumer,
-        &offsets(PER_PARTITION + 200, PER_PARTITION + 400),
-    )
-    .await;
+    produce(&kafka, &topic, END + 200, END + 400).await;
+    receive(&consumer, &offsets(END + 200, END + 400)).await;
     consumer.close().await.expect("close");
+}
+
+/// Waits until every partition is split at the backlog's end.
+async fn wait_until_split(consumer: &CatchupConsumer) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let buffers = consumer.buffers().expect("buffers");
+        if buffers.len() == PARTITIONS as usize
+            && buffers.iter().all(|b| b.boundary == Some(BACKLOG))
+        {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not split in time: {buffers:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

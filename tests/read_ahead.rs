@@ -1,8 +1,10 @@
-//! A catch-up lane reads ahead of its reader about an eighth of its share of the byte
-//! budget: behind a slow reader its next records wait in Kafka's client, not in sled (the
-//! memory tier spills a lane's oldest records first, exactly those the reader takes next).
-//! The read-ahead counts what is not handed out yet, not what is unacknowledged: an
-//! application that acknowledges a batch only once it has all of it still gets every batch.
+//! A lane reads ahead of its reader about an eighth of its share of the byte budget: behind a
+//! slow reader its next records wait in Kafka's client, not in sled (the memory tier spills a
+//! lane's oldest records first, exactly those the reader takes next). A catch-up lane's queue
+//! is left unpolled; the group member, one queue for all its partitions, takes a message at a
+//! time while a live lane is held. The read-ahead counts what is not handed out yet, not what
+//! is unacknowledged: an application that acknowledges a batch only once it has all of it
+//! still gets every batch.
 
 mod support;
 
@@ -21,11 +23,12 @@ const BUDGET: u64 = 32 << 20;
 /// Records of a lane's whole share (about 16,000): how far the lane ran ahead before.
 const SHARE_RECORDS: i64 = (BUDGET / 2 / VALUE_BYTES as u64) as i64;
 
-/// A topic of `RECORDS` 1 KiB records in one partition, and a consumer of a group committed
-/// at its start, subscribed (the partition splits at its log end: all of it is backlog), its
-/// events and its buffer directory.
+/// A topic of `RECORDS` 1 KiB records in one partition, and a consumer in `mode` of a group
+/// committed at its start, subscribed (split, the partition splits at its log end: all of it
+/// is backlog; in `off` the live lane reads it all), its events and its buffer directory.
 async fn backlog(
     name: &str,
+    mode: Mode,
 ) -> (
     CatchupConsumer,
     tokio::sync::broadcast::Receiver<Event>,
@@ -44,7 +47,7 @@ async fn backlog(
     kafka.commit_as_operator(&group, &topic, &[0]);
     let dir = tempfile::tempdir().expect("tempdir");
     let config = CatchupConfig::new(dir.path())
-        .mode(Mode::Ordered)
+        .mode(mode)
         .min_lag(100)
         .buffer_budget_bytes(BUDGET);
     let consumer = catchup_consumer(&kafka, &group, config);
@@ -55,7 +58,47 @@ async fn backlog(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_catchup_lane_reads_ahead_an_eighth_of_its_share() {
-    let (consumer, mut events, _dir) = backlog("read-ahead").await;
+    let (consumer, events, _dir) = backlog("read-ahead", Mode::Ordered).await;
+    let farthest_ahead = read_slowly(&consumer, |buffer| buffer.catchup.fetched_next).await;
+    eprintln!("the catch-up lane ran at most {farthest_ahead} records ahead of the reader");
+    assert!(
+        farthest_ahead > 1_000,
+        "the fetcher did run ahead of the slow reader ({farthest_ahead} records)"
+    );
+    assert!(
+        farthest_ahead < SHARE_RECORDS * 3 / 4,
+        "the catch-up lane ran {farthest_ahead} records ahead of its reader: held at an eighth of its share, it stays far below the share's {SHARE_RECORDS}"
+    );
+    assert_never_paused(events);
+    consumer.close().await.expect("close");
+}
+
+/// In `off` the one partition is the live lane's alone: its share is the whole budget (more
+/// than the topic), an eighth of it about 4,000 records. Unheld, the group member fetched
+/// the whole topic ahead of the slow reader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_lane_reads_ahead_an_eighth_of_its_share() {
+    let (consumer, events, _dir) = backlog("read-ahead-live", Mode::Off).await;
+    let farthest_ahead = read_slowly(&consumer, |buffer| buffer.live.fetched_next).await;
+    eprintln!("the live lane ran at most {farthest_ahead} records ahead of the reader");
+    assert!(
+        farthest_ahead > 1_000,
+        "the group member did run ahead of the slow reader ({farthest_ahead} records)"
+    );
+    assert!(
+        farthest_ahead < RECORDS as i64 / 2,
+        "the live lane ran {farthest_ahead} records ahead of its reader: held at an eighth of its share (about 4,000 records), it stays far below the topic's {RECORDS}"
+    );
+    assert_never_paused(events);
+    consumer.close().await.expect("close");
+}
+
+/// Reads every record in order with about 250 µs of work each, acknowledging each; how far
+/// the lane whose fetch position `fetched_next` tells ran ahead of the reader at most.
+async fn read_slowly(
+    consumer: &CatchupConsumer,
+    fetched_next: impl Fn(&catchup::PartitionBuffer) -> i64,
+) -> i64 {
     let mut farthest_ahead = 0;
     for expected in 0..RECORDS as i64 {
         let delivery = tokio::time::timeout(WAIT, consumer.recv())
@@ -70,19 +113,15 @@ async fn a_catchup_lane_reads_ahead_an_eighth_of_its_share() {
         }
         if expected % 100 == 0 {
             let buffers = consumer.buffers().expect("buffers");
-            let fetched = buffers.first().map_or(0, |b| b.catchup.fetched_next);
+            let fetched = buffers.first().map_or(0, &fetched_next);
             farthest_ahead = farthest_ahead.max(fetched - delivery.offset - 1);
         }
     }
-    eprintln!("the catch-up lane ran at most {farthest_ahead} records ahead of the reader");
-    assert!(
-        farthest_ahead > 1_000,
-        "the fetcher did run ahead of the slow reader ({farthest_ahead} records)"
-    );
-    assert!(
-        farthest_ahead < SHARE_RECORDS * 3 / 4,
-        "the catch-up lane ran {farthest_ahead} records ahead of its reader: held at an eighth of its share, it stays far below the share's {SHARE_RECORDS}"
-    );
+    farthest_ahead
+}
+
+/// The byte budget never paused a partition: the read-ahead alone held the lane.
+fn assert_never_paused(mut events: tokio::sync::broadcast::Receiver<Event>) {
     let mut paused = Vec::new();
     loop {
         match events.try_recv() {
@@ -96,12 +135,11 @@ async fn a_catchup_lane_reads_ahead_an_eighth_of_its_share() {
         paused.is_empty(),
         "the budget never had to pause: {paused:?}"
     );
-    consumer.close().await.expect("close");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_application_acknowledging_whole_batches_gets_every_batch() {
-    let (consumer, _events, _dir) = backlog("read-ahead-batches").await;
+    let (consumer, _events, _dir) = backlog("read-ahead-batches", Mode::Ordered).await;
     // 4,000 records of 1 KiB: twice the read-ahead, a quarter of the share.
     const BATCH: usize = 4_000;
     let mut batch = Vec::with_capacity(BATCH);

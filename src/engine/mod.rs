@@ -460,11 +460,20 @@ impl Shared {
             .collect()
     }
 
-    /// Bytes of `lane` fetched and not handed out yet, per assigned partition.
+    /// Bytes of `lane` fetched and not handed out yet, per assigned partition, that the
+    /// reader could take now: a live lane waiting behind its backlog in `Ordered` counts none
+    /// (its records wait by design, and the budget's share bounds them).
     pub fn undelivered_by_partition(&self, lane: Lane) -> BTreeMap<PartitionId, u64> {
+        let fresh_first = self.config.mode.fresh_first();
         self.partitions()
             .iter()
-            .map(|(key, runtime)| (key.clone(), runtime.undelivered(lane)))
+            .map(|(key, runtime)| {
+                let waits = lane == Lane::Live && !fresh_first && !runtime.drained;
+                (
+                    key.clone(),
+                    if waits { 0 } else { runtime.undelivered(lane) },
+                )
+            })
             .collect()
     }
 

@@ -9,9 +9,18 @@
 //! reader read them back. Held, the lane's next records wait in librdkafka's queue instead —
 //! the fetcher leaves the partition's queue unpolled, and librdkafka stops fetching once it is
 //! full. It is not paused: a pause drops what librdkafka prefetched, and a resume waits for a
-//! new fetch (a first version that paused made `catchup run` at 1 KiB 30 % slower). A live
-//! lane behind its backlog in `Ordered` still fills its whole share: those records wait, and
-//! sled is where they wait.
+//! new fetch (a first version that paused made `catchup run` at 1 KiB 30 % slower).
+//!
+//! A live lane the reader can take now (not split, `Concurrent`, or its backlog handed out) is
+//! held to the same read-ahead. The group member polls one queue for all its partitions, so
+//! none can be left unpolled alone: while one is held, the group member takes a message at a
+//! time, a few milliseconds apart (it still serves rebalances, which librdkafka puts ahead of
+//! what was prefetched, and stays within `max.poll.interval.ms`), and librdkafka stops
+//! fetching once its queue is full. Without the hold, `catchup run` in `off` at 1 KiB, slower
+//! than its fetcher, had every lane's whole share fetched ahead, spilled to sled and read back
+//! (347 MiB resident). Pausing the held partitions instead dropped what librdkafka had
+//! prefetched at every pause and halved the rate. A live lane behind its backlog in `Ordered`
+//! still fills its whole share: those records wait, and sled is where they wait.
 
 use rdkafka::TopicPartitionList;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
@@ -23,7 +32,7 @@ use crate::engine::{PartitionId, Shared};
 use crate::fetch::PausePolicy;
 use crate::store::Lane;
 
-/// A catch-up lane stops reading ahead of the reader once it is its share divided by this
+/// A lane stops reading ahead of the reader once it is its share divided by this
 /// ahead (decided once a round: the round that crosses it may poll one queue's worth more).
 pub(crate) const READ_AHEAD_DIVISOR: u64 = 8;
 
@@ -33,10 +42,10 @@ pub(crate) struct Budget {
     lane: Lane,
     limit: u64,
     policy: PausePolicy<PartitionId>,
-    /// The catch-up lane's read-ahead: the partitions whose queues are left unpolled,
-    /// decided on the bytes fetched and not handed out (not on those unacknowledged: an
-    /// application that acknowledges a batch once it has all of it would wait for good).
-    read_ahead: Option<PausePolicy<PartitionId>>,
+    /// The lane's read-ahead: the partitions held, decided on the bytes fetched and not
+    /// handed out (not on those unacknowledged: an application that acknowledges a batch once
+    /// it has all of it would wait for good).
+    read_ahead: PausePolicy<PartitionId>,
     /// The partitions seen last round: one that appears (again) is resumed once, because
     /// librdkafka keeps an application pause across a revoke and a new assignment.
     known: BTreeSet<PartitionId>,
@@ -52,7 +61,7 @@ impl Budget {
             lane,
             limit,
             policy: PausePolicy::new(),
-            read_ahead: (lane == Lane::Catchup).then(PausePolicy::new),
+            read_ahead: PausePolicy::new(),
             known: BTreeSet::new(),
             writes_stopped: false,
         }
@@ -64,19 +73,15 @@ impl Budget {
         self.writes_stopped || self.policy.is_paused(key)
     }
 
-    /// Whether the fetcher leaves `key`'s queue unpolled: its reader has not taken what it
-    /// read ahead.
+    /// Whether `key` is held to its read-ahead: its reader has not taken what the lane read
+    /// ahead (the catch-up fetcher leaves its queue unpolled).
     pub fn holds(&self, key: &PartitionId) -> bool {
-        self.read_ahead
-            .as_ref()
-            .is_some_and(|read_ahead| read_ahead.is_paused(key))
+        self.read_ahead.is_paused(key)
     }
 
-    /// Whether any partition's queue is left unpolled.
+    /// Whether any partition is held to its read-ahead.
     pub fn holds_any(&self) -> bool {
-        self.read_ahead
-            .as_ref()
-            .is_some_and(PausePolicy::any_paused)
+        self.read_ahead.any_paused()
     }
 
     /// Forgets `key`, paused by its fetcher out of band: when its runtime comes back it is
@@ -110,19 +115,20 @@ impl Budget {
             }
         }
         let slots = shared.budget_slots();
-        if let Some(read_ahead) = &mut self.read_ahead {
-            let mut ahead = shared.undelivered_by_partition(self.lane);
-            ahead.retain(|key, _| fetching(key));
-            for change in read_ahead.decide(self.limit / READ_AHEAD_DIVISOR, slots, &ahead) {
-                tracing::trace!(
-                    fetcher = self.fetcher,
-                    topic = change.partition.0,
-                    partition = change.partition.1,
-                    held = change.paused,
-                    ahead = change.buffered_bytes,
-                    "read-ahead"
-                );
-            }
+        let mut ahead = shared.undelivered_by_partition(self.lane);
+        ahead.retain(|key, _| fetching(key));
+        for change in self
+            .read_ahead
+            .decide(self.limit / READ_AHEAD_DIVISOR, slots, &ahead)
+        {
+            tracing::trace!(
+                fetcher = self.fetcher,
+                topic = change.partition.0,
+                partition = change.partition.1,
+                held = change.paused,
+                ahead = change.buffered_bytes,
+                "read-ahead"
+            );
         }
         let changes = self.policy.decide(self.limit, slots, &usage);
         for change in changes {

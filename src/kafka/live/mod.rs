@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance, RebalanceProtocol};
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientConfig, ClientContext, Message, Offset, TopicPartitionList};
@@ -48,6 +48,11 @@ const SEEK_TIMEOUT: Duration = Duration::from_secs(5);
 const PRUNE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Most messages taken from one poll round before they are appended.
 const POLL_BATCH: usize = 2000;
+/// How long a poll round waits for a first message.
+const EMPTY_WAIT: Duration = Duration::from_millis(50);
+/// While a partition is held to its read-ahead: how long apart the group member takes one
+/// message (and looks again whether its reader took enough).
+const HELD_WAIT: Duration = Duration::from_millis(5);
 
 /// Requests to the live thread.
 pub(crate) enum LiveCommand {
@@ -355,7 +360,24 @@ fn run(
             Instant::now(),
             "live",
         );
-        while let Ok(command) = commands.try_recv() {
+        // While a lane is held to its read-ahead, the group member takes a message at a time
+        // (`kafka::budget`), a little apart: the wait ends at a command.
+        let waited = if budget.holds_any() {
+            match commands.recv_timeout(HELD_WAIT) {
+                Ok(command) => Some(command),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => {
+                    std::thread::sleep(HELD_WAIT);
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        for command in waited
+            .into_iter()
+            .chain(std::iter::from_fn(|| commands.try_recv().ok()))
+        {
             match command {
                 LiveCommand::Subscribe(topics, generation) => {
                     // (What was wrong with the last subscription was cleared by the caller.)

@@ -4,8 +4,8 @@
 
 use super::*;
 
-/// One poll round of the live lane: up to `POLL_BATCH` messages fed to the partitions'
-/// cursors, the appends they prove, and the repositioning of every partition whose chain of
+/// One poll round of the live lane: up to `POLL_BATCH` messages (one while a lane is held to
+/// its read-ahead) fed to the partitions' cursors, the appends they prove, and the repositioning of every partition whose chain of
 /// proof broke (DESIGN invariant 8).
 /// Returns an error of the round the consumer cannot get past by polling on.
 pub(super) fn poll_into_buffer(
@@ -15,7 +15,14 @@ pub(super) fn poll_into_buffer(
     arenas: &mut Arenas,
     positions: &mut Positions,
 ) -> Option<(FatalKind, String)> {
-    let LiveRound { polled, fatal } = poll_round(consumer, shared, arenas);
+    // Held to its read-ahead, a lane's reader has enough to take: one message keeps the
+    // group member polling (rebalances served, `max.poll.interval.ms` kept).
+    let (most, first_wait) = if budget.holds_any() {
+        (1, Duration::ZERO)
+    } else {
+        (POLL_BATCH, EMPTY_WAIT)
+    };
+    let LiveRound { polled, fatal } = poll_round(consumer, shared, arenas, most, first_wait);
     let appends: Vec<(PartitionId, PendingAppend)> = {
         let mut partitions = shared.partitions();
         // What was polled for a partition under an assignment a rebalance of this round
@@ -76,14 +83,16 @@ pub(super) fn poll_round(
     consumer: &BaseConsumer<LiveContext>,
     shared: &Shared,
     arenas: &mut Arenas,
+    most: usize,
+    first_wait: Duration,
 ) -> LiveRound {
     let mut round = LiveRound::default();
-    let mut timeout = Duration::from_millis(50);
+    let mut timeout = first_wait;
     // A rebalance inside a `poll` of this round may revoke a partition and assign it again:
     // what was polled before it belongs to the old assignment and must not reach the new
     // one's lane (a record far ahead of the new position would "prove" the offsets between).
     let mut seen = rebalances(shared);
-    for _ in 0..POLL_BATCH {
+    for _ in 0..most {
         let polled = consumer.poll(timeout);
         let now = rebalances(shared);
         if now != seen {
