@@ -1529,7 +1529,7 @@ mod chart {
         const BAR: f64 = 18.0;
         const GAP: f64 = 6.0;
         const GROUP_GAP: f64 = 26.0;
-        const LABEL: f64 = 190.0;
+        const LABEL: f64 = 220.0;
         const PLOT: f64 = 480.0;
         let mut sizes: Vec<u64> = rows
             .iter()

@@ -18,7 +18,7 @@ const PARTITIONS: i32 = 2;
 const BACKLOG: i64 = 1_000;
 /// Records of each partition produced once it is split: its live lane waits behind the
 /// backlog (`Ordered`), so they wait in the buffer.
-const PER_PARTITION: i64 = 15_000;
+const PER_PARTITION: i64 = 14_000;
 /// The log end once both are produced.
 const END: i64 = BACKLOG + PER_PARTITION;
 const VALUE_BYTES: usize = 1024;
@@ -100,9 +100,10 @@ async fn a_drained_buffer_gives_its_disk_back() {
     kafka.commit_as_operator(&group, &topic, &[0; PARTITIONS as usize]);
     let dir = tempfile::tempdir().expect("tempdir");
     let buffer_dir = dir.path().join("buffer");
-    // A budget of 64 MiB: four lanes of 16 MiB each (the 15 MB a live lane waits with fit),
-    // the memory tier holds up to 16 MiB of the 30 MB, the rest waits on disk. (A lane the
-    // reader could take now would be held to its read-ahead instead, and wait in Kafka.)
+    // A budget of 64 MiB: four lanes of 16 MiB each (the 14.5 MB a live lane waits with
+    // fit), the memory tier holds up to 16 MiB of the 29 MB, the rest waits on disk. (Lanes
+    // the reader could take now would be held to their read-ahead instead, and wait in
+    // Kafka.)
     let config = test_config(&buffer_dir, Mode::Ordered, 100)
         .disk_allowance_bytes(1 << 20)
         .buffer_budget_bytes(64 << 20);

@@ -12,9 +12,10 @@
 //! SIGTERM until SIGKILL.
 //!
 //! What fills the disk is what waits: fresh records, produced once the first run has split
-//! its partitions, fetched by the live lanes far ahead of a run that processes 500 records a
-//! second. (A catch-up lane reads ahead only an eighth of its share, so a backlog alone
-//! would stay in Kafka rather than fill the disk.)
+//! its partitions, fetched by the live lanes while a run that processes 500 records a second
+//! is still on the backlog (40 s of it). (A lane the reader can take reads ahead only an
+//! eighth of its share: a backlog alone, or live lanes whose backlog is handed out, would stay
+//! in Kafka rather than fill the disk.)
 
 mod support;
 
@@ -29,16 +30,17 @@ use support::cli::{sink_lines, wait_with_deadline};
 use support::{Kafka, unique};
 
 const PARTITIONS: i32 = 2;
-const PER_PARTITION: usize = 30_000;
+const PER_PARTITION: usize = 40_000;
 /// Produced before the first run starts: each partition's backlog, which splits it.
-const BACKLOG: usize = 1_000;
+const BACKLOG: usize = 10_000;
 const VALUE_BYTES: usize = 400;
 
-/// A budget of 32 MiB (a live lane's share is 8 MiB while its partition catches up, 16 MiB
-/// after): the fresh records (23 MB) are fetched while the slow first run processes its
-/// backlog and them, the memory tier holds 8 MiB of them, and what waits beyond (about
-/// 15 MB, and sled writes more) goes to disk: more than the 8 MiB above the floor, and more
-/// than the 12 MiB filesystem.
+/// A budget of 32 MiB (a live lane's share is 8 MiB while its partition catches up): the
+/// fresh records (24 MB) are fetched while the slow first run processes its backlog, up to
+/// 16 MiB of them, the memory tier holds 8 MiB, and what waits beyond (about 8 MB, which sled
+/// writes as half as much again) goes to disk: more than the 8 MiB above the floor, and more
+/// than the 12 MiB filesystem. (A larger budget spills larger bursts, which overshoot the
+/// floor further.)
 const WAITS_ON_DISK: [&str; 2] = ["--budget-mib", "32"];
 
 /// A tmpfs mounted for the test, unmounted when dropped.

@@ -156,3 +156,69 @@ async fn an_application_acknowledging_whole_batches_gets_every_batch() {
     }
     consumer.close().await.expect("close");
 }
+
+/// The group member polls one queue for all its partitions: it holds only when every one is
+/// held, so a quiet partition's fresh record does not wait behind a busy partition's
+/// prefetched records. (Holding the member as soon as one partition was held, the record
+/// came after thousands of the busy partition's.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_partition_is_not_held_behind_a_busy_one() {
+    let kafka = Kafka::connect();
+    let topic = unique("read-ahead-quiet");
+    kafka.create_topic(&topic, 2).await;
+    let busy: Vec<(String, String)> = (0..RECORDS)
+        .map(|offset| (format!("key-{offset}"), format!("{offset:0>VALUE_BYTES$}")))
+        .collect();
+    for chunk in busy.chunks(2_000) {
+        kafka.produce_keyed(&topic, 0, chunk).await;
+    }
+    let group = unique("read-ahead-quiet-group");
+    kafka.commit_as_operator(&group, &topic, &[0, 0]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = CatchupConfig::new(dir.path())
+        .mode(Mode::Off)
+        .buffer_budget_bytes(BUDGET);
+    let consumer = catchup_consumer(&kafka, &group, config);
+    consumer.subscribe(&[&topic]).expect("subscribe");
+    // Read the busy partition slowly until it is far ahead of the reader (held), then the
+    // quiet one receives a record.
+    const BEFORE: i64 = 3_000;
+    let mut busy_taken = 0;
+    while busy_taken < BEFORE {
+        let delivery = tokio::time::timeout(WAIT, consumer.recv())
+            .await
+            .expect("delivery in time")
+            .expect("recv");
+        assert_eq!((delivery.partition, delivery.offset), (0, busy_taken));
+        consumer.ack(&delivery);
+        busy_taken += 1;
+        if busy_taken % 4 == 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+    kafka
+        .produce_keyed(&topic, 1, &[("quiet".into(), "fresh".into())])
+        .await;
+    let busy_before_fresh = loop {
+        let delivery = tokio::time::timeout(WAIT, consumer.recv())
+            .await
+            .expect("delivery in time")
+            .expect("recv");
+        consumer.ack(&delivery);
+        if delivery.partition == 1 {
+            assert_eq!(delivery.payload.as_deref(), Some(&b"fresh"[..]));
+            break busy_taken - BEFORE;
+        }
+        assert_eq!(delivery.offset, busy_taken);
+        busy_taken += 1;
+        if busy_taken % 4 == 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    };
+    eprintln!("the quiet partition's record came after {busy_before_fresh} of the busy one's");
+    assert!(
+        busy_before_fresh < 1_000,
+        "the quiet partition's fresh record waited behind {busy_before_fresh} records of the busy one"
+    );
+    consumer.close().await.expect("close");
+}
