@@ -46,16 +46,6 @@ impl<K: Ord + Clone> PausePolicy<K> {
         !self.paused.is_empty()
     }
 
-    /// Whether every one of `partitions` is paused (and there is one): what a consumer that
-    /// polls one queue for all of them may hold on.
-    pub fn all_paused<'a>(&self, partitions: impl IntoIterator<Item = &'a K>) -> bool
-    where
-        K: 'a,
-    {
-        let mut partitions = partitions.into_iter().peekable();
-        partitions.peek().is_some() && partitions.all(|partition| self.paused.contains(partition))
-    }
-
     /// Decides the changes for this round. `usage` holds every partition the fetcher fetches
     /// with its unacknowledged bytes; a partition no longer in it is forgotten (its consumer
     /// assignment is gone, and so is the pause).
@@ -116,31 +106,6 @@ mod tests {
         let changes = policy.decide(1000, 4, &usage(125, 240));
         assert_eq!((changes[0].partition, changes[0].paused), ("a", false));
         assert!(!policy.any_paused());
-    }
-
-    #[test]
-    fn all_paused_only_when_each_partition_is_and_there_is_one() {
-        let mut policy = PausePolicy::new();
-        // 1000 bytes over 2 slots: 500 each.
-        let usage = |a, b| BTreeMap::from([("a", a), ("b", b)]);
-        let cases = [
-            // (a's bytes, b's bytes, all paused)
-            (0, 0, false),
-            (501, 0, false),  // b quiet: a consumer polling one queue must not hold b
-            (501, 501, true), // both above a share
-            (400, 260, true), // both still above half a share: still held
-            (249, 400, false), // a below half: resumed, so no longer all
-            (501, 400, true), // a above a share again, b never resumed
-        ];
-        for (a, b, all) in cases {
-            let usage = usage(a, b);
-            policy.decide(1000, 2, &usage);
-            assert_eq!(policy.all_paused(usage.keys()), all, "a {a}, b {b}");
-        }
-        assert!(
-            !policy.all_paused(std::iter::empty::<&&str>()),
-            "nothing to hold"
-        );
     }
 
     #[test]

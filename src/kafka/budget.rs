@@ -12,19 +12,24 @@
 //! new fetch (a first version that paused made `catchup run` at 1 KiB 30 % slower).
 //!
 //! A live lane the reader can take now (not split, `Concurrent`, or its backlog handed out) is
-//! held to the same read-ahead — but the group member polls one queue for all its partitions,
-//! so it cannot leave one partition unpolled: it holds only when every partition it fetches
-//! is held. Then it takes a message at a time, a few milliseconds apart (rebalances are still
-//! served: librdkafka pauses the assignment before it queues one, and what it prefetched is
-//! skipped; `max.poll.interval.ms` is kept), and librdkafka stops fetching once its queue is
-//! full. Holding it while any one partition is held made every other partition's records wait
-//! behind the held one's (fresh records of a quiet partition in `Concurrent`, live lanes
-//! that wait behind their backlog in `Ordered`). Without the hold, `catchup run` in `off` at
-//! 1 KiB, slower than its fetcher, had every lane's whole share fetched ahead, spilled to sled
-//! and read back (347 MiB resident); pausing the held partitions instead dropped what
-//! librdkafka had prefetched at every pause and halved the rate. A live lane behind its
-//! backlog in `Ordered` is never held, so neither is the group member: those records wait, and
-//! sled is where they wait.
+//! held to the same read-ahead. The group member polls one queue for all its partitions, so
+//! none can be left unpolled alone: while one is held, the group member takes a message at a
+//! time, a few milliseconds apart (rebalances are still served: librdkafka pauses the
+//! assignment before it queues one, and skips what it prefetched; `max.poll.interval.ms` is
+//! kept), and librdkafka stops fetching once its queue is full. Without the hold, `catchup
+//! run` in `off` at 1 KiB, slower than its fetcher, had every lane's whole share fetched ahead,
+//! spilled to sled and read back (347 MiB resident); pausing the held partitions instead
+//! dropped what librdkafka had prefetched at every pause and halved the rate.
+//!
+//! The price is the one of any consumer with one queue: while a lane is held, the other
+//! partitions' next records wait behind what librdkafka prefetched, until the reader has
+//! taken half the held lane's read-ahead (a quiet partition's fresh record came after 5,420
+//! records of 1 KiB of a busy one in `tests/read_ahead.rs`). Holding only once every
+//! partition was held kept them apart, but a reader rarely has every partition ahead at once,
+//! and `catchup run` in `off` spilled again (106k records/s at 255 MiB). Splitting the group
+//! member's partition queues, as the catch-up consumer does, would hold each partition alone.
+//! A live lane behind its backlog in `Ordered` is never held: those records wait, and sled is
+//! where they wait.
 
 use rdkafka::TopicPartitionList;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
@@ -56,8 +61,6 @@ pub(crate) struct Budget {
     /// Every partition is paused because the buffer may not be written (disk below its
     /// floor, or a failed write).
     writes_stopped: bool,
-    /// Every partition the fetcher fetches was held at the last round (and there was one).
-    holds_every: bool,
 }
 
 impl Budget {
@@ -70,7 +73,6 @@ impl Budget {
             read_ahead: PausePolicy::new(),
             known: BTreeSet::new(),
             writes_stopped: false,
-            holds_every: false,
         }
     }
 
@@ -89,12 +91,6 @@ impl Budget {
     /// Whether any partition is held to its read-ahead.
     pub fn holds_any(&self) -> bool {
         self.read_ahead.any_paused()
-    }
-
-    /// Whether every partition the fetcher fetches is held to its read-ahead (as of the last
-    /// [`apply`](Self::apply)): the group member's hold.
-    pub fn holds_every(&self) -> bool {
-        self.holds_every
     }
 
     /// Forgets `key`, paused by its fetcher out of band: when its runtime comes back it is
@@ -143,7 +139,6 @@ impl Budget {
                 "read-ahead"
             );
         }
-        self.holds_every = self.read_ahead.all_paused(ahead.keys());
         let changes = self.policy.decide(self.limit, slots, &usage);
         for change in changes {
             let (topic, partition) = &change.partition;

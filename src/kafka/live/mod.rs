@@ -50,8 +50,8 @@ const PRUNE_TIMEOUT: Duration = Duration::from_secs(5);
 const POLL_BATCH: usize = 2000;
 /// How long a poll round waits for a first message.
 const EMPTY_WAIT: Duration = Duration::from_millis(50);
-/// While every partition is held to its read-ahead: how long apart the group member takes
-/// one message (and looks again whether its reader took enough).
+/// While a partition is held to its read-ahead: how long apart the group member takes one
+/// message (and looks again whether its reader took enough).
 const HELD_WAIT: Duration = Duration::from_millis(5);
 
 /// Requests to the live thread.
@@ -360,9 +360,9 @@ fn run(
             Instant::now(),
             "live",
         );
-        // While every lane is held to its read-ahead, the group member takes a message at a
-        // time (`kafka::budget`), a little apart: the wait ends at a command.
-        let waited = if budget.holds_every() {
+        // While a lane is held to its read-ahead, the group member takes a message at a time
+        // (`kafka::budget`), a little apart: the wait ends at a command.
+        let waited = if budget.holds_any() {
             match commands.recv_timeout(HELD_WAIT) {
                 Ok(command) => Some(command),
                 Err(RecvTimeoutError::Timeout) => None,

@@ -4,8 +4,8 @@
 
 use super::*;
 
-/// One poll round of the live lane: up to `POLL_BATCH` messages (one while every lane is held
-/// to its read-ahead) fed to the partitions' cursors, the appends they prove, and the repositioning of every partition whose chain of
+/// One poll round of the live lane: up to `POLL_BATCH` messages (one while a lane is held to
+/// its read-ahead) fed to the partitions' cursors, the appends they prove, and the repositioning of every partition whose chain of
 /// proof broke (DESIGN invariant 8).
 /// Returns an error of the round the consumer cannot get past by polling on.
 pub(super) fn poll_into_buffer(
@@ -15,9 +15,9 @@ pub(super) fn poll_into_buffer(
     arenas: &mut Arenas,
     positions: &mut Positions,
 ) -> Option<(FatalKind, String)> {
-    // Every lane held to its read-ahead, the reader has enough to take: one message keeps the
+    // Held to its read-ahead, a lane's reader has enough to take: one message keeps the
     // group member polling (rebalances served, `max.poll.interval.ms` kept).
-    let (most, first_wait) = if budget.holds_every() {
+    let (most, first_wait) = if budget.holds_any() {
         (1, Duration::ZERO)
     } else {
         (POLL_BATCH, EMPTY_WAIT)
