@@ -12,8 +12,8 @@
 //! SIGTERM until SIGKILL.
 //!
 //! What fills the disk is what waits: fresh records, produced once the first run has split
-//! its partitions, fetched by the live lanes while a run that processes 500 records a second
-//! is still on the backlog (40 s of it). (A lane the reader can take reads ahead only an
+//! its partitions, fetched by the live lanes while a run (`ordered`) that processes 500
+//! records a second is still on the backlog (40 s of it). (A lane the reader can take reads ahead only an
 //! eighth of its share: a backlog alone, or live lanes whose backlog is handed out, would stay
 //! in Kafka rather than fill the disk.)
 
@@ -125,7 +125,7 @@ struct Run {
 fn run(kafka: &Kafka, group: &str, topic: &str, dir: &Path, sink: &Path, extra: &[&str]) -> Run {
     let mut child = Command::new(env!("CARGO_BIN_EXE_catchup"))
         .args(["run", "--brokers", &kafka.bootstrap, "--group", group])
-        .args(["--topic", topic, "--mode", "concurrent", "--min-lag", "500"])
+        .args(["--topic", topic, "--mode", "ordered", "--min-lag", "500"])
         .arg("--buffer-dir")
         .arg(dir)
         .arg("--sink")
