@@ -158,6 +158,18 @@ struct Measured {
     cpu_seconds: f64,
 }
 
+impl Measured {
+    /// `records` read in `seconds` by a process that used `usage`.
+    fn of(records: u64, seconds: f64, usage: Usage) -> Self {
+        Self {
+            records,
+            seconds,
+            peak_rss_bytes: usage.peak_rss_bytes,
+            cpu_seconds: usage.cpu_seconds,
+        }
+    }
+}
+
 struct Bench {
     brokers: String,
     smoke: bool,
@@ -299,12 +311,7 @@ impl Bench {
                 let (counted, usage) = count_lines_of(child)?;
                 let seconds = started.elapsed().as_secs_f64();
                 check_count(reader, counted, records)?;
-                Ok(Measured {
-                    records: counted,
-                    seconds,
-                    peak_rss_bytes: usage.peak_rss_bytes,
-                    cpu_seconds: usage.cpu_seconds,
-                })
+                Ok(Measured::of(counted, seconds, usage))
             }
             Reader::KcatFile => {
                 let sink_dir = tempfile::Builder::new()
@@ -319,14 +326,9 @@ impl Bench {
                     .spawn()?;
                 let (_, usage) = output_of(child)?;
                 let seconds = started.elapsed().as_secs_f64();
-                let counted = count_lines_in(&path)?;
+                let counted = count_lines(std::fs::File::open(&path)?)?;
                 check_count(reader, counted, records)?;
-                Ok(Measured {
-                    records: counted,
-                    seconds,
-                    peak_rss_bytes: usage.peak_rss_bytes,
-                    cpu_seconds: usage.cpu_seconds,
-                })
+                Ok(Measured::of(counted, seconds, usage))
             }
             Reader::CliSink(mode) => {
                 let binary = PathBuf::from(env!("CARGO_BIN_EXE_catchup"));
@@ -357,12 +359,8 @@ impl Bench {
                     .map_err(|e| format!("{}: no result ({e}): {output}", reader.name()))?;
                 let counted = answer["records"].as_u64().unwrap_or(0);
                 check_count(reader, counted, records)?;
-                Ok(Measured {
-                    records: counted,
-                    seconds: answer["seconds"].as_f64().unwrap_or(f64::NAN),
-                    peak_rss_bytes: usage.peak_rss_bytes,
-                    cpu_seconds: usage.cpu_seconds,
-                })
+                let seconds = answer["seconds"].as_f64().unwrap_or(f64::NAN);
+                Ok(Measured::of(counted, seconds, usage))
             }
         }
     }
@@ -421,12 +419,7 @@ impl Bench {
         let seconds = started.elapsed().as_secs_f64();
         let (_, usage) = output_of(child)?;
         check_count(Reader::CliSink(mode), lines, records)?;
-        Ok(Measured {
-            records: lines,
-            seconds,
-            peak_rss_bytes: usage.peak_rss_bytes,
-            cpu_seconds: usage.cpu_seconds,
-        })
+        Ok(Measured::of(lines, seconds, usage))
     }
 
     /// Time to fresh and drain time per backlog and mode (100 B records).
@@ -1194,29 +1187,19 @@ fn output_of(mut child: Child) -> Result<(String, Usage)> {
 /// Counts the lines `child` prints, and what it used.
 fn count_lines_of(mut child: Child) -> Result<(u64, Usage)> {
     let watch = UsageWatch::watch(child.id());
-    let mut lines = 0u64;
-    if let Some(mut stdout) = child.stdout.take() {
-        use std::io::Read;
-        let mut chunk = vec![0u8; 1 << 16];
-        loop {
-            let read = stdout.read(&mut chunk)?;
-            if read == 0 {
-                break;
-            }
-            lines += chunk[..read].iter().filter(|&&b| b == b'\n').count() as u64;
-        }
-    }
+    let lines = match child.stdout.take() {
+        Some(stdout) => count_lines(stdout)?,
+        None => 0,
+    };
     let (_, usage) = wait_with_usage(&mut child, watch)?;
     Ok((lines, usage))
 }
 
-/// The lines in the file at `path`.
-fn count_lines_in(path: &Path) -> Result<u64> {
-    use std::io::Read;
-    let mut file = std::fs::File::open(path)?;
+/// The lines `from` reads until its end.
+fn count_lines(mut from: impl std::io::Read) -> Result<u64> {
     let (mut chunk, mut lines) = (vec![0u8; 1 << 16], 0u64);
     loop {
-        let read = file.read(&mut chunk)?;
+        let read = from.read(&mut chunk)?;
         if read == 0 {
             return Ok(lines);
         }
