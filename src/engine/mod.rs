@@ -468,11 +468,13 @@ impl Shared {
         self.partitions()
             .iter()
             .map(|(key, runtime)| {
-                let waits = lane == Lane::Live && !fresh_first && !runtime.drained;
-                (
-                    key.clone(),
-                    if waits { 0 } else { runtime.undelivered(lane) },
-                )
+                let counted = crate::fetch::read_ahead_bytes(
+                    lane,
+                    fresh_first,
+                    runtime.drained,
+                    runtime.undelivered(lane),
+                );
+                (key.clone(), counted)
             })
             .collect()
     }

@@ -2,6 +2,23 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::store::Lane;
+
+/// Bytes of a partition's `lane` that count against its read-ahead: what the lane fetched
+/// and the reader has not taken (`undelivered`), if the reader could take it now. In an
+/// in-order mode (`fresh_first` false) a live lane whose backlog is not handed out yet
+/// (`backlog_handed_out` false) waits by design — the budget's share bounds it, and sled is
+/// where it waits — so it counts none and is never held.
+pub fn read_ahead_bytes(
+    lane: Lane,
+    fresh_first: bool,
+    backlog_handed_out: bool,
+    undelivered: u64,
+) -> u64 {
+    let waits_behind_backlog = lane == Lane::Live && !fresh_first && !backlog_handed_out;
+    if waits_behind_backlog { 0 } else { undelivered }
+}
+
 /// A pause or resume the fetcher must apply to its consumer (and report).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PauseChange<K> {
@@ -106,6 +123,28 @@ mod tests {
         let changes = policy.decide(1000, 4, &usage(125, 240));
         assert_eq!((changes[0].partition, changes[0].paused), ("a", false));
         assert!(!policy.any_paused());
+    }
+
+    #[test]
+    fn only_a_live_lane_behind_its_backlog_in_order_reads_ahead_nothing() {
+        // (lane, fresh first, backlog handed out) -> counted bytes of 100 undelivered.
+        let table = [
+            ((Lane::Live, false, false), 0),
+            ((Lane::Live, false, true), 100),
+            ((Lane::Live, true, false), 100),
+            ((Lane::Live, true, true), 100),
+            ((Lane::Catchup, false, false), 100),
+            ((Lane::Catchup, false, true), 100),
+            ((Lane::Catchup, true, false), 100),
+            ((Lane::Catchup, true, true), 100),
+        ];
+        for ((lane, fresh_first, handed_out), counted) in table {
+            assert_eq!(
+                read_ahead_bytes(lane, fresh_first, handed_out, 100),
+                counted,
+                "{lane:?}, fresh first {fresh_first}, backlog handed out {handed_out}"
+            );
+        }
     }
 
     #[test]

@@ -117,9 +117,15 @@ pub(crate) fn topic_bytes<'a>(message: &'a BorrowedMessage<'_>) -> &'a [u8] {
         .to_bytes()
 }
 
-/// The buffer's copy of a fetched message (its key and value in `arenas`).
-pub(crate) fn to_record(message: &BorrowedMessage<'_>, arenas: &mut Arenas) -> Record {
-    let (topic, partition) = (topic_bytes(message), message.partition());
+/// The buffer's copy of a fetched message of `topic` (its name's bytes, as [`topic_bytes`]
+/// reads them: looked up once by a caller that compares it too), its key and value in
+/// `arenas`.
+pub(crate) fn to_record(
+    message: &BorrowedMessage<'_>,
+    topic: &[u8],
+    arenas: &mut Arenas,
+) -> Record {
+    let partition = message.partition();
     let timestamp = match message.timestamp() {
         rdkafka::Timestamp::NotAvailable => Timestamp::NotAvailable,
         rdkafka::Timestamp::CreateTime(ms) => Timestamp::CreateTime(ms),

@@ -59,6 +59,17 @@ impl AckTracker {
 
     /// Acknowledges `offset`; returns the bytes it frees once committed (0 if unknown).
     pub fn ack(&mut self, offset: i64) -> usize {
+        // Most acks come in delivery order: the oldest outstanding delivery is the one, and
+        // it leaves the queue at once, without a search.
+        if let Some(first) = self.outstanding.front()
+            && first.offset == offset
+            && !first.acked
+        {
+            let bytes = first.bytes;
+            self.outstanding.pop_front();
+            self.advance();
+            return bytes;
+        }
         let bytes = match self
             .outstanding
             .binary_search_by_key(&offset, |entry| entry.offset)
@@ -140,5 +151,44 @@ mod tests {
         assert_eq!(acks.committable(), 10);
         assert!(!acks.delivered(5, 1), "below delivered_next: ignored");
         assert_eq!(acks.committable(), 10);
+    }
+
+    proptest::proptest! {
+        /// In order, out of order, twice or unknown: the committable offset is always the
+        /// first delivered offset not acknowledged (or the end of what was delivered), and
+        /// each delivery's bytes are freed once.
+        #[test]
+        fn acks_in_any_order_match_a_model(
+            gaps in proptest::collection::vec(0i64..3, 1..40),
+            order in proptest::collection::vec(0usize..64, 0..80),
+        ) {
+            let mut acks = AckTracker::new(100);
+            let mut offsets = Vec::new();
+            let mut next = 100;
+            for gap in gaps {
+                next += gap;
+                proptest::prop_assert!(acks.delivered(next, next as usize));
+                offsets.push(next);
+                next += 1;
+            }
+            let mut done = std::collections::BTreeSet::new();
+            for pick in order {
+                // Every other pick acks the oldest outstanding one: the in-order path.
+                let offset = if pick % 2 == 0 {
+                    offsets.iter().copied().find(|o| !done.contains(o)).unwrap_or(next)
+                } else {
+                    offsets[pick % offsets.len()]
+                };
+                let expected = if offsets.contains(&offset) && done.insert(offset) {
+                    offset as usize
+                } else {
+                    0
+                };
+                proptest::prop_assert_eq!(acks.ack(offset), expected);
+                let first_open = offsets.iter().copied().find(|o| !done.contains(o));
+                proptest::prop_assert_eq!(acks.committable(), first_open.unwrap_or(next));
+                proptest::prop_assert_eq!(acks.unacked(), offsets.len() - done.len());
+            }
+        }
     }
 }

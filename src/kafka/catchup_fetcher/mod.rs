@@ -22,7 +22,10 @@ use rdkafka::error::KafkaError as RdError;
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
 use super::side_log::for_other_consumers;
-use super::{Arenas, Budget, KafkaError, Positions, Rebootstrap, RoleContext, for_role, to_record};
+use super::{
+    Arenas, Budget, KafkaError, Positions, Rebootstrap, RoleContext, for_role, to_record,
+    topic_bytes,
+};
 use crate::engine::telemetry;
 use crate::engine::types::Event;
 use crate::engine::{PartitionId, Shared, key_notes};
@@ -480,7 +483,9 @@ impl Fetcher {
             for _ in 0..POLL_BATCH {
                 match queue.poll(Duration::ZERO) {
                     None => break,
-                    Some(Ok(message)) => records.push(to_record(&message, &mut arenas)),
+                    Some(Ok(message)) => {
+                        records.push(to_record(&message, topic_bytes(&message), &mut arenas))
+                    }
                     Some(Err(err)) => {
                         error = self.partition_error(Some(key), &err);
                         break;
@@ -510,7 +515,7 @@ impl Fetcher {
             None => {}
             Some(Ok(message)) => polled.push(
                 Some((message.topic().to_owned(), message.partition())),
-                Polled::Messages(vec![to_record(&message, arenas)]),
+                Polled::Messages(vec![to_record(&message, topic_bytes(&message), arenas)]),
             ),
             Some(Err(err)) => {
                 // The main queue does not say which partition an error is about: every

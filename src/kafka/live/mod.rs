@@ -26,6 +26,7 @@ use rdkafka::{ClientConfig, ClientContext, Message, Offset, TopicPartitionList};
 use super::side_log::SideLogWrite;
 use super::{
     Arenas, Budget, CatchupCommand, KafkaError, Positions, Rebootstrap, SideLog, to_record,
+    topic_bytes,
 };
 use crate::engine::telemetry;
 use crate::engine::types::{Event, Mode};
@@ -361,8 +362,10 @@ fn run(
             "live",
         );
         // While a lane is held to its read-ahead, the group member takes a message at a time
-        // (`kafka::budget`), a little apart: the wait ends at a command.
-        let waited = if budget.holds_any() {
+        // (`kafka::budget`), a little apart: the wait ends at a command. Decided once a turn,
+        // by the last `Budget::apply`.
+        let held = budget.holds_any();
+        let waited = if held {
             match commands.recv_timeout(HELD_WAIT) {
                 Ok(command) => Some(command),
                 Err(RecvTimeoutError::Timeout) => None,
@@ -476,9 +479,14 @@ fn run(
             }
             schedule.probed(Instant::now());
         }
-        if let Some((kind, message)) =
-            poll_into_buffer(&consumer, &shared, &budget, &mut arenas, &mut positions)
-        {
+        if let Some((kind, message)) = poll_into_buffer(
+            &consumer,
+            &shared,
+            &budget,
+            held,
+            &mut arenas,
+            &mut positions,
+        ) {
             state.on_fatal_error(&consumer, kind, message);
         }
         budget.apply(&shared, &consumer, |_| true);

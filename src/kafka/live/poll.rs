@@ -4,20 +4,21 @@
 
 use super::*;
 
-/// One poll round of the live lane: up to `POLL_BATCH` messages (one while a lane is held to
-/// its read-ahead) fed to the partitions' cursors, the appends they prove, and the repositioning of every partition whose chain of
-/// proof broke (DESIGN invariant 8).
+/// One poll round of the live lane: up to `POLL_BATCH` messages (one while a lane is `held`
+/// to its read-ahead) fed to the partitions' cursors, the appends they prove, and the
+/// repositioning of every partition whose chain of proof broke (DESIGN invariant 8).
 /// Returns an error of the round the consumer cannot get past by polling on.
 pub(super) fn poll_into_buffer(
     consumer: &BaseConsumer<LiveContext>,
     shared: &Shared,
     budget: &Budget,
+    held: bool,
     arenas: &mut Arenas,
     positions: &mut Positions,
 ) -> Option<(FatalKind, String)> {
     // Held to its read-ahead, a lane's reader has enough to take: one message keeps the
     // group member polling (rebalances served, `max.poll.interval.ms` kept).
-    let (most, first_wait) = if budget.holds_any() {
+    let (most, first_wait) = if held {
         (1, Duration::ZERO)
     } else {
         (POLL_BATCH, EMPTY_WAIT)
@@ -101,23 +102,25 @@ pub(super) fn poll_round(
         }
         match polled {
             None => break,
-            Some(Ok(message)) => round.polled.push_record(
-                to_record(&message, arenas),
-                |((topic, partition), _)| {
-                    *partition == message.partition()
-                        && topic.as_bytes() == crate::kafka::topic_bytes(&message)
-                },
-                || {
-                    let key = (message.topic().to_owned(), message.partition());
-                    // Looked up once per run (runtimes change only in callbacks, which seal
-                    // the run). Not assigned here (yet): no lane takes it.
-                    let polled_under = shared
-                        .partitions()
-                        .get(&key)
-                        .map_or(u64::MAX, |runtime| runtime.generation);
-                    (key, polled_under)
-                },
-            ),
+            Some(Ok(message)) => {
+                let topic_name = topic_bytes(&message);
+                round.polled.push_record(
+                    to_record(&message, topic_name, arenas),
+                    |((topic, partition), _)| {
+                        *partition == message.partition() && topic.as_bytes() == topic_name
+                    },
+                    || {
+                        let key = (message.topic().to_owned(), message.partition());
+                        // Looked up once per run (runtimes change only in callbacks, which seal
+                        // the run). Not assigned here (yet): no lane takes it.
+                        let polled_under = shared
+                            .partitions()
+                            .get(&key)
+                            .map_or(u64::MAX, |runtime| runtime.generation);
+                        (key, polled_under)
+                    },
+                );
+            }
             // An error is not the end of what was polled (DESIGN §6): what came before it
             // stays in the round.
             Some(Err(err)) => match classify_poll_error(&err) {
