@@ -66,6 +66,8 @@ const CHILD_ENV: &str = "CATCHUP_BENCH_CHILD";
 /// Another build of the `catchup` binary to run beside this one's (its path).
 const CLI_ALT_ENV: &str = "CATCHUP_BENCH_CLI_ALT";
 const WAIT: Duration = Duration::from_secs(600);
+/// The most records the `recv_many` reader takes in one run (the CLI's batch).
+const RUN: usize = 500;
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
@@ -119,8 +121,11 @@ enum Reader {
     /// to a file on the same tmpfs as `catchup run`'s sink: the same bytes written, for
     /// comparing like with like (a file on tmpfs costs its pages).
     KcatFile,
-    /// The library in a mode, auto-acking.
+    /// The library in a mode, auto-acking, one `recv` per record.
     Library(Mode),
+    /// The library in a mode, auto-acking, taking runs of up to `RUN` records with
+    /// `recv_many`.
+    LibraryRuns(Mode),
     /// `catchup run` in a mode with its fsynced file sink on tmpfs.
     CliSink(Mode),
     /// `catchup run --mode ordered` of another build of the binary
@@ -140,6 +145,8 @@ impl Reader {
             Reader::Library(Mode::Concurrent) => "catchup concurrent",
             Reader::Library(Mode::Latest) => "catchup latest",
             Reader::Library(_) => "catchup (another mode)",
+            Reader::LibraryRuns(Mode::Off) => "catchup off, recv_many",
+            Reader::LibraryRuns(_) => "catchup (another mode), recv_many",
             Reader::CliSink(Mode::Off) => "catchup run off + sink",
             Reader::CliSink(Mode::Ordered) => "catchup run ordered + sink",
             Reader::CliSink(Mode::Concurrent) => "catchup run concurrent + sink",
@@ -214,6 +221,7 @@ impl Bench {
             Reader::Kcat,
             Reader::KcatFile,
             Reader::Library(Mode::Off),
+            Reader::LibraryRuns(Mode::Off),
             Reader::Library(Mode::Ordered),
             Reader::Library(Mode::Concurrent),
             Reader::CliSink(Mode::Off),
@@ -340,13 +348,14 @@ impl Bench {
                     .ok_or(format!("{CLI_ALT_ENV} is not set"))?;
                 self.cli_sink(&binary, Mode::Ordered, topic, &group, &dir, records)
             }
-            Reader::Bare | Reader::Library(_) => {
+            Reader::Bare | Reader::Library(_) | Reader::LibraryRuns(_) => {
                 let spec = serde_json::json!({
                     "task": "throughput",
                     "reader": match reader {
-                        Reader::Library(mode) => mode_name(mode),
+                        Reader::Library(mode) | Reader::LibraryRuns(mode) => mode_name(mode),
                         _ => "bare",
                     },
+                    "runs": matches!(reader, Reader::LibraryRuns(_)),
                     "brokers": self.brokers,
                     "topic": topic,
                     "group": group,
@@ -858,6 +867,8 @@ mod child {
         records: u64,
         cost_us: u64,
         dir: String,
+        /// Take runs with `recv_many` instead of one `recv` per record.
+        runs: bool,
         client: ClientConfig,
     }
 
@@ -890,6 +901,7 @@ mod child {
             records: json["records"].as_u64().unwrap_or(0),
             cost_us: json["cost_us"].as_u64().unwrap_or(0),
             dir: text("dir"),
+            runs: json["runs"].as_bool().unwrap_or(false),
             client,
         };
         let answer = if spec.reader == "bare" {
@@ -984,9 +996,19 @@ mod child {
         let mut seen = Seen::default();
         let subscribed = Instant::now();
         consumer.subscribe(&[&spec.topic])?;
+        let mut run = Vec::with_capacity(RUN);
         while seen.count < spec.records {
-            let delivery = next(&consumer).await?;
-            seen.record(delivery.partition, delivery.offset);
+            if spec.runs {
+                tokio::time::timeout(WAIT, consumer.recv_many(&mut run, RUN))
+                    .await
+                    .map_err(|_| format!("nothing delivered for {} s", WAIT.as_secs()))??;
+                for delivery in run.drain(..) {
+                    seen.record(delivery.partition, delivery.offset);
+                }
+            } else {
+                let delivery = next(&consumer).await?;
+                seen.record(delivery.partition, delivery.offset);
+            }
         }
         let seconds = subscribed.elapsed().as_secs_f64();
         consumer.close().await?;

@@ -55,6 +55,9 @@ struct Reader {
     revocations_seen: u64,
     /// `Concurrent`: fresh deliveries since the backlog's last one.
     live_streak: u32,
+    /// An error met by [`CatchupConsumer::recv_many`] after its run had deliveries: the
+    /// next call returns it before anything else.
+    deferred: Option<Error>,
 }
 
 impl Reader {
@@ -268,6 +271,15 @@ impl CatchupConsumer {
     /// so that a later subscription's error is never taken for a waived one.
     async fn recv_past(&self, waived: Option<u64>) -> Result<Delivery, (Error, u64)> {
         let mut reader = self.reader.lock().await;
+        self.wait_ready(&mut reader, waived).await
+    }
+
+    /// Waits, holding the reader, for the next delivery (see [`recv_past`](Self::recv_past)).
+    async fn wait_ready(
+        &self,
+        reader: &mut Reader,
+        waived: Option<u64>,
+    ) -> Result<Delivery, (Error, u64)> {
         let look = |reader: &mut Reader| {
             let subscription = self.shared.subscription();
             match self.next_ready(reader) {
@@ -280,20 +292,71 @@ impl CatchupConsumer {
         };
         loop {
             // Most calls find a record queued: no waiter is registered for them.
-            if let Some(delivery) = look(&mut reader)? {
+            if let Some(delivery) = look(reader)? {
                 return Ok(delivery);
             }
             let notified = self.shared.notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
             // Registered before looking again: an append between the two looks wakes us.
-            if let Some(delivery) = look(&mut reader)? {
+            if let Some(delivery) = look(reader)? {
                 return Ok(delivery);
             }
             // Appends, assignments and subscriptions wake us; the timeout covers a wake-up
             // that raced with the refill.
             let _ = tokio::time::timeout(Duration::from_millis(100), notified).await;
         }
+    }
+
+    /// Waits for the next delivery as [`recv`](Self::recv) does, then appends it and the
+    /// deliveries ready after it, up to `limit` in all, to `deliveries`: a run handed out
+    /// under one lock (and, with [`CatchupConfig::auto_ack`], acknowledged in one go), as
+    /// [`recv`](Self::recv) would have handed them out one by one. Returns how many it
+    /// appended: at least one, or none for a `limit` of 0. An error met after the run's first
+    /// delivery ends the run and is the next call's answer. Cancel-safe: it waits only
+    /// before the first delivery is taken.
+    ///
+    /// ```no_run
+    /// # async fn example(consumer: &catchup::CatchupConsumer) -> Result<(), catchup::Error> {
+    /// let mut batch = Vec::with_capacity(512);
+    /// consumer.recv_many(&mut batch, 512).await?;
+    /// for delivery in &batch {
+    ///     println!("{}/{} @{}", delivery.topic, delivery.partition, delivery.offset);
+    /// }
+    /// consumer.ack_many(&batch);
+    /// # Ok(()) }
+    /// ```
+    pub async fn recv_many(
+        &self,
+        deliveries: &mut Vec<Delivery>,
+        limit: usize,
+    ) -> Result<usize, Error> {
+        if limit == 0 {
+            return Ok(0);
+        }
+        let mut reader = self.reader.lock().await;
+        let first = self
+            .wait_ready(&mut reader, None)
+            .await
+            .map_err(|(error, _)| error)?;
+        let start = deliveries.len();
+        deliveries.push(first);
+        while deliveries.len() - start < limit {
+            match self.next_unacked(&mut reader) {
+                Ok(Some(delivery)) => deliveries.push(delivery),
+                Ok(None) => break,
+                Err(error) => {
+                    reader.deferred = Some(error);
+                    break;
+                }
+            }
+        }
+        if self.shared.config.auto_ack {
+            // The first was acknowledged when it was handed out.
+            self.shared
+                .ack_many(deliveries[start + 1..].iter().map(Delivery::ack_token));
+        }
+        Ok(deliveries.len() - start)
     }
 
     /// The next record if one is ready now, without waiting: `None` also while another
@@ -317,6 +380,21 @@ impl CatchupConsumer {
     /// from here on — not before, so records still queued when a partition is revoked or the
     /// consumer closes are never committed.
     fn next_ready(&self, reader: &mut Reader) -> Result<Option<Delivery>, Error> {
+        let delivery = self.next_unacked(reader)?;
+        if self.shared.config.auto_ack {
+            if let Some(delivery) = &delivery {
+                self.shared.ack(delivery.ack_token());
+            }
+        }
+        Ok(delivery)
+    }
+
+    /// [`next_ready`](Self::next_ready) without the acknowledgement `auto_ack` makes: the
+    /// caller makes it before the delivery leaves the consumer.
+    fn next_unacked(&self, reader: &mut Reader) -> Result<Option<Delivery>, Error> {
+        if let Some(error) = reader.deferred.take() {
+            return Err(error);
+        }
         // A failed buffer write stopped the fetchers: say so rather than wait for records
         // that will never come.
         if self.closed.load(std::sync::atomic::Ordering::Relaxed) {
@@ -344,11 +422,6 @@ impl CatchupConsumer {
             }
             break Some(delivery);
         };
-        if self.shared.config.auto_ack {
-            if let Some(delivery) = &delivery {
-                self.shared.ack(delivery.ack_token());
-            }
-        }
         Ok(delivery)
     }
 
@@ -474,6 +547,20 @@ impl CatchupConsumer {
     /// ```
     pub fn ack(&self, delivery: impl Into<AckToken>) {
         self.shared.ack(delivery.into());
+    }
+
+    /// [`ack`](Self::ack) for each of `deliveries` (or their [`AckToken`]s), queued under one
+    /// lock: for a batch, as [`recv_many`](Self::recv_many) hands them out.
+    ///
+    /// ```no_run
+    /// # async fn example(consumer: &catchup::CatchupConsumer) -> Result<(), catchup::Error> {
+    /// let mut batch = Vec::new();
+    /// consumer.recv_many(&mut batch, 100).await?;
+    /// consumer.ack_many(&batch);
+    /// # Ok(()) }
+    /// ```
+    pub fn ack_many<T: Into<AckToken>>(&self, deliveries: impl IntoIterator<Item = T>) {
+        self.shared.ack_many(deliveries.into_iter().map(Into::into));
     }
 
     /// Commits everything acknowledged so far (catch-up progress to the group, live progress

@@ -397,6 +397,14 @@ impl Shared {
             .push(token);
     }
 
+    /// Queues acknowledgements to apply, under one lock.
+    pub fn queue_acks(&self, tokens: impl IntoIterator<Item = AckToken>) {
+        self.pending_acks
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .extend(tokens);
+    }
+
     /// A new assignment generation for partition `id`: unique in the process (two consumers'
     /// tokens never name each other's assignments).
     pub fn next_generation(&self, id: &PartitionId) -> u64 {

@@ -355,9 +355,17 @@ pub async fn process(
             Some(max) => (max - summary.processed).min(BATCH as u64) as usize,
             None => BATCH,
         };
-        let first = tokio::time::timeout(Duration::from_millis(100), consumer.recv()).await;
-        match first {
-            Ok(delivery) => batch.push(delivery.map_err(|e| Failure::Runtime(e.to_string()))?),
+        // The records ready now, up to `room`, under one lock (cancelled only while it waits
+        // for the first).
+        let run = tokio::time::timeout(
+            Duration::from_millis(100),
+            consumer.recv_many(&mut batch, room),
+        )
+        .await;
+        match run {
+            Ok(taken) => {
+                taken.map_err(|e| Failure::Runtime(e.to_string()))?;
+            }
             Err(_) => {
                 // Idle means idle: before the group has assigned anything (a crashed member
                 // may hold the partitions until its session times out) the clock stands still.
@@ -374,15 +382,6 @@ pub async fn process(
                     }
                 }
                 continue;
-            }
-        }
-        while batch.len() < room {
-            match consumer
-                .try_recv()
-                .map_err(|e| Failure::Runtime(e.to_string()))?
-            {
-                Some(delivery) => batch.push(delivery),
-                None => break,
             }
         }
         for delivery in &batch {
@@ -408,9 +407,8 @@ pub async fn process(
             }
         }
         summary.processed += batch.len() as u64;
-        for delivery in batch.drain(..) {
-            consumer.ack(&delivery);
-        }
+        consumer.ack_many(&batch);
+        batch.clear();
         last_delivery = Instant::now();
     }
     summary.elapsed = started.elapsed();
