@@ -115,21 +115,42 @@ impl FetchCursor {
         self.dropped
     }
 
-    /// A polled message. Offsets must increase within a generation; a message that does not
-    /// breaks the chain (librdkafka never does this; if it did, nothing is trusted).
-    pub fn message(&mut self, record: Record) {
+    /// A run of polled messages, in the order polled. Offsets must increase within a
+    /// generation; a message that does not breaks the chain there (librdkafka never does
+    /// this; if it did, nothing is trusted): what came before it stays, it and what follows
+    /// are dropped. A run is taken whole when it all holds — the first one of an append
+    /// becomes the append, without moving a record.
+    pub fn messages(&mut self, mut run: Vec<Record>) {
         if self.broken {
-            self.dropped += 1;
+            self.dropped += run.len() as u64;
             return;
         }
-        if record.offset < self.polled_next {
+        let mut next = self.polled_next;
+        let in_order = run
+            .iter()
+            .take_while(|record| {
+                let follows = record.offset >= next;
+                if follows {
+                    next = record.offset + 1;
+                }
+                follows
+            })
+            .count();
+        if in_order < run.len() {
+            self.dropped += (run.len() - in_order) as u64;
+            run.truncate(in_order);
             self.break_chain();
-            self.dropped += 1;
+        }
+        if run.is_empty() {
             return;
         }
         self.heard = true;
-        self.polled_next = record.offset + 1;
-        self.pending.push(record);
+        self.polled_next = next;
+        if self.pending.is_empty() {
+            self.pending = run;
+        } else {
+            self.pending.append(&mut run);
+        }
     }
 
     /// An end of partition polled in this generation. It proves no offset by itself (the
@@ -249,9 +270,8 @@ mod tests {
     #[test]
     fn consecutive_messages_prove_the_gaps_between_them() {
         let mut cursor = FetchCursor::new(LAYOUT, 100);
-        for offset in [102, 103, 107] {
-            cursor.message(record(offset));
-        }
+        cursor.messages(vec![record(102), record(103)]);
+        cursor.messages(vec![record(107)]);
         let append = cursor.take_append().expect("an append");
         assert_eq!(
             (append.continues_from, offsets(&append), append.next),
@@ -267,9 +287,9 @@ mod tests {
         // F1: a poll error must never drop the batch, and must not let the next batch cover
         // the records the client may have skipped.
         let mut cursor = FetchCursor::new(LAYOUT, 1000);
-        (1000..1500).for_each(|o| cursor.message(record(o)));
+        cursor.messages((1000..1500).map(record).collect());
         cursor.break_chain();
-        (1600..1700).for_each(|o| cursor.message(record(o)));
+        cursor.messages((1600..1700).map(record).collect());
         let append = cursor.take_append().expect("an append");
         assert_eq!(
             (append.continues_from, append.records.len(), append.next),
@@ -281,7 +301,7 @@ mod tests {
         assert_eq!(cursor.reposition(), Some(1500));
         cursor.repositioned(1500);
         assert_eq!(cursor.generation(), 1);
-        cursor.message(record(1500));
+        cursor.messages(vec![record(1500)]);
         assert_eq!(cursor.take_append().map(|a| a.continues_from), Some(1500));
     }
 
@@ -289,7 +309,7 @@ mod tests {
     fn positions_count_only_once_the_generation_was_heard_from() {
         // F4b: right after a reposition the client may report the old assignment's position.
         let mut cursor = FetchCursor::new(LAYOUT, 90);
-        (90..120).for_each(|o| cursor.message(record(o)));
+        cursor.messages((90..120).map(record).collect());
         cursor.appended(AppendResult::Stored { fetched_next: 125 });
         assert_eq!(cursor.reposition(), Some(125));
         cursor.repositioned(125);
@@ -307,7 +327,7 @@ mod tests {
         // F2/F11: an end of partition seen before a range change, or at a lowered high
         // watermark, must not mark the (next) range fetched.
         let mut cursor = FetchCursor::new(LAYOUT, 110);
-        (110..450).for_each(|o| cursor.message(record(o)));
+        cursor.messages((110..450).map(record).collect());
         cursor.end_of_partition();
         let append = cursor.take_append().expect("append");
         assert_eq!(append.next, 450);
@@ -324,12 +344,12 @@ mod tests {
     #[test]
     fn a_refused_or_failed_append_refetches_from_the_buffer() {
         let mut cursor = FetchCursor::new(LAYOUT, 10);
-        (10..20).for_each(|o| cursor.message(record(o)));
+        cursor.messages((10..20).map(record).collect());
         cursor.take_append().expect("append");
         cursor.appended(AppendResult::Failed);
         assert_eq!(cursor.reposition(), Some(10));
         cursor.repositioned(10);
-        (10..20).for_each(|o| cursor.message(record(o)));
+        cursor.messages((10..20).map(record).collect());
         cursor.take_append().expect("append");
         cursor.appended(AppendResult::Refused { fetched_next: 15 });
         assert_eq!(cursor.reposition(), Some(15));
@@ -351,11 +371,56 @@ mod tests {
     #[test]
     fn a_message_going_backwards_breaks_the_chain() {
         let mut cursor = FetchCursor::new(LAYOUT, 10);
-        cursor.message(record(12));
-        cursor.message(record(11));
-        cursor.message(record(13));
+        cursor.messages(vec![record(12)]);
+        cursor.messages(vec![record(11)]);
+        cursor.messages(vec![record(13)]);
         let append = cursor.take_append().expect("append");
         assert_eq!((offsets(&append), append.next), (vec![12], 13));
         assert!(cursor.is_broken());
+        assert_eq!(cursor.dropped(), 2);
+
+        // Within one run: the records before the step back stay.
+        let mut cursor = FetchCursor::new(LAYOUT, 10);
+        cursor.messages([10, 11, 14, 13, 15].map(record).to_vec());
+        let append = cursor.take_append().expect("append");
+        assert_eq!((offsets(&append), append.next), (vec![10, 11, 14], 15));
+        assert!(cursor.is_broken());
+        assert_eq!(cursor.dropped(), 2);
+    }
+
+    proptest::proptest! {
+        /// How the polled messages are cut into runs changes nothing: the append, the break
+        /// and the count dropped are those of the messages one at a time.
+        #[test]
+        fn runs_are_taken_as_their_messages_one_by_one(
+            steps in proptest::collection::vec(-2i64..4, 1..60),
+            cuts in proptest::collection::vec(1usize..8, 1..60),
+        ) {
+            let mut offset = 100;
+            let polled: Vec<i64> = steps
+                .iter()
+                .map(|step| {
+                    offset += step;
+                    offset
+                })
+                .collect();
+            let mut one_by_one = FetchCursor::new(LAYOUT, 100);
+            polled.iter().for_each(|&o| one_by_one.messages(vec![record(o)]));
+            let mut in_runs = FetchCursor::new(LAYOUT, 100);
+            let mut rest = &polled[..];
+            for cut in cuts.iter().cycle() {
+                if rest.is_empty() {
+                    break;
+                }
+                let (run, after) = rest.split_at((*cut).min(rest.len()));
+                in_runs.messages(run.iter().copied().map(record).collect());
+                rest = after;
+            }
+            let summary = |cursor: &mut FetchCursor| {
+                let append = cursor.take_append().map(|a| (offsets(&a), a.next));
+                (append, cursor.is_broken(), cursor.dropped())
+            };
+            proptest::prop_assert_eq!(summary(&mut in_runs), summary(&mut one_by_one));
+        }
     }
 }

@@ -118,9 +118,7 @@ impl LanePartition {
     /// Feeds what one poll brought.
     pub fn handle_polled(&mut self, polled: Polled) {
         match polled {
-            Polled::Messages(records) => records
-                .into_iter()
-                .for_each(|record| self.cursor.message(record)),
+            Polled::Messages(records) => self.cursor.messages(records),
             Polled::EndOfPartition => self.cursor.end_of_partition(),
             Polled::OutOfRange => {
                 self.cursor.break_chain();
