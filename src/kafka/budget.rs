@@ -34,7 +34,7 @@
 use rdkafka::TopicPartitionList;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::engine::types::Event;
 use crate::engine::{PartitionId, Shared};
@@ -55,6 +55,11 @@ pub(crate) struct Budget {
     /// handed out (not on those unacknowledged: an application that acknowledges a batch once
     /// it has all of it would wait for good).
     read_ahead: PausePolicy<PartitionId>,
+    /// What each partition may still read ahead before it is held, as of the last `apply`
+    /// (a round polls a catch-up queue up to it, not a fixed count past it).
+    room: BTreeMap<PartitionId, u64>,
+    /// A partition's read-ahead as of the last `apply` (`None` before the first).
+    read_ahead_share: Option<u64>,
     /// The partitions seen last round: one that appears (again) is resumed once, because
     /// librdkafka keeps an application pause across a revoke and a new assignment.
     known: BTreeSet<PartitionId>,
@@ -71,6 +76,8 @@ impl Budget {
             limit,
             policy: PausePolicy::new(),
             read_ahead: PausePolicy::new(),
+            room: BTreeMap::new(),
+            read_ahead_share: None,
             known: BTreeSet::new(),
             writes_stopped: false,
         }
@@ -91,6 +98,16 @@ impl Budget {
     /// Whether any partition is held to its read-ahead.
     pub fn holds_any(&self) -> bool {
         self.read_ahead.any_paused()
+    }
+
+    /// Bytes `key` may still read ahead before it is held (a partition the last `apply`
+    /// did not see: its whole read-ahead; before any `apply`: no bound).
+    pub fn read_ahead_room(&self, key: &PartitionId) -> u64 {
+        match (self.room.get(key), self.read_ahead_share) {
+            (Some(room), _) => *room,
+            (None, Some(share)) => share,
+            (None, None) => u64::MAX,
+        }
     }
 
     /// Forgets `key`, paused by its fetcher out of band: when its runtime comes back it is
@@ -126,10 +143,14 @@ impl Budget {
         let slots = shared.budget_slots();
         let mut ahead = shared.undelivered_by_partition(self.lane);
         ahead.retain(|key, _| fetching(key));
-        for change in self
-            .read_ahead
-            .decide(self.limit / READ_AHEAD_DIVISOR, slots, &ahead)
-        {
+        let read_ahead = self.limit / READ_AHEAD_DIVISOR;
+        let share = read_ahead / slots.max(1) as u64;
+        self.read_ahead_share = Some(share);
+        self.room = ahead
+            .iter()
+            .map(|(key, bytes)| (key.clone(), share.saturating_sub(*bytes)))
+            .collect();
+        for change in self.read_ahead.decide(read_ahead, slots, &ahead) {
             tracing::trace!(
                 fetcher = self.fetcher,
                 topic = change.partition.0,
