@@ -66,8 +66,9 @@ const CHILD_ENV: &str = "CATCHUP_BENCH_CHILD";
 /// Another build of the `catchup` binary to run beside this one's (its path).
 const CLI_ALT_ENV: &str = "CATCHUP_BENCH_CLI_ALT";
 const WAIT: Duration = Duration::from_secs(600);
-/// The most records the `recv_many` reader takes in one run (the CLI's batch).
-const RUN: usize = 500;
+/// The most records the `recv_many` reader takes in one run (the CLI's batch), unless
+/// `CATCHUP_BENCH_RUN` says otherwise.
+const RUN: u64 = 500;
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
@@ -996,10 +997,11 @@ mod child {
         let mut seen = Seen::default();
         let subscribed = Instant::now();
         consumer.subscribe(&[&spec.topic])?;
-        let mut run = Vec::with_capacity(RUN);
+        let limit = env_number("CATCHUP_BENCH_RUN", RUN) as usize;
+        let mut run = Vec::with_capacity(limit);
         while seen.count < spec.records {
             if spec.runs {
-                tokio::time::timeout(WAIT, consumer.recv_many(&mut run, RUN))
+                tokio::time::timeout(WAIT, consumer.recv_many(&mut run, limit))
                     .await
                     .map_err(|_| format!("nothing delivered for {} s", WAIT.as_secs()))??;
                 for delivery in run.drain(..) {
