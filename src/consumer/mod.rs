@@ -55,9 +55,6 @@ struct Reader {
     revocations_seen: u64,
     /// `Concurrent`: fresh deliveries since the backlog's last one.
     live_streak: u32,
-    /// An error met by [`CatchupConsumer::recv_many`] after its run had deliveries: the
-    /// next call returns it before anything else.
-    deferred: Option<Error>,
 }
 
 impl Reader {
@@ -313,8 +310,8 @@ impl CatchupConsumer {
     /// under one lock (and, with [`CatchupConfig::auto_ack`], acknowledged in one go), as
     /// [`recv`](Self::recv) would have handed them out one by one. Returns how many it
     /// appended: at least one, or none for a `limit` of 0. An error met after the run's first
-    /// delivery ends the run and is the next call's answer. Cancel-safe: it waits only
-    /// before the first delivery is taken.
+    /// delivery ends the run; the next call meets it again if it still holds. Cancel-safe:
+    /// it waits only before the first delivery is taken.
     ///
     /// ```no_run
     /// # async fn example(consumer: &catchup::CatchupConsumer) -> Result<(), catchup::Error> {
@@ -342,13 +339,12 @@ impl CatchupConsumer {
         let start = deliveries.len();
         deliveries.push(first);
         while deliveries.len() - start < limit {
+            // An error ends the run, not kept: each comes from state the next call reads
+            // again (closed, stopped, a read of the buffer), and a kept one could outlive it
+            // (a new subscription, a close).
             match self.next_unacked(&mut reader) {
                 Ok(Some(delivery)) => deliveries.push(delivery),
-                Ok(None) => break,
-                Err(error) => {
-                    reader.deferred = Some(error);
-                    break;
-                }
+                Ok(None) | Err(_) => break,
             }
         }
         if self.shared.config.auto_ack {
@@ -392,9 +388,6 @@ impl CatchupConsumer {
     /// [`next_ready`](Self::next_ready) without the acknowledgement `auto_ack` makes: the
     /// caller makes it before the delivery leaves the consumer.
     fn next_unacked(&self, reader: &mut Reader) -> Result<Option<Delivery>, Error> {
-        if let Some(error) = reader.deferred.take() {
-            return Err(error);
-        }
         // A failed buffer write stopped the fetchers: say so rather than wait for records
         // that will never come.
         if self.closed.load(std::sync::atomic::Ordering::Relaxed) {
