@@ -8,7 +8,8 @@
 //! a slower reader wrote to sled exactly the records the reader was to take next, and the
 //! reader read them back. Held, the lane's next records wait in librdkafka's queue instead —
 //! the fetcher leaves the partition's queue unpolled, and librdkafka stops fetching once it is
-//! full. It is not paused: a pause drops what librdkafka prefetched, and a resume waits for a
+//! full. Not held, a queue is polled up to what the lane may still read ahead
+//! (`Budget::read_ahead_room`), at least one message. It is not paused: a pause drops what librdkafka prefetched, and a resume waits for a
 //! new fetch (a first version that paused made `catchup run` at 1 KiB 30 % slower).
 //!
 //! A live lane the reader can take now (not split, `Concurrent`, or its backlog handed out) is
@@ -27,7 +28,10 @@
 //! records of 1 KiB of a busy one in `tests/read_ahead.rs`). Holding only once every
 //! partition was held kept them apart, but a reader rarely has every partition ahead at once,
 //! and `catchup run` in `off` spilled again (106k records/s at 255 MiB). Splitting the group
-//! member's partition queues, as the catch-up consumer does, would hold each partition alone.
+//! member's partition queues, as the catch-up consumer does, would hold each partition alone,
+//! but librdkafka then bounds what it prefetches per partition (`queued.max.messages.kbytes`
+//! applies to each separate queue), and the group member is created before it knows how many
+//! partitions it will hold: its prefetch would grow with the assignment.
 //! A live lane behind its backlog in `Ordered` is never held: those records wait, and sled is
 //! where they wait.
 

@@ -464,10 +464,10 @@ impl Fetcher {
     }
 
     /// Polls the main queue (callbacks, and messages fetched before a queue was split) and
-    /// every partition queue the budget does not hold, up to `POLL_BATCH` each and up to
-    /// what each may still read ahead. Errors end a
-    /// queue's turn, never the round: what was polled before them is kept. A held queue keeps
-    /// its records and events, in order, for a later round.
+    /// every partition queue the budget does not hold, up to `POLL_BATCH` each and up to what
+    /// each may still read ahead. Errors end a queue's turn, never the round: what was polled
+    /// before them is kept. A held queue keeps its records and events, in order, for a later
+    /// round.
     fn poll_round(&mut self, consumer: &BaseConsumer<RoleContext>) -> Round<PartitionId> {
         let mut arenas = std::mem::take(&mut self.arenas);
         let mut polled = Round::new();
