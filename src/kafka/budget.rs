@@ -8,9 +8,10 @@
 //! a slower reader wrote to sled exactly the records the reader was to take next, and the
 //! reader read them back. Held, the lane's next records wait in librdkafka's queue instead —
 //! the fetcher leaves the partition's queue unpolled, and librdkafka stops fetching once it is
-//! full. Not held, a queue is polled up to what the lane may still read ahead
-//! (`Budget::read_ahead_room`), at least one message. It is not paused: a pause drops what librdkafka prefetched, and a resume waits for a
-//! new fetch (a first version that paused made `catchup run` at 1 KiB 30 % slower).
+//! full (it is not paused: a pause drops what librdkafka prefetched, and a resume waits for
+//! a new fetch; a first version that paused made `catchup run` at 1 KiB 30 % slower). Not
+//! held, a queue is polled up to what the lane may still read ahead
+//! (`Budget::read_ahead_room`), at least one message.
 //!
 //! A live lane the reader can take now (not split, `Concurrent`, or its backlog handed out) is
 //! held to the same read-ahead. The group member polls one queue for all its partitions, so
