@@ -37,6 +37,8 @@ const LONG_STOP: Duration = Duration::from_secs(10);
 /// Fresh records: `FRESH_BATCH` every `FRESH_EVERY` (load, not synchronisation).
 const FRESH_BATCH: usize = 50;
 const FRESH_EVERY: Duration = Duration::from_millis(50);
+/// Fresh batches still being sent (retried while the broker is away), at most.
+const BATCHES_IN_FLIGHT: usize = 8;
 /// Simulated work while the faults happen: `PACE` per `PACE_EVERY` records (about 500/s).
 const PACE: Duration = Duration::from_millis(20);
 const PACE_EVERY: u64 = 10;
@@ -160,17 +162,26 @@ async fn broker_fault_mid_catchup(test: &'static str, rounds: usize, downtime: O
     });
     let (k, t, over) = (kafka.clone(), topic.clone(), faults_over.clone());
     let producing = tokio::spawn(async move {
-        let (mut batches, mut next) = (tokio::task::JoinSet::new(), BACKLOG);
+        let (mut batches, mut next, mut done) = (tokio::task::JoinSet::new(), BACKLOG, Vec::new());
         while !over.load(Relaxed) {
-            let (k, t) = (k.clone(), t.clone());
-            batches.spawn(async move {
-                k.produce_from_retrying(&t, PARTITIONS, next, FRESH_BATCH, RETRY)
-                    .await
-            });
-            next += FRESH_BATCH;
+            while let Some(batch) = batches.try_join_next() {
+                done.push(batch.expect("producer batch"));
+            }
+            // While the broker is away, batches retry; no more pile up behind them (500 of
+            // them, each resending as its records timed out, kept the idempotent producer
+            // from ever draining its queue after a 10 s stop: it outlived its deadline).
+            if batches.len() < BATCHES_IN_FLIGHT {
+                let (k, t) = (k.clone(), t.clone());
+                batches.spawn(async move {
+                    k.produce_from_retrying(&t, PARTITIONS, next, FRESH_BATCH, RETRY)
+                        .await
+                });
+                next += FRESH_BATCH;
+            }
             sleep(FRESH_EVERY).await; // load, not synchronisation
         }
-        batches.join_all().await
+        done.extend(batches.join_all().await);
+        done
     });
 
     let delivered = |n: u64| move |s: &Seen| s.deliveries.count >= n;
