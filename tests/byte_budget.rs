@@ -1,5 +1,8 @@
 //! The buffer's byte budget: above it the fetchers pause, below half of it they resume —
-//! a large backlog never fills the disk, and everything is still delivered.
+//! a large backlog never fills the disk, and everything is still delivered. What counts is
+//! what is not acknowledged: a reader that takes records and acknowledges none makes the
+//! fetcher pause (one that takes nothing holds the lane to its read-ahead first, far below
+//! the budget: `tests/read_ahead.rs`).
 
 mod support;
 
@@ -29,14 +32,29 @@ async fn fetchers_pause_at_the_budget_and_resume_below_half() {
     let mut events = consumer.events();
     consumer.subscribe(&[&topic]).expect("subscribe");
 
-    // Nobody reads yet: the catch-up fetcher must pause the partition long before the backlog
-    // is fetched. Its pause is the event to wait for, whatever the other fetcher does.
+    // The reader takes records and acknowledges none yet: the catch-up fetcher must pause the
+    // partition long before the backlog is fetched. Its pause is the event to wait for,
+    // whatever the other fetcher does.
     let mut seen = Vec::new();
-    let paused = wait_for_event(&mut events, WAIT, |e| {
-        seen.push(e.clone());
-        matches!(e, Event::Backpressure { fetcher, paused: true, .. } if fetcher == "catch-up")
-    })
-    .await;
+    let mut taken = Vec::new();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let paused = loop {
+        tokio::select! {
+            event = events.recv() => match event {
+                Ok(event) => {
+                    seen.push(event.clone());
+                    if matches!(&event, Event::Backpressure { fetcher, paused: true, .. } if fetcher == "catch-up") {
+                        break event;
+                    }
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(err) => panic!("event channel closed: {err}"),
+            },
+            // Cancel-safe: `recv` waits only before it hands a record out.
+            delivery = consumer.recv() => taken.push(delivery.expect("recv")),
+            _ = tokio::time::sleep_until(deadline) => panic!("no pause of the catch-up lane within {WAIT:?}"),
+        }
+    };
     let Event::Backpressure {
         buffered_bytes,
         share,
@@ -57,8 +75,15 @@ async fn fetchers_pause_at_the_budget_and_resume_below_half() {
         "fetched {fetched} of {RECORDS} despite a {BUDGET}-byte budget"
     );
 
-    // Reading and acknowledging frees the budget: fetching resumes, everything arrives.
-    let mut next = 0;
+    // Acknowledging frees the budget: fetching resumes, everything arrives.
+    let offsets: Vec<i64> = taken.iter().map(|d| d.offset).collect();
+    assert_eq!(
+        offsets,
+        (0..taken.len() as i64).collect::<Vec<_>>(),
+        "in order"
+    );
+    taken.iter().for_each(|delivery| consumer.ack(delivery));
+    let mut next = taken.len() as i64;
     while next < RECORDS as i64 {
         let delivery = tokio::time::timeout(WAIT, consumer.recv())
             .await

@@ -56,18 +56,27 @@ async fn truncated_live_lane(assignor: Option<&str>) {
     assert!(matches!(split, Event::SplitStarted { boundary, .. } if boundary == BACKLOG as i64));
 
     // Fresh records the live lane fetches but cannot deliver before the backlog: both lanes
-    // pause at their share of the budget, nobody reading.
+    // pause at their share of the budget — the live lane by itself, the catch-up lane once
+    // the reader took records and acknowledged none (not taken, they would hold it to its
+    // read-ahead, below its share).
     kafka.produce_from(&topic, 1, BACKLOG, 1_000).await;
     let mut paused: Vec<String> = Vec::new();
+    let mut taken = Vec::new();
+    let deadline = tokio::time::Instant::now() + WAIT;
     while paused.len() < 2 {
-        let event = wait_for_event(&mut events, WAIT, |e| {
-            matches!(e, Event::Backpressure { paused: true, .. })
-        })
-        .await;
-        if let Event::Backpressure { fetcher, .. } = event {
-            if !paused.contains(&fetcher) {
-                paused.push(fetcher);
-            }
+        tokio::select! {
+            event = events.recv() => match event {
+                Ok(Event::Backpressure { fetcher, paused: true, .. }) => {
+                    if !paused.contains(&fetcher) {
+                        paused.push(fetcher);
+                    }
+                }
+                Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(err) => panic!("event channel closed: {err}"),
+            },
+            // Cancel-safe: `recv` waits only before it hands a record out.
+            delivery = consumer.recv() => taken.push(delivery.expect("recv")),
+            _ = tokio::time::sleep_until(deadline) => panic!("paused within {WAIT:?}: only {paused:?}"),
         }
     }
     let buffers = consumer.buffers().expect("buffers");
@@ -86,7 +95,8 @@ async fn truncated_live_lane(assignor: Option<&str>) {
     assert_eq!(low, DELETE_BEFORE);
 
     // Read everything: what each lane held, then from the new log start.
-    let mut delivered = Vec::new();
+    let mut delivered: Vec<i64> = taken.iter().map(|delivery| delivery.offset).collect();
+    taken.iter().for_each(|delivery| consumer.ack(delivery));
     while delivered.last().is_none_or(|&last| last < LOG_END - 1) {
         let delivery = tokio::time::timeout(WAIT, consumer.recv())
             .await
