@@ -9,7 +9,7 @@ mod support;
 use std::time::Duration;
 
 use catchup::{CatchupConfig, Event, Mode};
-use support::{Kafka, catchup_consumer, unique, wait_for_event};
+use support::{Kafka, catchup_consumer, take_unacked_until_event, unique, wait_for_event};
 
 const WAIT: Duration = Duration::from_secs(60);
 const RECORDS: usize = 20_000;
@@ -36,25 +36,11 @@ async fn fetchers_pause_at_the_budget_and_resume_below_half() {
     // partition long before the backlog is fetched. Its pause is the event to wait for,
     // whatever the other fetcher does.
     let mut seen = Vec::new();
-    let mut taken = Vec::new();
-    let deadline = tokio::time::Instant::now() + WAIT;
-    let paused = loop {
-        tokio::select! {
-            event = events.recv() => match event {
-                Ok(event) => {
-                    seen.push(event.clone());
-                    if matches!(&event, Event::Backpressure { fetcher, paused: true, .. } if fetcher == "catch-up") {
-                        break event;
-                    }
-                }
-                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
-                Err(err) => panic!("event channel closed: {err}"),
-            },
-            // Cancel-safe: `recv` waits only before it hands a record out.
-            delivery = consumer.recv() => taken.push(delivery.expect("recv")),
-            _ = tokio::time::sleep_until(deadline) => panic!("no pause of the catch-up lane within {WAIT:?}"),
-        }
-    };
+    let (taken, paused) = take_unacked_until_event(&consumer, &mut events, WAIT, |e| {
+        seen.push(e.clone());
+        matches!(e, Event::Backpressure { fetcher, paused: true, .. } if fetcher == "catch-up")
+    })
+    .await;
     let Event::Backpressure {
         buffered_bytes,
         share,

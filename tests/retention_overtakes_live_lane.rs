@@ -14,7 +14,7 @@ use catchup::{CatchupConfig, CatchupConsumer, Event, Mode};
 use rdkafka::admin::{AdminClient, AdminOptions};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
-use support::{Kafka, subscribe_until_split, unique, wait_for_event};
+use support::{Kafka, subscribe_until_split, take_unacked_until_event, unique, wait_for_event};
 
 const WAIT: Duration = Duration::from_secs(60);
 const BACKLOG: usize = 3_000;
@@ -61,24 +61,20 @@ async fn truncated_live_lane(assignor: Option<&str>) {
     // read-ahead, below its share).
     kafka.produce_from(&topic, 1, BACKLOG, 1_000).await;
     let mut paused: Vec<String> = Vec::new();
-    let mut taken = Vec::new();
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while paused.len() < 2 {
-        tokio::select! {
-            event = events.recv() => match event {
-                Ok(Event::Backpressure { fetcher, paused: true, .. }) => {
-                    if !paused.contains(&fetcher) {
-                        paused.push(fetcher);
-                    }
-                }
-                Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
-                Err(err) => panic!("event channel closed: {err}"),
-            },
-            // Cancel-safe: `recv` waits only before it hands a record out.
-            delivery = consumer.recv() => taken.push(delivery.expect("recv")),
-            _ = tokio::time::sleep_until(deadline) => panic!("paused within {WAIT:?}: only {paused:?}"),
+    let (taken, _) = take_unacked_until_event(&consumer, &mut events, WAIT, |e| {
+        if let Event::Backpressure {
+            fetcher,
+            paused: true,
+            ..
+        } = e
+        {
+            if !paused.contains(fetcher) {
+                paused.push(fetcher.clone());
+            }
         }
-    }
+        paused.len() == 2
+    })
+    .await;
     let buffers = consumer.buffers().expect("buffers");
     let (catchup_at, paused_at) = (
         buffers[0].catchup.fetched_next,

@@ -350,7 +350,7 @@ impl CatchupConsumer {
         if self.shared.config.auto_ack {
             // The first was acknowledged when it was handed out.
             self.shared
-                .ack_many(deliveries[start + 1..].iter().map(Delivery::ack_token));
+                .queue_acks(deliveries[start + 1..].iter().map(Delivery::ack_token));
         }
         Ok(deliveries.len() - start)
     }
@@ -553,7 +553,8 @@ impl CatchupConsumer {
     /// # Ok(()) }
     /// ```
     pub fn ack_many<T: Into<AckToken>>(&self, deliveries: impl IntoIterator<Item = T>) {
-        self.shared.ack_many(deliveries.into_iter().map(Into::into));
+        self.shared
+            .queue_acks(deliveries.into_iter().map(Into::into));
     }
 
     /// Commits everything acknowledged so far (catch-up progress to the group, live progress

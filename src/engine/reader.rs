@@ -275,11 +275,6 @@ impl Shared {
         self.queue_ack(token);
     }
 
-    /// Queues acknowledgements, under one lock.
-    pub fn ack_many(&self, tokens: impl IntoIterator<Item = AckToken>) {
-        self.queue_acks(tokens);
-    }
-
     /// Applies acknowledgements to their partitions, under the partitions' lock. The
     /// assignment names the partition; an ack of an earlier assignment of it (the partition
     /// was revoked since) finds another generation there and is ignored.

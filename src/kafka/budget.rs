@@ -11,7 +11,7 @@
 //! full (it is not paused: a pause drops what librdkafka prefetched, and a resume waits for
 //! a new fetch; a first version that paused made `catchup run` at 1 KiB 30 % slower). Not
 //! held, a queue is polled up to what the lane may still read ahead
-//! (`Budget::read_ahead_room`), at least one message.
+//! (`fetch::read_ahead_room`), at least one message.
 //!
 //! A live lane the reader can take now (not split, `Concurrent`, or its backlog handed out) is
 //! held to the same read-ahead. The group member polls one queue for all its partitions, so
@@ -43,7 +43,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::engine::types::Event;
 use crate::engine::{PartitionId, Shared};
-use crate::fetch::PausePolicy;
+use crate::fetch::{PausePolicy, read_ahead_room};
 use crate::store::Lane;
 
 /// A lane stops reading ahead of the reader once it is its share divided by this
@@ -60,9 +60,9 @@ pub(crate) struct Budget {
     /// handed out (not on those unacknowledged: an application that acknowledges a batch once
     /// it has all of it would wait for good).
     read_ahead: PausePolicy<PartitionId>,
-    /// What each partition may still read ahead before it is held, as of the last `apply`
-    /// (a round polls a catch-up queue up to it, not a fixed count past it).
-    room: BTreeMap<PartitionId, u64>,
+    /// Each partition's bytes fetched and not taken, as of the last `apply` (a round polls a
+    /// catch-up queue up to its read-ahead, not a fixed count past it).
+    ahead: BTreeMap<PartitionId, u64>,
     /// A partition's read-ahead as of the last `apply` (`None` before the first).
     read_ahead_share: Option<u64>,
     /// The partitions seen last round: one that appears (again) is resumed once, because
@@ -81,7 +81,7 @@ impl Budget {
             limit,
             policy: PausePolicy::new(),
             read_ahead: PausePolicy::new(),
-            room: BTreeMap::new(),
+            ahead: BTreeMap::new(),
             read_ahead_share: None,
             known: BTreeSet::new(),
             writes_stopped: false,
@@ -105,14 +105,13 @@ impl Budget {
         self.read_ahead.any_paused()
     }
 
-    /// Bytes `key` may still read ahead before it is held (a partition the last `apply`
-    /// did not see: its whole read-ahead; before any `apply`: no bound).
+    /// Bytes `key` may poll this round if it is not held ([`read_ahead_room`]; a partition
+    /// the last `apply` did not see has nothing ahead).
     pub fn read_ahead_room(&self, key: &PartitionId) -> u64 {
-        match (self.room.get(key), self.read_ahead_share) {
-            (Some(room), _) => *room,
-            (None, Some(share)) => share,
-            (None, None) => u64::MAX,
-        }
+        read_ahead_room(
+            self.read_ahead_share,
+            self.ahead.get(key).copied().unwrap_or(0),
+        )
     }
 
     /// Forgets `key`, paused by its fetcher out of band: when its runtime comes back it is
@@ -149,12 +148,7 @@ impl Budget {
         let mut ahead = shared.undelivered_by_partition(self.lane);
         ahead.retain(|key, _| fetching(key));
         let read_ahead = self.limit / READ_AHEAD_DIVISOR;
-        let share = read_ahead / slots.max(1) as u64;
-        self.read_ahead_share = Some(share);
-        self.room = ahead
-            .iter()
-            .map(|(key, bytes)| (key.clone(), share.saturating_sub(*bytes)))
-            .collect();
+        self.read_ahead_share = Some(read_ahead / slots.max(1) as u64);
         for change in self.read_ahead.decide(read_ahead, slots, &ahead) {
             tracing::trace!(
                 fetcher = self.fetcher,
@@ -165,6 +159,7 @@ impl Budget {
                 "read-ahead"
             );
         }
+        self.ahead = ahead;
         let changes = self.policy.decide(self.limit, slots, &usage);
         for change in changes {
             let (topic, partition) = &change.partition;

@@ -588,6 +588,31 @@ pub async fn wait_for_event(
     }
 }
 
+/// Takes deliveries without acknowledging them (what is handed out and not acknowledged
+/// counts against the byte budget) until an event satisfies `predicate` (bounded); returns
+/// what was taken and that event.
+pub async fn take_unacked_until_event(
+    consumer: &catchup::CatchupConsumer,
+    events: &mut tokio::sync::broadcast::Receiver<catchup::Event>,
+    timeout: Duration,
+    mut predicate: impl FnMut(&catchup::Event) -> bool,
+) -> (Vec<catchup::Delivery>, catchup::Event) {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut taken = Vec::new();
+    loop {
+        tokio::select! {
+            event = events.recv() => match event {
+                Ok(event) if predicate(&event) => return (taken, event),
+                Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(err) => panic!("event channel closed: {err}"),
+            },
+            // Cancel-safe: `recv` waits only before it hands a record out.
+            delivery = consumer.recv() => taken.push(delivery.expect("recv")),
+            _ = tokio::time::sleep_until(deadline) => panic!("no matching event within {timeout:?}"),
+        }
+    }
+}
+
 /// Test settings: `mode`, `min_lag`, frequent commits, the buffer in `dir`.
 pub fn test_config(
     dir: &std::path::Path,

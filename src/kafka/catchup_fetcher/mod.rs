@@ -482,13 +482,11 @@ impl Fetcher {
             let mut records = Vec::new();
             let mut error = None;
             // Up to the lane's read-ahead, not a fixed count past it (2,000 records of 1 KiB
-            // ran 2 MB over it); a queue the budget does not hold takes at least one message,
-            // or a read-ahead of 0 (a budget under 8 bytes a lane) would stall it for good.
+            // ran 2 MB over it).
             let mut room = self
                 .budget
                 .as_ref()
-                .map_or(u64::MAX, |budget| budget.read_ahead_room(key))
-                .max(1);
+                .map_or(u64::MAX, |budget| budget.read_ahead_room(key));
             for _ in 0..POLL_BATCH {
                 if room == 0 {
                     break;
