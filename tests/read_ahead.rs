@@ -22,6 +22,8 @@ const VALUE_BYTES: usize = 1_024;
 const BUDGET: u64 = 32 << 20;
 /// Records of a lane's whole share (about 16,000): how far the lane ran ahead before.
 const SHARE_RECORDS: i64 = (BUDGET / 2 / VALUE_BYTES as u64) as i64;
+/// Records of a lane's read-ahead, an eighth of its share (about 2,000).
+const READ_AHEAD_RECORDS: i64 = SHARE_RECORDS / 8;
 
 /// A topic of `RECORDS` 1 KiB records in one partition, and a consumer in `mode` of a group
 /// committed at its start, subscribed (split, the partition splits at its log end: all of it
@@ -68,6 +70,14 @@ async fn a_catchup_lane_reads_ahead_an_eighth_of_its_share() {
     assert!(
         farthest_ahead < SHARE_RECORDS * 3 / 4,
         "the catch-up lane ran {farthest_ahead} records ahead of its reader: held at an eighth of its share, it stays far below the share's {SHARE_RECORDS}"
+    );
+    // What the lane fetched and the reader did not take stops at the read-ahead (a queue is
+    // polled up to it, not 2,000 records past it), and the reader's own queue holds at most
+    // one fill of whole appends, each at most a read-ahead (4,815-5,915 records ahead when a
+    // round polled a fixed count).
+    assert!(
+        farthest_ahead <= 2 * READ_AHEAD_RECORDS + 400,
+        "the catch-up lane ran {farthest_ahead} records ahead of its reader: more than its read-ahead of {READ_AHEAD_RECORDS} and one fill of the reader"
     );
     assert_never_paused(events);
     consumer.close().await.expect("close");

@@ -2,6 +2,10 @@
 //! process killed with SIGKILL: the records buffered on disk are reused, not refetched (what
 //! only the memory tier held is fetched again), nothing local is discarded; after the merge
 //! the group's committed offset equals the log end and the side entry is gone.
+//!
+//! What waits on disk is the live lane's: fresh records produced once the split started wait
+//! behind the backlog (`Ordered`), beyond what the memory tier holds. The catch-up lane reads
+//! only a little ahead of its reader, in memory, and is fetched again.
 
 mod support;
 
@@ -16,15 +20,22 @@ use support::{Kafka, catchup_consumer, side_value, unique, wait_for_event};
 
 const BACKLOG: usize = 3000;
 const FIRST_RUN: usize = 400;
+/// Fresh records produced once the first life's split started: far more than the memory tier
+/// holds.
+const FRESH: usize = 1000;
+/// Fresh records produced after the restart.
+const LATER: usize = 10;
 const WAIT: Duration = Duration::from_secs(60);
 
-/// A byte budget of 64 KiB: the buffer's memory tier holds 16 KiB, so most of what the
-/// first life fetched ahead of its reader waits on disk — what a restart reuses (what only
-/// memory held is fetched again).
+/// A byte budget of 64 KiB: the buffer's memory tier holds 16 KiB, so most of the fresh
+/// records the first life fetched behind its backlog wait on disk — what a restart reuses
+/// (what only memory held is fetched again). A lag of 2,000 splits the backlog, not the
+/// fresh records behind it: a live lane that far behind at the restart would be split again,
+/// under a new epoch, and the local records discarded (DESIGN §5).
 fn config(dir: &Path) -> CatchupConfig {
     CatchupConfig::new(dir)
         .mode(Mode::Ordered)
-        .min_lag(100)
+        .min_lag(2000)
         .commit_interval(Duration::from_millis(100))
         .buffer_budget_bytes(64 << 10)
 }
@@ -69,18 +80,18 @@ async fn resume_and_finish(kafka: &Kafka, topic: &str, group: &str, dir: &Path, 
         "{resumed:?}"
     );
     let buffered = consumer.buffers().expect("buffers");
-    let catchup = &buffered[0].catchup;
+    let (catchup, live) = (&buffered[0].catchup, &buffered[0].live);
     assert_eq!(
         catchup.processed_next, committed,
         "the buffer starts where Kafka's commit is"
     );
     assert!(
-        catchup.records > 0 && catchup.fetched_next > committed,
-        "local records reused: {catchup:?}"
+        live.records > 0 && live.fetched_next > BACKLOG as i64,
+        "local records reused: {live:?}"
     );
 
-    kafka.produce_from(topic, 1, BACKLOG, 10).await; // fresh records after the restart
-    let end = (BACKLOG + 10) as i64;
+    kafka.produce_from(topic, 1, BACKLOG + FRESH, LATER).await;
+    let end = (BACKLOG + FRESH + LATER) as i64;
     let mut second = BTreeSet::new();
     let mut previous = committed - 1;
     while !second.contains(&(end - 1)) {
@@ -152,6 +163,7 @@ async fn drop_without_close_resumes_from_the_buffer() {
             ),
             "{split:?}"
         );
+        kafka.produce_from(&topic, 1, BACKLOG, FRESH).await;
         process(&consumer, FIRST_RUN, false).await
         // dropped here without close
     };
@@ -172,7 +184,8 @@ fn child_entry() {
     runtime.block_on(async {
         let kafka = Kafka::connect();
         let consumer = catchup_consumer(&kafka, group, config(Path::new(dir)));
-        consumer.subscribe(&[topic]).expect("subscribe");
+        let (_events, _split) = support::subscribe_until_split(&consumer, topic).await;
+        println!("split started");
         loop {
             let offsets = process(&consumer, 50, true).await;
             println!("committed {}", offsets.iter().max().map_or(0, |m| m + 1));
@@ -194,8 +207,23 @@ async fn sigkill_mid_catchup_resumes_from_the_buffer() {
         .spawn()
         .expect("spawn child");
     let stdout = child.stdout.take().expect("child stdout");
-    let progress = tokio::task::spawn_blocking(move || {
+    let split = tokio::task::spawn_blocking(move || {
         let mut lines = BufReader::new(stdout).lines();
+        for line in lines.by_ref() {
+            // The test harness prints the test's name on the line its output starts on.
+            if line.expect("child output").ends_with("split started") {
+                return lines;
+            }
+        }
+        panic!("the child stopped before its split started");
+    });
+    let lines = tokio::time::timeout(WAIT, split)
+        .await
+        .expect("the child's split")
+        .expect("join");
+    kafka.produce_from(&topic, 1, BACKLOG, FRESH).await;
+    let progress = tokio::task::spawn_blocking(move || {
+        let mut lines = lines;
         for line in lines.by_ref() {
             let line = line.expect("child output");
             if let Some(committed) = line

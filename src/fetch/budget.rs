@@ -4,6 +4,16 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::store::Lane;
 
+/// Bytes a lane that is not held may still poll this round: what is left of its read-ahead
+/// (`read_ahead` bytes, `None` before the budget was first measured: no bound) once `ahead`
+/// bytes are fetched and not taken — at least one, so a read-ahead of 0 (a budget under a
+/// few bytes a lane) slows the lane to a message a round instead of stopping it for good.
+pub fn read_ahead_room(read_ahead: Option<u64>, ahead: u64) -> u64 {
+    read_ahead.map_or(u64::MAX, |read_ahead| {
+        read_ahead.saturating_sub(ahead).max(1)
+    })
+}
+
 /// Bytes of a partition's `lane` that count against its read-ahead: what the lane fetched
 /// and the reader has not taken (`undelivered`), if the reader could take it now. In an
 /// in-order mode (`fresh_first` false) a live lane whose backlog is not handed out yet
@@ -123,6 +133,27 @@ mod tests {
         let changes = policy.decide(1000, 4, &usage(125, 240));
         assert_eq!((changes[0].partition, changes[0].paused), ("a", false));
         assert!(!policy.any_paused());
+    }
+
+    #[test]
+    fn a_lane_not_held_polls_what_is_left_of_its_read_ahead_and_at_least_one_byte() {
+        // (read-ahead, bytes ahead) -> room.
+        let table = [
+            ((None, 0), u64::MAX),
+            ((None, 5_000), u64::MAX),
+            ((Some(2_000), 0), 2_000),
+            ((Some(2_000), 1_500), 500),
+            ((Some(2_000), 2_000), 1),
+            ((Some(2_000), 9_000), 1),
+            ((Some(0), 0), 1),
+        ];
+        for ((read_ahead, ahead), room) in table {
+            assert_eq!(
+                read_ahead_room(read_ahead, ahead),
+                room,
+                "read-ahead {read_ahead:?}, {ahead} bytes ahead"
+            );
+        }
     }
 
     #[test]

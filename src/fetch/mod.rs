@@ -19,7 +19,7 @@ mod poll_error;
 mod round;
 mod schedule;
 
-pub use budget::{PauseChange, PausePolicy, read_ahead_bytes};
+pub use budget::{PauseChange, PausePolicy, read_ahead_bytes, read_ahead_room};
 pub use cursor::{AppendResult, FetchCursor, PendingAppend};
 pub use disk::{DiskChange, DiskFloor, DiskGuard, DiskSpace};
 pub use hold::{HOLD_FIRST, HOLD_MAX, Hold, Standing, standing};

@@ -9,7 +9,9 @@
 //! reader read them back. Held, the lane's next records wait in librdkafka's queue instead —
 //! the fetcher leaves the partition's queue unpolled, and librdkafka stops fetching once it is
 //! full (it is not paused: a pause drops what librdkafka prefetched, and a resume waits for
-//! a new fetch; a first version that paused made `catchup run` at 1 KiB 30 % slower).
+//! a new fetch; a first version that paused made `catchup run` at 1 KiB 30 % slower). Not
+//! held, a queue is polled up to what the lane may still read ahead
+//! (`fetch::read_ahead_room`), at least one message.
 //!
 //! A live lane the reader can take now (not split, `Concurrent`, or its backlog handed out) is
 //! held to the same read-ahead. The group member polls one queue for all its partitions, so
@@ -37,11 +39,11 @@
 use rdkafka::TopicPartitionList;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::engine::types::Event;
 use crate::engine::{PartitionId, Shared};
-use crate::fetch::PausePolicy;
+use crate::fetch::{PausePolicy, read_ahead_room};
 use crate::store::Lane;
 
 /// A lane stops reading ahead of the reader once it is its share divided by this
@@ -58,6 +60,11 @@ pub(crate) struct Budget {
     /// handed out (not on those unacknowledged: an application that acknowledges a batch once
     /// it has all of it would wait for good).
     read_ahead: PausePolicy<PartitionId>,
+    /// Each partition's bytes fetched and not taken, as of the last `apply` (a round polls a
+    /// catch-up queue up to its read-ahead, not a fixed count past it).
+    ahead: BTreeMap<PartitionId, u64>,
+    /// A partition's read-ahead as of the last `apply` (`None` before the first).
+    read_ahead_share: Option<u64>,
     /// The partitions seen last round: one that appears (again) is resumed once, because
     /// librdkafka keeps an application pause across a revoke and a new assignment.
     known: BTreeSet<PartitionId>,
@@ -74,6 +81,8 @@ impl Budget {
             limit,
             policy: PausePolicy::new(),
             read_ahead: PausePolicy::new(),
+            ahead: BTreeMap::new(),
+            read_ahead_share: None,
             known: BTreeSet::new(),
             writes_stopped: false,
         }
@@ -94,6 +103,15 @@ impl Budget {
     /// Whether any partition is held to its read-ahead.
     pub fn holds_any(&self) -> bool {
         self.read_ahead.any_paused()
+    }
+
+    /// Bytes `key` may poll this round if it is not held ([`read_ahead_room`]; a partition
+    /// the last `apply` did not see has nothing ahead).
+    pub fn read_ahead_room(&self, key: &PartitionId) -> u64 {
+        read_ahead_room(
+            self.read_ahead_share,
+            self.ahead.get(key).copied().unwrap_or(0),
+        )
     }
 
     /// Forgets `key`, paused by its fetcher out of band: when its runtime comes back it is
@@ -130,6 +148,7 @@ impl Budget {
         let mut ahead = shared.undelivered_by_partition(self.lane);
         ahead.retain(|key, _| fetching(key));
         let read_ahead = self.limit / READ_AHEAD_DIVISOR;
+        self.read_ahead_share = Some(read_ahead / slots.max(1) as u64);
         for change in self.read_ahead.decide(read_ahead, slots, &ahead) {
             tracing::trace!(
                 fetcher = self.fetcher,
@@ -140,6 +159,7 @@ impl Budget {
                 "read-ahead"
             );
         }
+        self.ahead = ahead;
         let changes = self.policy.decide(self.limit, slots, &usage);
         for change in changes {
             let (topic, partition) = &change.partition;

@@ -464,9 +464,10 @@ impl Fetcher {
     }
 
     /// Polls the main queue (callbacks, and messages fetched before a queue was split) and
-    /// every partition queue the budget does not hold, up to `POLL_BATCH` each. Errors end a
-    /// queue's turn, never the round: what was polled before them is kept. A held queue keeps
-    /// its records and events, in order, for a later round.
+    /// every partition queue the budget does not hold, up to `POLL_BATCH` each and up to what
+    /// each may still read ahead. Errors end a queue's turn, never the round: what was polled
+    /// before them is kept. A held queue keeps its records and events, in order, for a later
+    /// round.
     fn poll_round(&mut self, consumer: &BaseConsumer<RoleContext>) -> Round<PartitionId> {
         let mut arenas = std::mem::take(&mut self.arenas);
         let mut polled = Round::new();
@@ -480,11 +481,22 @@ impl Fetcher {
         {
             let mut records = Vec::new();
             let mut error = None;
+            // Up to the lane's read-ahead, not a fixed count past it (2,000 records of 1 KiB
+            // ran 2 MB over it).
+            let mut room = self
+                .budget
+                .as_ref()
+                .map_or(u64::MAX, |budget| budget.read_ahead_room(key));
             for _ in 0..POLL_BATCH {
+                if room == 0 {
+                    break;
+                }
                 match queue.poll(Duration::ZERO) {
                     None => break,
                     Some(Ok(message)) => {
-                        records.push(to_record(&message, topic_bytes(&message), &mut arenas))
+                        let record = to_record(&message, topic_bytes(&message), &mut arenas);
+                        room = room.saturating_sub(record.payload_bytes() as u64);
+                        records.push(record);
                     }
                     Some(Err(err)) => {
                         error = self.partition_error(Some(key), &err);
