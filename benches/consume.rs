@@ -35,6 +35,10 @@
 //! one's in `throughput` (for instance the system allocator's: `cargo build --release
 //! --no-default-features --features cli --target-dir target/system-alloc`).
 //!
+//! `CATCHUP_BENCH_REPEAT` (1) reads each throughput topic that many rounds, every reader once
+//! a round, and prints the median of each reader's records/s, CPU per record and share (each
+//! share taken within a round), the shares' range, and the highest peak RSS.
+//!
 //! `CATCHUP_BENCH_SIZES`, `CATCHUP_BENCH_READERS` (names or parts of names),
 //! `CATCHUP_BENCH_BACKLOGS`, `CATCHUP_BENCH_RECOVERY_RECORDS`, `CATCHUP_BENCH_COMMIT_MS` (the
 //! library's commit interval, 1000) and `CATCHUP_BENCH_RDKAFKA=key=value,...` (settings given
@@ -158,6 +162,7 @@ impl Reader {
 }
 
 /// One reader's run: records and seconds to the last of them, and the process's peak RSS.
+#[derive(Clone)]
 struct Measured {
     records: u64,
     seconds: f64,
@@ -174,6 +179,47 @@ impl Measured {
             seconds,
             peak_rss_bytes: usage.peak_rss_bytes,
             cpu_seconds: usage.cpu_seconds,
+        }
+    }
+}
+
+/// The median of some runs' values, and their range.
+struct Spread {
+    median: f64,
+    low: f64,
+    high: f64,
+    runs: usize,
+}
+
+impl Spread {
+    fn of(values: impl Iterator<Item = f64>) -> Self {
+        let mut values: Vec<f64> = values.collect();
+        values.sort_by(f64::total_cmp);
+        let runs = values.len();
+        let median = match runs {
+            0 => f64::NAN,
+            _ if runs % 2 == 1 => values[runs / 2],
+            _ => (values[runs / 2 - 1] + values[runs / 2]) / 2.0,
+        };
+        Self {
+            median,
+            low: values.first().copied().unwrap_or(f64::NAN),
+            high: values.last().copied().unwrap_or(f64::NAN),
+            runs,
+        }
+    }
+
+    /// As a share in per cent, with its range when there was more than one run.
+    fn percent(&self) -> String {
+        if self.runs > 1 {
+            format!(
+                "{:.0} % ({:.0}–{:.0})",
+                100.0 * self.median,
+                100.0 * self.low,
+                100.0 * self.high
+            )
+        } else {
+            format!("{:.0} %", 100.0 * self.median)
         }
     }
 }
@@ -238,11 +284,21 @@ impl Bench {
             })
         })
         .collect();
+        let rounds = if self.smoke {
+            1
+        } else {
+            env_number("CATCHUP_BENCH_REPEAT", 1).max(1) as usize
+        };
         let mut rows = Vec::new();
         println!(
             "\n## throughput: {records} records over {PARTITIONS} partitions, group committed at 0, {} cores",
             self.cores
         );
+        if rounds > 1 {
+            println!(
+                "\n{rounds} rounds, each reader once a round: the median, the shares' range over the rounds in brackets, the highest peak RSS"
+            );
+        }
         println!(
             "\n| value | reader | records/s | MB/s | share of bare loop | share of kcat | share of kcat -J to a file | CPU per record | peak RSS |"
         );
@@ -251,49 +307,73 @@ impl Bench {
             let topic = unique(&format!("bench-{size}"));
             self.create_topic(&topic)?;
             self.produce(&topic, records, size, 0)?;
-            let mut results: Vec<(Reader, Measured)> = Vec::new();
-            for &reader in &readers {
-                let measured = self.read_all(reader, &topic, records)?;
-                results.push((reader, measured));
+            // Round after round, every reader once: a share compares readers of one round.
+            let mut runs: Vec<Vec<Measured>> = vec![Vec::new(); readers.len()];
+            for _ in 0..rounds {
+                for (index, &reader) in readers.iter().enumerate() {
+                    runs[index].push(self.read_all(reader, &topic, records)?);
+                }
             }
-            let rate = |wanted: Reader| {
-                results
-                    .iter()
-                    .find(|(r, _)| *r == wanted)
-                    .map_or(f64::NAN, |(_, m)| m.records as f64 / m.seconds)
+            let rate = |measured: &Measured| measured.records as f64 / measured.seconds;
+            let rates_of = |wanted: Reader| -> Vec<f64> {
+                readers.iter().position(|&r| r == wanted).map_or_else(
+                    || vec![f64::NAN; rounds],
+                    |i| runs[i].iter().map(rate).collect(),
+                )
             };
             let (bare, kcat, kcat_file) = (
-                rate(Reader::Bare),
-                rate(Reader::Kcat),
-                rate(Reader::KcatFile),
+                rates_of(Reader::Bare),
+                rates_of(Reader::Kcat),
+                rates_of(Reader::KcatFile),
             );
-            for (reader, measured) in &results {
-                let per_second = measured.records as f64 / measured.seconds;
+            for (reader, measured) in readers.iter().zip(&runs) {
+                let rates: Vec<f64> = measured.iter().map(rate).collect();
+                let share = |of: &[f64]| Spread::of(rates.iter().zip(of).map(|(r, o)| r / o));
+                let (of_bare, of_kcat, of_kcat_file) =
+                    (share(&bare), share(&kcat), share(&kcat_file));
+                let per_second = Spread::of(rates.iter().copied()).median;
                 let megabytes = per_second * size as f64 / 1e6;
+                let cpu_per_record = Spread::of(
+                    measured
+                        .iter()
+                        .map(|m| 1e6 * m.cpu_seconds / m.records as f64),
+                )
+                .median;
+                let peak_rss = measured.iter().map(|m| m.peak_rss_bytes).max().unwrap_or(0);
                 println!(
-                    "| {} | {} | {:.0} | {:.1} | {:.0} % | {:.0} % | {:.0} % | {:.2} µs | {} MiB |",
+                    "| {} | {} | {:.0} | {:.1} | {} | {} | {} | {:.2} µs | {} MiB |",
                     human_size(size),
                     reader.name(),
                     per_second,
                     megabytes,
-                    100.0 * per_second / bare,
-                    100.0 * per_second / kcat,
-                    100.0 * per_second / kcat_file,
-                    1e6 * measured.cpu_seconds / measured.records as f64,
-                    measured.peak_rss_bytes >> 20
+                    of_bare.percent(),
+                    of_kcat.percent(),
+                    of_kcat_file.percent(),
+                    cpu_per_record,
+                    peak_rss >> 20
                 );
+                let each: Vec<serde_json::Value> = measured
+                    .iter()
+                    .map(|m| {
+                        serde_json::json!({
+                            "records": m.records,
+                            "seconds": m.seconds,
+                            "peak_rss_bytes": m.peak_rss_bytes,
+                            "cpu_seconds": m.cpu_seconds,
+                        })
+                    })
+                    .collect();
                 rows.push(serde_json::json!({
                     "value_bytes": size,
                     "reader": reader.name(),
-                    "records": measured.records,
-                    "seconds": measured.seconds,
                     "records_per_second": per_second,
                     "megabytes_per_second": megabytes,
-                    "share_of_bare": per_second / bare,
-                    "share_of_kcat": per_second / kcat,
-                    "share_of_kcat_to_file": per_second / kcat_file,
-                    "peak_rss_bytes": measured.peak_rss_bytes,
-                    "cpu_seconds": measured.cpu_seconds,
+                    "share_of_bare": of_bare.median,
+                    "share_of_kcat": of_kcat.median,
+                    "share_of_kcat_to_file": of_kcat_file.median,
+                    "cpu_us_per_record": cpu_per_record,
+                    "peak_rss_bytes": peak_rss,
+                    "runs": each,
                 }));
             }
             self.delete_topic(&topic);
