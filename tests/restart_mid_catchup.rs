@@ -217,8 +217,8 @@ fn child_entry() {
                 continue;
             }
             let offsets = process(&consumer, 50, true).await;
-            let live = consumer.buffers().expect("buffers");
-            let live_fetched = live.first().map_or(0, |buffer| buffer.live.fetched_next);
+            let buffers = consumer.buffers().expect("buffers");
+            let live_fetched = buffers.first().map_or(0, |buffer| buffer.live.fetched_next);
             println!(
                 "committed {} live {live_fetched}",
                 offsets.iter().max().map_or(0, |m| m + 1)
