@@ -74,7 +74,7 @@ impl BrokerHealth {
     /// A request succeeded: the brokers are reachable (INFO and an event when they were not).
     pub fn reached(&self) {
         let mut reachability = self.reachability();
-        let announce = reachability.reached(Instant::now());
+        let announce = reachability.reached();
         self.announce(reachability, announce, None);
     }
 
@@ -216,12 +216,12 @@ impl BrokerHealth {
 
     /// A client reports that no broker can be reached: one WARN and an event naming the last
     /// failed connection, until a request gets through again ([`reached`](Self::reached)) —
-    /// unless a request got through just before, which makes the report suspect of being
-    /// late (`plan::Reachability`): a failing probe confirms it.
+    /// unless a request got through before, which makes the report suspect of being late
+    /// (`plan::Reachability`): a failing probe confirms it.
     pub fn all_down(&self, role: &str, reason: &str) {
         telemetry::broker_error(&self.group);
         let mut reachability = self.reachability();
-        let announce = reachability.all_down(Instant::now());
+        let announce = reachability.all_down();
         self.announce(reachability, announce, Some((role, reason)));
     }
 }
