@@ -24,6 +24,11 @@ const BUDGET: u64 = 32 << 20;
 const SHARE_RECORDS: i64 = (BUDGET / 2 / VALUE_BYTES as u64) as i64;
 /// Records of a lane's read-ahead, an eighth of its share (about 2,000).
 const READ_AHEAD_RECORDS: i64 = SHARE_RECORDS / 8;
+/// A budget whose read-ahead (512 KiB, about 500 records) is a quarter of what the catch-up
+/// fetcher polls from a queue in one round at most (2,000 messages): a lane polled past its
+/// read-ahead shows here, where at `BUDGET` the two are about the same.
+const SMALL_BUDGET: u64 = 8 << 20;
+const SMALL_READ_AHEAD_RECORDS: i64 = (SMALL_BUDGET / 2 / VALUE_BYTES as u64 / 8) as i64;
 
 /// A topic of `RECORDS` 1 KiB records in one partition, and a consumer in `mode` of a group
 /// committed at its start, subscribed (split, the partition splits at its log end: all of it
@@ -31,6 +36,7 @@ const READ_AHEAD_RECORDS: i64 = SHARE_RECORDS / 8;
 async fn backlog(
     name: &str,
     mode: Mode,
+    budget: u64,
 ) -> (
     CatchupConsumer,
     tokio::sync::broadcast::Receiver<Event>,
@@ -51,7 +57,7 @@ async fn backlog(
     let config = CatchupConfig::new(dir.path())
         .mode(mode)
         .min_lag(100)
-        .buffer_budget_bytes(BUDGET);
+        .buffer_budget_bytes(budget);
     let consumer = catchup_consumer(&kafka, &group, config);
     let events = consumer.events();
     consumer.subscribe(&[&topic]).expect("subscribe");
@@ -60,7 +66,7 @@ async fn backlog(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_catchup_lane_reads_ahead_an_eighth_of_its_share() {
-    let (consumer, events, _dir) = backlog("read-ahead", Mode::Ordered).await;
+    let (consumer, events, _dir) = backlog("read-ahead", Mode::Ordered, BUDGET).await;
     let farthest_ahead = read_slowly(&consumer, |buffer| buffer.catchup.fetched_next).await;
     eprintln!("the catch-up lane ran at most {farthest_ahead} records ahead of the reader");
     assert!(
@@ -83,12 +89,35 @@ async fn a_catchup_lane_reads_ahead_an_eighth_of_its_share() {
     consumer.close().await.expect("close");
 }
 
+/// With a read-ahead of about 500 records, a quarter of a poll round's 2,000 messages, the
+/// lane still stops at it: the reader's fill and the lane's read-ahead, no more (a lane
+/// polled 2,000 messages a round would run at least 2,000 ahead).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_catchup_lane_stops_at_a_read_ahead_smaller_than_a_poll_round() {
+    let (consumer, events, _dir) = backlog("read-ahead-small", Mode::Ordered, SMALL_BUDGET).await;
+    let farthest_ahead = read_slowly(&consumer, |buffer| buffer.catchup.fetched_next).await;
+    eprintln!(
+        "the catch-up lane ran at most {farthest_ahead} records ahead of the reader \
+         (read-ahead {SMALL_READ_AHEAD_RECORDS})"
+    );
+    assert!(
+        farthest_ahead > SMALL_READ_AHEAD_RECORDS / 2,
+        "the fetcher did run ahead of the slow reader ({farthest_ahead} records)"
+    );
+    assert!(
+        farthest_ahead <= 2 * SMALL_READ_AHEAD_RECORDS + 400,
+        "the catch-up lane ran {farthest_ahead} records ahead of its reader: more than its read-ahead of {SMALL_READ_AHEAD_RECORDS} and one fill of the reader"
+    );
+    assert_never_paused(events);
+    consumer.close().await.expect("close");
+}
+
 /// In `off` the one partition is the live lane's alone: its share is the whole budget (more
 /// than the topic), an eighth of it about 4,000 records. Unheld, the group member fetched
 /// the whole topic ahead of the slow reader.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_live_lane_reads_ahead_an_eighth_of_its_share() {
-    let (consumer, events, _dir) = backlog("read-ahead-live", Mode::Off).await;
+    let (consumer, events, _dir) = backlog("read-ahead-live", Mode::Off, BUDGET).await;
     let farthest_ahead = read_slowly(&consumer, |buffer| buffer.live.fetched_next).await;
     eprintln!("the live lane ran at most {farthest_ahead} records ahead of the reader");
     assert!(
@@ -149,7 +178,7 @@ fn assert_never_paused(mut events: tokio::sync::broadcast::Receiver<Event>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_application_acknowledging_whole_batches_gets_every_batch() {
-    let (consumer, _events, _dir) = backlog("read-ahead-batches", Mode::Ordered).await;
+    let (consumer, _events, _dir) = backlog("read-ahead-batches", Mode::Ordered, BUDGET).await;
     // 4,000 records of 1 KiB: twice the read-ahead, a quarter of the share.
     const BATCH: usize = 4_000;
     let mut batch = Vec::with_capacity(BATCH);
