@@ -77,7 +77,10 @@ pub struct CatchupConsumer {
     /// `Mode::Latest`: the key-rebuild thread (only told to shut down).
     rebuild: Option<Sender<CatchupCommand>>,
     threads: std::sync::Mutex<Vec<JoinHandle<()>>>,
-    reader: AsyncMutex<Reader>,
+    /// Held only while a record is taken, never across an await: concurrent `recv`s wait
+    /// on the consumer's notification, not on each other (a tokio mutex cost every `recv`
+    /// an acquire future and a lock of its waiters on release).
+    reader: std::sync::Mutex<Reader>,
     /// Set when a close begins: `recv` returns [`Error::Closed`] from then on.
     closed: std::sync::atomic::AtomicBool,
     /// Held by a close while it runs; `true` once one finished (later closes wait for a
@@ -199,7 +202,7 @@ impl CatchupConsumer {
             catchup,
             rebuild,
             threads: std::sync::Mutex::new(threads),
-            reader: AsyncMutex::new(Reader::default()),
+            reader: std::sync::Mutex::new(Reader::default()),
             closed: std::sync::atomic::AtomicBool::new(false),
             close_done: AsyncMutex::new(false),
         })
@@ -267,19 +270,9 @@ impl CatchupConsumer {
     /// again. An error comes with the subscription it may belong to: read before the error,
     /// so that a later subscription's error is never taken for a waived one.
     async fn recv_past(&self, waived: Option<u64>) -> Result<Delivery, (Error, u64)> {
-        let mut reader = self.reader.lock().await;
-        self.wait_ready(&mut reader, waived).await
-    }
-
-    /// Waits, holding the reader, for the next delivery (see [`recv_past`](Self::recv_past)).
-    async fn wait_ready(
-        &self,
-        reader: &mut Reader,
-        waived: Option<u64>,
-    ) -> Result<Delivery, (Error, u64)> {
-        let look = |reader: &mut Reader| {
+        let look = || {
             let subscription = self.shared.subscription();
-            match self.next_ready(reader) {
+            match self.next_ready(&mut self.reader()) {
                 Ok(ready) => Ok(ready),
                 Err(error) if error.is_subscription_error() && waived == Some(subscription) => {
                     Ok(None)
@@ -289,14 +282,14 @@ impl CatchupConsumer {
         };
         loop {
             // Most calls find a record queued: no waiter is registered for them.
-            if let Some(delivery) = look(reader)? {
+            if let Some(delivery) = look()? {
                 return Ok(delivery);
             }
             let notified = self.shared.notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
             // Registered before looking again: an append between the two looks wakes us.
-            if let Some(delivery) = look(reader)? {
+            if let Some(delivery) = look()? {
                 return Ok(delivery);
             }
             // Appends, assignments and subscriptions wake us; the timeout covers a wake-up
@@ -306,9 +299,10 @@ impl CatchupConsumer {
     }
 
     /// Waits for the next delivery as [`recv`](Self::recv) does, then appends it and the
-    /// deliveries ready after it, up to `limit` in all, to `deliveries`: a run handed out
-    /// under one lock (and, with [`CatchupConfig::auto_ack`], acknowledged in one go), as
-    /// [`recv`](Self::recv) would have handed them out one by one. Returns how many it
+    /// deliveries ready after it, up to `limit` in all, to `deliveries`: a run taken under one
+    /// lock (and, with [`CatchupConfig::auto_ack`], acknowledged in one go), as
+    /// [`recv`](Self::recv) would have handed them out one by one (a `recv` of another task
+    /// may take records between the first and the rest of the run). Returns how many it
     /// appended: at least one, or none for a `limit` of 0. An error met after the run's first
     /// delivery ends the run; the next call meets it again if it still holds. Cancel-safe:
     /// it waits only before the first delivery is taken.
@@ -331,11 +325,8 @@ impl CatchupConsumer {
         if limit == 0 {
             return Ok(0);
         }
-        let mut reader = self.reader.lock().await;
-        let first = self
-            .wait_ready(&mut reader, None)
-            .await
-            .map_err(|(error, _)| error)?;
+        let first = self.recv_past(None).await.map_err(|(error, _)| error)?;
+        let mut reader = self.reader();
         let start = deliveries.len();
         deliveries.push(first);
         while deliveries.len() - start < limit {
@@ -355,8 +346,8 @@ impl CatchupConsumer {
         Ok(deliveries.len() - start)
     }
 
-    /// The next record if one is ready now, without waiting: `None` also while another
-    /// task is inside [`recv`](Self::recv) (which gets the next record).
+    /// The next record if one is ready now, without waiting: `None` also while another call
+    /// is taking a record from this consumer at this very moment (it gets the next one).
     ///
     /// ```no_run
     /// # fn example(consumer: &catchup::CatchupConsumer) -> Result<(), catchup::Error> {
@@ -368,8 +359,20 @@ impl CatchupConsumer {
     pub fn try_recv(&self) -> Result<Option<Delivery>, Error> {
         match self.reader.try_lock() {
             Ok(mut reader) => self.next_ready(&mut reader),
-            Err(_) => Ok(None),
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => {
+                self.next_ready(&mut poisoned.into_inner())
+            }
+            Err(std::sync::TryLockError::WouldBlock) => Ok(None),
         }
+    }
+
+    /// The reader's queues and cursors, for taking a record (never held across an await).
+    fn reader(&self) -> std::sync::MutexGuard<'_, Reader> {
+        // A panic while taking a record leaves nothing half-done that a later take trusts:
+        // the queues hold whole records and the buffer is read again from its cursors.
+        self.reader
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The next delivery, handed out: with [`CatchupConfig::auto_ack`] it counts as processed
