@@ -809,9 +809,10 @@ impl CatchupConsumer {
     }
 
     /// Whether the brokers answer, as the consumer's clients last reported it (`false` from
-    /// an "all brokers are down" until a request gets through again; a report that comes
-    /// within 2 s of a request that got through counts once a probe fails too): for health
-    /// checks, next to [`Event::BrokersUnreachable`] and [`Event::BrokersReachable`].
+    /// an "all brokers are down" until a request gets through again; once a request has got
+    /// through, a report counts when a probe fails, or after 5 s with no probe getting
+    /// through, since it may be a client's late word): for health checks, next to
+    /// [`Event::BrokersUnreachable`] and [`Event::BrokersReachable`].
     ///
     /// ```no_run
     /// # fn example(consumer: &catchup::CatchupConsumer) {

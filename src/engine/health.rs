@@ -21,6 +21,9 @@ pub(crate) struct BrokerHealth {
     reachability: std::sync::Mutex<Reachability>,
     /// `reachability.unreachable()`, read without the lock.
     unreachable: AtomicBool,
+    /// `reachability.in_doubt()`, read without the lock: a suspicion may have stood long
+    /// enough to be believed (`plan::CONFIRM_AFTER`) when next looked at.
+    in_doubt: AtomicBool,
     /// The consumer's group, the label of its metrics.
     group: String,
     /// The last connection failure: it names the broker, which "all brokers are down" does
@@ -41,6 +44,7 @@ impl BrokerHealth {
         Self {
             reachability: std::sync::Mutex::new(Reachability::default()),
             unreachable: AtomicBool::new(false),
+            in_doubt: AtomicBool::new(false),
             group: group.to_owned(),
             last_failure: std::sync::Mutex::new(None),
             events: OnceLock::new(),
@@ -60,8 +64,15 @@ impl BrokerHealth {
         let _ = self.events.set(events);
     }
 
-    /// Whether the last word was that the brokers cannot be reached.
+    /// Whether the last word was that the brokers cannot be reached — or is now: a report
+    /// suspected of being late that stood `plan::CONFIRM_AFTER` with no probe getting
+    /// through (the live thread that probes may be held in a request) is believed here.
     pub fn is_unreachable(&self) -> bool {
+        if self.in_doubt.load(Ordering::Relaxed) && !self.unreachable.load(Ordering::Relaxed) {
+            let mut reachability = self.reachability();
+            let announce = reachability.check(Instant::now());
+            self.announce(reachability, announce, None);
+        }
         self.unreachable.load(Ordering::Relaxed)
     }
 
@@ -101,6 +112,8 @@ impl BrokerHealth {
     ) {
         self.unreachable
             .store(reachability.unreachable(), Ordering::Relaxed);
+        self.in_doubt
+            .store(reachability.in_doubt(), Ordering::Relaxed);
         drop(reachability);
         match announce {
             Announce::Nothing => {}
@@ -217,11 +230,12 @@ impl BrokerHealth {
     /// A client reports that no broker can be reached: one WARN and an event naming the last
     /// failed connection, until a request gets through again ([`reached`](Self::reached)) —
     /// unless a request got through before, which makes the report suspect of being late
-    /// (`plan::Reachability`): a failing probe confirms it.
+    /// (`plan::Reachability`): a failing probe confirms it, or `plan::CONFIRM_AFTER` with no
+    /// probe getting through.
     pub fn all_down(&self, role: &str, reason: &str) {
         telemetry::broker_error(&self.group);
         let mut reachability = self.reachability();
-        let announce = reachability.all_down();
+        let announce = reachability.all_down(Instant::now());
         self.announce(reachability, announce, Some((role, reason)));
     }
 }

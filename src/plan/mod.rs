@@ -28,7 +28,7 @@ pub use incarnation::incarnation_unknown;
 pub use lag::{SideStatus, TrueLag, true_lag};
 pub use latest::{ENTRY_OVERHEAD_BYTES, KeyIndex, Verdict};
 pub use progress::{BacklogRate, RATE_WINDOW, backlog_left, live_lag, live_lag_seconds};
-pub use reachability::{Announce, Reachability};
+pub use reachability::{Announce, CONFIRM_AFTER, Reachability};
 pub use reconcile::{
     Committed, Decision, Inputs, LocalAction, MainLogCommit, OffsetReset, PlanEvent, SideValue,
     SideWrite, clip_ranges, local_action, reconcile, trusted_side_entry,
