@@ -79,7 +79,7 @@ pub struct CatchupConsumer {
     threads: std::sync::Mutex<Vec<JoinHandle<()>>>,
     /// Held only while a record is taken, never across an await: concurrent `recv`s wait
     /// on the consumer's notification, not on each other (a tokio mutex cost every `recv`
-    /// an acquire future and a lock of its waiters on release).
+    /// an acquire future and a lock of its waiters on release). See `lock_reader`.
     reader: std::sync::Mutex<Reader>,
     /// Set when a close begins: `recv` returns [`Error::Closed`] from then on.
     closed: std::sync::atomic::AtomicBool,
@@ -270,9 +270,10 @@ impl CatchupConsumer {
     /// again. An error comes with the subscription it may belong to: read before the error,
     /// so that a later subscription's error is never taken for a waived one.
     async fn recv_past(&self, waived: Option<u64>) -> Result<Delivery, (Error, u64)> {
-        let look = || {
+        let look = || async {
+            let mut reader = self.lock_reader().await;
             let subscription = self.shared.subscription();
-            match self.next_ready(&mut self.reader()) {
+            match self.next_ready(&mut reader) {
                 Ok(ready) => Ok(ready),
                 Err(error) if error.is_subscription_error() && waived == Some(subscription) => {
                     Ok(None)
@@ -282,14 +283,14 @@ impl CatchupConsumer {
         };
         loop {
             // Most calls find a record queued: no waiter is registered for them.
-            if let Some(delivery) = look()? {
+            if let Some(delivery) = look().await? {
                 return Ok(delivery);
             }
             let notified = self.shared.notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
             // Registered before looking again: an append between the two looks wakes us.
-            if let Some(delivery) = look()? {
+            if let Some(delivery) = look().await? {
                 return Ok(delivery);
             }
             // Appends, assignments and subscriptions wake us; the timeout covers a wake-up
@@ -326,7 +327,7 @@ impl CatchupConsumer {
             return Ok(0);
         }
         let first = self.recv_past(None).await.map_err(|(error, _)| error)?;
-        let mut reader = self.reader();
+        let mut reader = self.lock_reader().await;
         let start = deliveries.len();
         deliveries.push(first);
         while deliveries.len() - start < limit {
@@ -357,22 +358,33 @@ impl CatchupConsumer {
     /// # Ok(()) }
     /// ```
     pub fn try_recv(&self) -> Result<Option<Delivery>, Error> {
-        match self.reader.try_lock() {
-            Ok(mut reader) => self.next_ready(&mut reader),
-            Err(std::sync::TryLockError::Poisoned(poisoned)) => {
-                self.next_ready(&mut poisoned.into_inner())
-            }
-            Err(std::sync::TryLockError::WouldBlock) => Ok(None),
+        match self.try_lock_reader() {
+            Some(mut reader) => self.next_ready(&mut reader),
+            None => Ok(None),
         }
     }
 
     /// The reader's queues and cursors, for taking a record (never held across an await).
-    fn reader(&self) -> std::sync::MutexGuard<'_, Reader> {
-        // A panic while taking a record leaves nothing half-done that a later take trusts:
-        // the queues hold whole records and the buffer is read again from its cursors.
-        self.reader
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    /// While another call holds them (taking a record can read sled), this task yields to
+    /// the runtime rather than block its worker thread; cancelled there, it took nothing.
+    async fn lock_reader(&self) -> std::sync::MutexGuard<'_, Reader> {
+        loop {
+            if let Some(reader) = self.try_lock_reader() {
+                return reader;
+            }
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// The reader's queues and cursors, unless another call holds them now.
+    fn try_lock_reader(&self) -> Option<std::sync::MutexGuard<'_, Reader>> {
+        match self.reader.try_lock() {
+            Ok(reader) => Some(reader),
+            // A panic while taking a record leaves nothing half-done that a later take
+            // trusts: the queues hold whole records, the buffer is read from its cursors.
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
     }
 
     /// The next delivery, handed out: with [`CatchupConfig::auto_ack`] it counts as processed
