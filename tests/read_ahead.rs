@@ -77,14 +77,8 @@ async fn a_catchup_lane_reads_ahead_an_eighth_of_its_share() {
         farthest_ahead < SHARE_RECORDS * 3 / 4,
         "the catch-up lane ran {farthest_ahead} records ahead of its reader: held at an eighth of its share, it stays far below the share's {SHARE_RECORDS}"
     );
-    // What the lane fetched and the reader did not take stops at the read-ahead (a queue is
-    // polled up to it, not 2,000 records past it), and the reader's own queue holds at most
-    // one fill of whole appends, each at most a read-ahead (4,815-5,915 records ahead when a
-    // round polled a fixed count).
-    assert!(
-        farthest_ahead <= 2 * READ_AHEAD_RECORDS + 400,
-        "the catch-up lane ran {farthest_ahead} records ahead of its reader: more than its read-ahead of {READ_AHEAD_RECORDS} and one fill of the reader"
-    );
+    // (4,815-5,915 records ahead when a round polled a fixed count.)
+    assert_within_read_ahead(farthest_ahead, READ_AHEAD_RECORDS);
     assert_never_paused(events);
     consumer.close().await.expect("close");
 }
@@ -104,10 +98,7 @@ async fn a_catchup_lane_stops_at_a_read_ahead_smaller_than_a_poll_round() {
         farthest_ahead > SMALL_READ_AHEAD_RECORDS / 2,
         "the fetcher did run ahead of the slow reader ({farthest_ahead} records)"
     );
-    assert!(
-        farthest_ahead <= 2 * SMALL_READ_AHEAD_RECORDS + 400,
-        "the catch-up lane ran {farthest_ahead} records ahead of its reader: more than its read-ahead of {SMALL_READ_AHEAD_RECORDS} and one fill of the reader"
-    );
+    assert_within_read_ahead(farthest_ahead, SMALL_READ_AHEAD_RECORDS);
     assert_never_paused(events);
     consumer.close().await.expect("close");
 }
@@ -157,6 +148,16 @@ async fn read_slowly(
         }
     }
     farthest_ahead
+}
+
+/// What the lane fetched and the reader did not take stops at the read-ahead (a queue is
+/// polled up to it, not 2,000 records past it), and the reader's own queue holds at most one
+/// fill of whole appends, each at most a read-ahead.
+fn assert_within_read_ahead(farthest_ahead: i64, read_ahead_records: i64) {
+    assert!(
+        farthest_ahead <= 2 * read_ahead_records + 400,
+        "the catch-up lane ran {farthest_ahead} records ahead of its reader: more than its read-ahead of {read_ahead_records} and one fill of the reader"
+    );
 }
 
 /// The byte budget never paused a partition: the read-ahead alone held the lane.

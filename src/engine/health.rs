@@ -21,8 +21,8 @@ pub(crate) struct BrokerHealth {
     reachability: std::sync::Mutex<Reachability>,
     /// `reachability.unreachable()`, read without the lock.
     unreachable: AtomicBool,
-    /// `reachability.in_doubt()`, read without the lock: a suspicion may have stood long
-    /// enough to be believed (`plan::CONFIRM_AFTER`) when next looked at.
+    /// `reachability.in_doubt()`, read without the lock (the live thread asks every turn;
+    /// a suspicion may have stood long enough to be believed when next looked at).
     in_doubt: AtomicBool,
     /// The consumer's group, the label of its metrics.
     group: String,
@@ -79,7 +79,7 @@ impl BrokerHealth {
     /// Whether the brokers are unreachable or suspected to be: the live thread probes them
     /// until it knows.
     pub fn in_doubt(&self) -> bool {
-        self.reachability().in_doubt()
+        self.in_doubt.load(Ordering::Relaxed)
     }
 
     /// A request succeeded: the brokers are reachable (INFO and an event when they were not).
