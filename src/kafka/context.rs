@@ -3,6 +3,7 @@
 //! with events and a counter; librdkafka's log lines at levels that match what they mean.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use rdkafka::ClientConfig;
 use rdkafka::client::{ClientContext, OAuthToken};
@@ -118,11 +119,24 @@ impl BrokerHealth {
 pub(crate) struct RoleContext {
     health: Arc<BrokerHealth>,
     role: &'static str,
+    /// This client reported that no broker can be reached, since the last
+    /// [`take_down_report`](Self::take_down_report).
+    down_reported: Arc<AtomicBool>,
 }
 
 impl RoleContext {
     pub fn new(health: Arc<BrokerHealth>, role: &'static str) -> Self {
-        Self { health, role }
+        Self {
+            health,
+            role,
+            down_reported: Arc::default(),
+        }
+    }
+
+    /// Whether this client reported that no broker can be reached since the last call
+    /// (`kafka::Rebootstrap::follow` counts it for this client alone).
+    pub fn take_down_report(&self) -> bool {
+        self.down_reported.swap(false, Ordering::Relaxed)
     }
 }
 
@@ -142,6 +156,9 @@ impl ClientContext for RoleContext {
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
+        if classify_client_error(&error) == ErrorClass::AllDown {
+            self.down_reported.store(true, Ordering::Relaxed);
+        }
         self.health.on_error(self.role, error, reason);
     }
 
@@ -290,6 +307,30 @@ mod tests {
         );
         // What nothing handles still is one.
         assert_eq!(count(KafkaError::Global(RDKafkaErrorCode::Fatal)), 1);
+    }
+
+    /// A client's own "all brokers down" is kept for it (`Rebootstrap::follow`), whatever
+    /// the consumer announces; a failed connection to one broker is not such a report.
+    #[test]
+    fn a_client_keeps_its_own_report_of_all_brokers_down() {
+        let context = RoleContext::new(Arc::new(BrokerHealth::new("g", None)), "catchup");
+        let report = |code| {
+            context.error(
+                KafkaError::Global(code),
+                "127.0.0.1:1/bootstrap: Connect failed",
+            )
+        };
+        report(RDKafkaErrorCode::BrokerTransportFailure);
+        assert!(!context.take_down_report());
+        report(RDKafkaErrorCode::AllBrokersDown);
+        report(RDKafkaErrorCode::AllBrokersDown);
+        assert!(context.take_down_report());
+        assert!(!context.take_down_report(), "taken once");
+        // The group member's probe getting through ends the announcement, not this report.
+        context.health.reached();
+        report(RDKafkaErrorCode::AllBrokersDown);
+        context.health.reached();
+        assert!(context.take_down_report());
     }
 
     #[test]

@@ -5,9 +5,9 @@
 //! the client is then left with nothing to connect to, and librdkafka 2.12 does not bootstrap
 //! again by itself in that state (librdkafka issue 5301). A group member stuck so never
 //! rejoins; a catch-up consumer never fetches again. So each of our consumers adds its
-//! `bootstrap.servers` again once the brokers have been unreachable for
-//! [`REBOOTSTRAP_AFTER`], and every [`REBOOTSTRAP_AFTER`] while that lasts (adding brokers
-//! librdkafka still knows does nothing).
+//! `bootstrap.servers` again once the brokers have been unreachable for it for
+//! `plan::REBOOTSTRAP_AFTER`, and every as long while that lasts (adding brokers librdkafka
+//! still knows does nothing). When that is due is decided by `plan::ClientOutage`.
 
 use std::ffi::CString;
 use std::time::{Duration, Instant};
@@ -15,17 +15,19 @@ use std::time::{Duration, Instant};
 use rdkafka::ClientConfig;
 use rdkafka::bindings as rd;
 use rdkafka::client::{Client, ClientContext};
+use rdkafka::consumer::{BaseConsumer, Consumer};
 
-/// How long the brokers may stay unreachable before the bootstrap servers are added again.
-pub(crate) const REBOOTSTRAP_AFTER: Duration = Duration::from_secs(10);
+use super::RoleContext;
+use crate::plan::{ClientOutage, REBOOTSTRAP_AFTER};
+
+/// How long a client's own probe of the brokers may take.
+const OWN_PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// When to add a client's bootstrap servers again.
 #[derive(Debug)]
 pub(crate) struct Rebootstrap {
     servers: Option<CString>,
-    /// Unreachable since, and when the servers were last added.
-    since: Option<Instant>,
-    last: Option<Instant>,
+    outage: ClientOutage,
 }
 
 impl Rebootstrap {
@@ -37,44 +39,68 @@ impl Rebootstrap {
             .and_then(|servers| CString::new(servers).ok());
         Self {
             servers,
-            since: None,
-            last: None,
+            outage: ClientOutage::default(),
         }
     }
 
-    /// Whether the servers are due to be added again at `now`, the brokers being reachable
-    /// or not.
-    fn due(&mut self, reachable: bool, now: Instant) -> bool {
-        if reachable {
-            self.since = None;
-            self.last = None;
-            return false;
-        }
-        let since = *self.since.get_or_insert(now);
-        let from = self.last.unwrap_or(since);
-        if now.saturating_duration_since(from) < REBOOTSTRAP_AFTER {
-            return false;
-        }
-        self.last = Some(now);
-        true
-    }
-
-    /// Looks at whether `client` reaches its brokers at `now`, and adds its bootstrap servers
-    /// again when due.
+    /// Looks at whether the consumer announced its brokers unreachable at `now`, and adds
+    /// `client`'s bootstrap servers again when due. For the group member, whose own probe
+    /// is the one that decides the announcement.
     pub(crate) fn observe<C: ClientContext>(
         &mut self,
         client: &Client<C>,
-        reachable: bool,
+        announced_unreachable: bool,
         now: Instant,
         role: &str,
     ) {
-        if !self.due(reachable, now) {
-            return;
+        if self.outage.rebootstrap_due(announced_unreachable, now) {
+            self.add_due_servers(client, role);
         }
+    }
+
+    /// As [`observe`](Self::observe), for a client whose own reports of "all brokers down"
+    /// count too (`plan::ClientOutage`): while one stands, the client asks the brokers (with
+    /// a metadata request for `topic`) every `plan::OWN_PROBE_EVERY`, and its report ends
+    /// once one gets through.
+    pub(crate) fn follow(
+        &mut self,
+        consumer: &BaseConsumer<RoleContext>,
+        announced_unreachable: bool,
+        topic: Option<&str>,
+        role: &str,
+    ) {
+        if consumer.context().take_down_report() {
+            self.outage.reported_down();
+        }
+        let now = Instant::now();
+        if self.outage.probe_due(now) {
+            let answer = consumer.fetch_metadata(topic, OWN_PROBE_TIMEOUT);
+            if let Err(error) = &answer {
+                tracing::debug!(client = role, %error, "probing the brokers after this client reported none reachable");
+            }
+            self.outage.probed(answer.is_ok(), Instant::now());
+        }
+        self.observe(
+            consumer.client(),
+            announced_unreachable,
+            Instant::now(),
+            role,
+        );
+    }
+
+    fn add_due_servers<C: ClientContext>(&self, client: &Client<C>, role: &str) {
+        let whose = if self.outage.reported() {
+            "this client has"
+        } else {
+            "the consumer has"
+        };
         self.add_servers(
             client,
             role,
-            &format!("no broker reachable for {} s", REBOOTSTRAP_AFTER.as_secs()),
+            &format!(
+                "{whose} reached no broker for at least {} s",
+                REBOOTSTRAP_AFTER.as_secs() * u64::from(self.outage.times_added())
+            ),
         );
     }
 
@@ -96,29 +122,75 @@ impl Rebootstrap {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::sync::Arc;
 
-    #[test]
-    fn bootstrap_servers_are_added_again_after_ten_unreachable_seconds_and_then_every_ten() {
-        let mut config = ClientConfig::new();
-        config.set("bootstrap.servers", "127.0.0.1:9092");
-        let mut rebootstrap = Rebootstrap::new(&config);
-        let start = Instant::now();
-        let at = |secs: u64| start + Duration::from_secs(secs);
-        // (seconds, reachable, due)
-        let steps = [
-            (0, true, false),
-            (1, false, false),
-            (10, false, false),
-            (11, false, true),
-            (15, false, false),
-            (21, false, true),
-            (22, true, false),
-            (23, false, false),
-            (33, false, true),
-        ];
-        for (secs, reachable, due) in steps {
-            assert_eq!(rebootstrap.due(reachable, at(secs)), due, "at {secs} s");
+    use rdkafka::mocking::MockCluster;
+
+    use super::*;
+    use crate::engine::BrokerHealth;
+    use crate::kafka::create_consumer;
+
+    /// Drives `follow` as the catch-up fetcher does (poll, then follow) until `done` or
+    /// `within` passes; whether `done` came.
+    fn follow_until(
+        rebootstrap: &mut Rebootstrap,
+        consumer: &BaseConsumer<RoleContext>,
+        within: Duration,
+        done: impl Fn(&Rebootstrap) -> bool,
+    ) -> bool {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            let _ = consumer.poll(Duration::from_millis(100));
+            // As when the group member's probe gets through: nothing is announced.
+            rebootstrap.follow(consumer, false, Some("orders"), "catchup");
+            if done(rebootstrap) {
+                return true;
+            }
         }
+        false
+    }
+
+    /// A client that alone reaches no broker (the consumer announcing nothing: the group
+    /// member's probe gets through) adds its servers again after `REBOOTSTRAP_AFTER`, and
+    /// its report ends once its own probe gets through. librdkafka's mock cluster: a real
+    /// broker cannot be taken away from one client of a process alone.
+    #[test]
+    fn a_client_alone_without_brokers_adds_its_servers_again() {
+        let cluster = MockCluster::new(1).expect("mock cluster");
+        cluster.create_topic("orders", 1, 1).expect("mock topic");
+        let mut config = ClientConfig::new();
+        config
+            .set("bootstrap.servers", cluster.bootstrap_servers())
+            .set("group.id", "rebootstrap-test")
+            .set("reconnect.backoff.max.ms", "200");
+        let health = Arc::new(BrokerHealth::new("rebootstrap-test", None));
+        let consumer = create_consumer(&config, RoleContext::new(health, "catchup"))
+            .expect("consumer on the mock cluster");
+        let mut rebootstrap = Rebootstrap::new(&config);
+        consumer
+            .fetch_metadata(Some("orders"), Duration::from_secs(5))
+            .expect("the mock broker answers");
+
+        cluster.broker_down(1).expect("broker down");
+        assert!(
+            follow_until(
+                &mut rebootstrap,
+                &consumer,
+                REBOOTSTRAP_AFTER + Duration::from_secs(10),
+                |r| r.outage.times_added() >= 1
+            ),
+            "no rebootstrap within {} s of the broker going away (reported: {})",
+            REBOOTSTRAP_AFTER.as_secs() + 10,
+            rebootstrap.outage.reported()
+        );
+        assert!(rebootstrap.outage.reported());
+
+        cluster.broker_up(1).expect("broker up");
+        assert!(
+            follow_until(&mut rebootstrap, &consumer, Duration::from_secs(20), |r| {
+                !r.outage.reported()
+            }),
+            "the client's report outlived the broker's return"
+        );
     }
 }

@@ -5,6 +5,7 @@
 
 mod acks;
 mod assign;
+mod client_outage;
 mod commit;
 mod cycle;
 mod incarnation;
@@ -22,6 +23,7 @@ mod unowned;
 
 pub use acks::AckTracker;
 pub use assign::AssignStep;
+pub use client_outage::{ClientOutage, OWN_PROBE_EVERY, REBOOTSTRAP_AFTER};
 pub use commit::{CommitPlan, CommitWrites, Progress, plan_commit};
 pub use cycle::CommitCycle;
 pub use incarnation::incarnation_unknown;

@@ -250,10 +250,12 @@ impl Fetcher {
                 continue; // drain all commands before fetching
             }
             if let Some(consumer) = &self.consumer {
-                self.rebootstrap.observe(
-                    consumer.client(),
-                    !self.shared.health.is_unreachable(),
-                    Instant::now(),
+                // Its own reports count for it: the group member's probe, which ends an
+                // announced outage, does not speak for this client (`plan::ClientOutage`).
+                self.rebootstrap.follow(
+                    consumer,
+                    self.shared.health.is_unreachable(),
+                    self.tracked.keys().next().map(|(topic, _)| topic.as_str()),
                     self.role.client_role(),
                 );
             }

@@ -357,7 +357,7 @@ fn run(
     loop {
         rebootstrap.observe(
             consumer.client(),
-            !shared.health.is_unreachable(),
+            shared.health.is_unreachable(),
             Instant::now(),
             "live",
         );
