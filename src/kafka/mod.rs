@@ -14,6 +14,7 @@ mod positions;
 mod prefetch;
 mod rebootstrap;
 mod side_log;
+mod side_reader;
 mod topic_id;
 
 pub(crate) use crate::engine::BrokerHealth;
@@ -26,7 +27,8 @@ pub(crate) use group_offsets::committed_partitions;
 pub(crate) use live::{LiveCommand, LiveFetcher, Reply};
 pub(crate) use offset_commit::commit_each;
 pub(crate) use rebootstrap::Rebootstrap;
-pub(crate) use side_log::{SideLog, for_other_consumers, read_side_entries};
+pub(crate) use side_log::{SideLog, for_other_consumers};
+pub(crate) use side_reader::read_side_entries;
 
 use rdkafka::Message;
 use rdkafka::message::{BorrowedMessage, Headers};

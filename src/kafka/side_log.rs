@@ -5,16 +5,15 @@ use std::ffi::CString;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::types::RDKafkaErrorCode;
-use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
+use super::side_reader::SideReader;
 use super::{BrokerHealth, KafkaError, Rebootstrap, RoleContext, for_role};
-use crate::plan::{
-    SIDE_PARTITIONS, SideEntry, SplitSecret, parse_side_key, side_key, side_partition,
-};
+use crate::plan::{SIDE_PARTITIONS, SideEntry, SplitSecret, side_key, side_partition};
 
 /// How long one side-log operation may take before it is an error.
 const SIDE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -35,6 +34,8 @@ pub struct SideLog {
     producer: FutureProducer<RoleContext>,
     /// The producer's bootstrap servers, added again after a write timed out.
     rebootstrap: Rebootstrap,
+    /// Reads this group's entries at every assignment.
+    reader: SideReader,
     health: Arc<BrokerHealth>,
 }
 
@@ -64,9 +65,10 @@ impl SideLog {
             topic: topic.to_owned(),
             group: group.to_owned(),
             partition: 0,
-            client_config,
+            client_config: client_config.clone(),
             producer,
             rebootstrap,
+            reader: SideReader::new(&client_config, group, health.clone()),
             health,
         };
         let partitions = side_log.ensure_topic()?;
@@ -224,13 +226,7 @@ impl SideLog {
     /// Reads this group's partition of the side topic and returns the latest entry of every
     /// partition of the group (compaction keeps it small).
     pub fn read_all(&self) -> Result<SideEntries, KafkaError> {
-        read_side_entries_in(
-            &self.client_config,
-            &self.topic,
-            &self.group,
-            &self.health,
-            Some(self.partition),
-        )
+        self.reader.read(&self.topic, &self.group, self.partition)
     }
 
     /// The key of `topic`/`partition` of this group.
@@ -401,118 +397,6 @@ const ANY_CLIENT_KEYS: [&str; 13] = [
     "retry.backoff.max.ms",
     "connections.max.idle.ms",
 ];
-
-/// Reads `group`'s partition of the side topic `side_topic` ([`side_partition`]) and returns
-/// the latest entry of every partition of `group` (compaction keeps it small). Creates
-/// nothing: a tool may call it.
-pub(crate) fn read_side_entries(
-    client_config: &ClientConfig,
-    side_topic: &str,
-    group: &str,
-    health: &Arc<BrokerHealth>,
-) -> Result<SideEntries, KafkaError> {
-    read_side_entries_in(client_config, side_topic, group, health, None)
-}
-
-/// [`read_side_entries`] from `partition` of the side topic (`None`: the group's partition
-/// by the topic's partition count now). A side log reads where it writes: the partition it
-/// picked when it opened.
-fn read_side_entries_in(
-    client_config: &ClientConfig,
-    side_topic: &str,
-    group: &str,
-    health: &Arc<BrokerHealth>,
-    partition: Option<i32>,
-) -> Result<SideEntries, KafkaError> {
-    let mut config = for_role(client_config, "side-reader");
-    config
-        .set("group.id", format!("{}.catchup-side-reader", group))
-        .set("enable.auto.commit", "false")
-        .set("enable.partition.eof", "false");
-    let reader: BaseConsumer<RoleContext> =
-        super::create_consumer(&config, RoleContext::new(health.clone(), "side-reader"))
-            .map_err(|e| KafkaError::client("creating the side-log reader", e))?;
-    let metadata = reader
-        .fetch_metadata(Some(side_topic), SIDE_TIMEOUT)
-        .map_err(|e| KafkaError::side(side_topic, format!("cannot read its metadata: {e}")))?;
-    let found = metadata.topics().iter().find(|t| t.name() == side_topic);
-    if let Some(code) = found.and_then(|t| t.error()) {
-        if code != rdkafka::types::RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART {
-            return Err(KafkaError::side(
-                side_topic,
-                format!("cannot read its metadata: {code:?}"),
-            ));
-        }
-    }
-    let count = found.map_or(0, |t| t.partitions().len() as i32);
-    if count == 0 {
-        return Err(KafkaError::side(
-            side_topic,
-            "the topic does not exist".into(),
-        ));
-    }
-    // Only the group's own partition holds its entries.
-    let partitions = [partition.unwrap_or_else(|| side_partition(group, count))];
-    let mut ends = HashMap::new();
-    let mut assignment = TopicPartitionList::new();
-    for &partition in &partitions {
-        let (low, high) = reader
-            .fetch_watermarks(side_topic, partition, SIDE_TIMEOUT)
-            .map_err(|e| {
-                KafkaError::side(side_topic, format!("cannot read its watermarks: {e}"))
-            })?;
-        if high > low {
-            ends.insert(partition, high);
-            assignment
-                .add_partition_offset(side_topic, partition, Offset::Beginning)
-                .map_err(|e| KafkaError::client("building the side-log assignment", e))?;
-        }
-    }
-    let mut entries = SideEntries::new();
-    if ends.is_empty() {
-        return Ok(entries);
-    }
-    reader
-        .assign(&assignment)
-        .map_err(|e| KafkaError::client("assigning the side log", e))?;
-    let prefix = format!("{}/", group);
-    let deadline = Instant::now() + SIDE_TIMEOUT;
-    while !ends.is_empty() {
-        if Instant::now() > deadline {
-            return Err(KafkaError::side(side_topic, "reading it timed out".into()));
-        }
-        let Some(message) = reader.poll(Duration::from_millis(200)) else {
-            continue;
-        };
-        let message =
-            message.map_err(|e| KafkaError::side(side_topic, format!("cannot read it: {e}")))?;
-        if message.offset() + 1 >= ends.get(&message.partition()).copied().unwrap_or(0) {
-            ends.remove(&message.partition());
-        }
-        let Some(key) = message.key().and_then(|k| std::str::from_utf8(k).ok()) else {
-            continue;
-        };
-        if !key.starts_with(&prefix) {
-            continue;
-        }
-        let Some((entry_group, topic, partition)) = parse_side_key(key) else {
-            continue;
-        };
-        if entry_group != group {
-            continue;
-        }
-        let slot = (topic.to_owned(), partition);
-        match message.payload() {
-            None => {
-                entries.remove(&slot);
-            }
-            Some(value) => {
-                entries.insert(slot, value.to_vec());
-            }
-        }
-    }
-    Ok(entries)
-}
 
 #[cfg(test)]
 mod tests {
