@@ -15,7 +15,8 @@
 //! * `throughput` — records/s and MB/s from subscribing to the last record (kcat and
 //!   `catchup run`: from process start), for a topic of
 //!   8 partitions whose group committed offset 0 (`CATCHUP_BENCH_RECORDS`, 2,000,000), with
-//!   100 B and 1 KiB values, each reader auto-acking and doing nothing else;
+//!   100 B and 1 KiB values, each reader auto-acking and doing nothing else, and the time
+//!   from subscribing to the first record (the readers that subscribe);
 //! * `fresh` — a consumer restarts behind a backlog of 10k, 100k and 1M records, each
 //!   costing `CATCHUP_BENCH_COST_US` (50 µs, as in `catchup demo`) to process; a record is produced once it joined:
 //!   the time until that record is processed (time to fresh), and until the backlog is
@@ -169,6 +170,8 @@ struct Measured {
     peak_rss_bytes: u64,
     /// The reader process's CPU time, all its threads, from its start to its exit.
     cpu_seconds: f64,
+    /// From subscribing to the first record (the readers that subscribe).
+    first_seconds: Option<f64>,
 }
 
 impl Measured {
@@ -179,6 +182,7 @@ impl Measured {
             seconds,
             peak_rss_bytes: usage.peak_rss_bytes,
             cpu_seconds: usage.cpu_seconds,
+            first_seconds: None,
         }
     }
 }
@@ -300,9 +304,9 @@ impl Bench {
             );
         }
         println!(
-            "\n| value | reader | records/s | MB/s | share of bare loop | share of kcat | share of kcat -J to a file | CPU per record | peak RSS |"
+            "\n| value | reader | records/s | MB/s | share of bare loop | share of kcat | share of kcat -J to a file | CPU per record | first record | peak RSS |"
         );
-        println!("|---|---|---|---|---|---|---|---|---|");
+        println!("|---|---|---|---|---|---|---|---|---|---|");
         for &size in &sizes {
             let topic = unique(&format!("bench-{size}"));
             self.create_topic(&topic)?;
@@ -340,8 +344,14 @@ impl Bench {
                 )
                 .median;
                 let peak_rss = measured.iter().map(|m| m.peak_rss_bytes).max().unwrap_or(0);
+                let first = Spread::of(measured.iter().filter_map(|m| m.first_seconds)).median;
+                let first_shown = if first.is_nan() {
+                    "–".to_owned()
+                } else {
+                    format!("{:.0} ms", first * 1e3)
+                };
                 println!(
-                    "| {} | {} | {:.0} | {:.1} | {} | {} | {} | {:.2} µs | {} MiB |",
+                    "| {} | {} | {:.0} | {:.1} | {} | {} | {} | {:.2} µs | {} | {} MiB |",
                     human_size(size),
                     reader.name(),
                     per_second,
@@ -350,6 +360,7 @@ impl Bench {
                     of_kcat.percent(),
                     of_kcat_file.percent(),
                     cpu_per_record,
+                    first_shown,
                     peak_rss >> 20
                 );
                 let each: Vec<serde_json::Value> = measured
@@ -360,6 +371,7 @@ impl Bench {
                             "seconds": m.seconds,
                             "peak_rss_bytes": m.peak_rss_bytes,
                             "cpu_seconds": m.cpu_seconds,
+                            "first_record_seconds": m.first_seconds,
                         })
                     })
                     .collect();
@@ -372,6 +384,7 @@ impl Bench {
                     "share_of_kcat": of_kcat.median,
                     "share_of_kcat_to_file": of_kcat_file.median,
                     "cpu_us_per_record": cpu_per_record,
+                    "first_record_seconds": (!first.is_nan()).then_some(first),
                     "peak_rss_bytes": peak_rss,
                     "runs": each,
                 }));
@@ -450,7 +463,9 @@ impl Bench {
                 let counted = answer["records"].as_u64().unwrap_or(0);
                 check_count(reader, counted, records)?;
                 let seconds = answer["seconds"].as_f64().unwrap_or(f64::NAN);
-                Ok(Measured::of(counted, seconds, usage))
+                let mut measured = Measured::of(counted, seconds, usage);
+                measured.first_seconds = answer["first_seconds"].as_f64();
+                Ok(measured)
             }
         }
     }
@@ -1058,6 +1073,7 @@ mod child {
         Ok(serde_json::json!({
             "records": seen.count,
             "seconds": subscribed.elapsed().as_secs_f64(),
+            "first_seconds": seen.first.map(|at| (at - subscribed).as_secs_f64()),
         }))
     }
 
@@ -1098,6 +1114,7 @@ mod child {
         Ok(serde_json::json!({
             "records": seen.count,
             "seconds": seconds,
+            "first_seconds": seen.first.map(|at| (at - subscribed).as_secs_f64()),
             "pauses": pauses.await.unwrap_or(0),
         }))
     }
@@ -1237,10 +1254,13 @@ mod child {
     struct Seen {
         count: u64,
         offsets: BTreeMap<i32, Vec<bool>>,
+        /// When the first record came.
+        first: Option<Instant>,
     }
 
     impl Seen {
         fn record(&mut self, partition: i32, offset: i64) {
+            self.first.get_or_insert_with(Instant::now);
             let offsets = self.offsets.entry(partition).or_default();
             let index = offset.max(0) as usize;
             if offsets.len() <= index {
