@@ -43,6 +43,12 @@ impl Rebootstrap {
         }
     }
 
+    /// A new client replaced the one this followed: what that one reported or waited for
+    /// says nothing about the new one.
+    pub(crate) fn new_client(&mut self) {
+        self.outage = ClientOutage::default();
+    }
+
     /// Looks at whether the consumer announced its brokers unreachable at `now`, and adds
     /// `client`'s bootstrap servers again when due. For the group member, whose own probe
     /// is the one that decides the announcement.
@@ -73,6 +79,8 @@ impl Rebootstrap {
             self.outage.reported_down();
         }
         let now = Instant::now();
+        // At most OWN_PROBE_TIMEOUT every OWN_PROBE_EVERY while a report stands: commands
+        // (a revocation's `Remove`) wait that much longer in the worst case.
         if self.outage.probe_due(now) {
             let answer = consumer.fetch_metadata(topic, OWN_PROBE_TIMEOUT);
             if let Err(error) = &answer {

@@ -229,6 +229,12 @@ impl SideLog {
         self.reader.read(&self.topic, &self.group, self.partition)
     }
 
+    /// Serves the queue of the client that reads at assignments, now and then: the live
+    /// thread calls it at every turn (`SideReader::serve_if_due`).
+    pub fn serve_reader(&self) {
+        self.reader.serve_if_due();
+    }
+
     /// The key of `topic`/`partition` of this group.
     pub fn key(&self, topic: &str, partition: i32) -> String {
         side_key(&self.group, topic, partition)

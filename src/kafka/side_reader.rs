@@ -21,13 +21,26 @@ use crate::plan::{parse_side_key, side_partition};
 /// How long one read may take before it is an error.
 const READ_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How often the kept client's queue is served between reads.
+const SERVE_EVERY: Duration = Duration::from_millis(100);
+
+/// The most events served at once (librdkafka's `poll` serves one a call and does not say
+/// whether more wait).
+const SERVE_MOST: usize = 64;
+
 /// Reads one group's side partition at every assignment, with a client kept between reads.
 pub(crate) struct SideReader {
     config: ClientConfig,
     health: Arc<BrokerHealth>,
     /// Made at the first read; dropped after a read that failed, so that a client left
     /// without brokers (librdkafka issue 5301, see `kafka::Rebootstrap`) is not kept.
-    client: Mutex<Option<BaseConsumer<RoleContext>>>,
+    kept: Mutex<Option<Kept>>,
+}
+
+/// The kept client, and when its queue was last served.
+struct Kept {
+    client: BaseConsumer<RoleContext>,
+    served_at: Instant,
 }
 
 impl SideReader {
@@ -36,7 +49,7 @@ impl SideReader {
         Self {
             config: reader_config(client_config, group),
             health,
-            client: Mutex::new(None),
+            kept: Mutex::new(None),
         }
     }
 
@@ -49,21 +62,51 @@ impl SideReader {
         partition: i32,
     ) -> Result<SideEntries, KafkaError> {
         let mut kept = self
-            .client
+            .kept
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let client = match kept.take() {
-            Some(client) => client,
+            Some(Kept { client, .. }) => {
+                // What it reported since it was last served goes to the health first, not
+                // into this read.
+                serve(&client);
+                client
+            }
             None => create(&self.config, &self.health)?,
         };
-        // Serves what the client reported while it was idle (errors go to the health).
-        let _ = client.poll(Duration::ZERO);
         let entries = read_partition(&client, side_topic, group, partition)?;
         // Assigned, it would go on fetching the partition until the next read.
         if client.unassign().is_ok() {
-            *kept = Some(client);
+            *kept = Some(Kept {
+                client,
+                served_at: Instant::now(),
+            });
         }
         Ok(entries)
+    }
+
+    /// Serves the kept client's queue (its logs, errors and token refreshes) if it was not
+    /// served for [`SERVE_EVERY`]: idle between assignments, it would otherwise pile them up
+    /// and hand them over late. Called by the live thread at every turn.
+    pub fn serve_if_due(&self) {
+        let Ok(mut kept) = self.kept.try_lock() else {
+            return; // being read: the read serves it
+        };
+        if let Some(kept) = kept.as_mut() {
+            if kept.served_at.elapsed() >= SERVE_EVERY {
+                serve(&kept.client);
+                kept.served_at = Instant::now();
+            }
+        }
+    }
+}
+
+/// Serves up to [`SERVE_MOST`] events of an unassigned client's queue: errors reach the
+/// health through its context, logs the log, token refreshes the hooks.
+fn serve(client: &BaseConsumer<RoleContext>) {
+    for _ in 0..SERVE_MOST {
+        // Unassigned: nothing it returns is a record of a read.
+        let _ = client.poll(Duration::ZERO);
     }
 }
 
@@ -105,7 +148,9 @@ fn reader_config(client_config: &ClientConfig, group: &str) -> ClientConfig {
     config
         .set("group.id", format!("{group}.catchup-side-reader"))
         .set("enable.auto.commit", "false")
-        .set("enable.partition.eof", "false");
+        .set("enable.partition.eof", "false")
+        // Kept for the consumer's life: its statistics say nothing about the consumer.
+        .set("statistics.interval.ms", "0");
     config
 }
 
@@ -147,6 +192,11 @@ fn read_partition(
             return Err(KafkaError::side(side_topic, "reading it timed out".into()));
         }
         let Some(message) = reader.poll(Duration::from_millis(200)) else {
+            // The record at `end - 1` may never come: the position passed it (an offset
+            // reset after the log start moved, or a record no longer there).
+            if position(reader, side_topic, partition).is_some_and(|at| at >= end) {
+                return Ok(entries);
+            }
             continue;
         };
         let message =
@@ -175,5 +225,81 @@ fn read_partition(
         if last {
             return Ok(entries);
         }
+    }
+}
+
+/// The consumer's position on `partition` of `topic`, if it has one.
+fn position(reader: &BaseConsumer<RoleContext>, topic: &str, partition: i32) -> Option<i64> {
+    let positions = reader.position().ok()?;
+    match positions.find_partition(topic, partition)?.offset() {
+        Offset::Offset(at) => Some(at),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rdkafka::mocking::MockCluster;
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+
+    use super::*;
+    use crate::plan::side_key;
+
+    const SIDE: &str = "side";
+
+    fn write(producer: &BaseProducer, key: &str, value: Option<&str>) {
+        let mut record = BaseRecord::<str, str>::to(SIDE).key(key).partition(0);
+        if let Some(value) = value {
+            record = record.payload(value);
+        }
+        producer.send(record).expect("queued");
+        producer.flush(Duration::from_secs(10)).expect("written");
+    }
+
+    fn entries(pairs: &[(&str, i32, &str)]) -> SideEntries {
+        pairs
+            .iter()
+            .map(|&(topic, partition, value)| ((topic.to_owned(), partition), value.into()))
+            .collect()
+    }
+
+    /// The kept client reads what was written between reads (tombstones included), the
+    /// group's entries only, and stays kept; a failed read drops it. librdkafka's mock
+    /// cluster: no broker needed.
+    #[test]
+    fn a_kept_reader_reads_every_write_since_its_last_read() {
+        let cluster = MockCluster::new(1).expect("mock cluster");
+        cluster.create_topic(SIDE, 1, 1).expect("side topic");
+        let mut config = ClientConfig::new();
+        config.set("bootstrap.servers", cluster.bootstrap_servers());
+        let producer: BaseProducer = config.create().expect("producer");
+        let health = Arc::new(BrokerHealth::new("g", None));
+        let reader = SideReader::new(&config, "g", health);
+        let read = || reader.read(SIDE, "g", 0).expect("side read");
+        let kept = || {
+            reader
+                .kept
+                .lock()
+                .map(|kept| kept.is_some())
+                .unwrap_or(false)
+        };
+
+        assert_eq!(read(), SideEntries::new(), "an empty partition");
+        assert!(kept(), "kept after the first read");
+        write(&producer, &side_key("g", "orders", 0), Some("a"));
+        write(&producer, &side_key("other", "orders", 0), Some("theirs"));
+        assert_eq!(read(), entries(&[("orders", 0, "a")]));
+        assert!(kept());
+        write(&producer, &side_key("g", "orders", 0), Some("b"));
+        write(&producer, &side_key("g", "orders", 1), Some("c"));
+        assert_eq!(read(), entries(&[("orders", 0, "b"), ("orders", 1, "c")]));
+        write(&producer, &side_key("g", "orders", 1), None);
+        reader.serve_if_due();
+        assert_eq!(read(), entries(&[("orders", 0, "b")]));
+        assert!(kept());
+
+        assert!(reader.read("no-such-topic", "g", 0).is_err());
+        assert!(!kept(), "dropped after a failed read");
+        assert_eq!(read(), entries(&[("orders", 0, "b")]), "made again");
     }
 }

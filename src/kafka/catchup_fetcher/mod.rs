@@ -338,6 +338,7 @@ impl Fetcher {
                 // Callbacks and errors arrive on the main queue.
                 consumer.set_nonempty_callback(self.wakeup.callback());
                 self.consumer = Some(Arc::new(consumer));
+                self.rebootstrap.new_client();
                 self.create_hold.release();
             }
             Err(err) => {

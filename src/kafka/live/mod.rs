@@ -361,6 +361,7 @@ fn run(
             Instant::now(),
             "live",
         );
+        state.side_log.serve_reader();
         // While a lane is held to its read-ahead, the group member takes a message at a time
         // (`kafka::budget`), a little apart: the wait ends at a command. Decided once a turn,
         // by the last `Budget::apply`.
