@@ -99,17 +99,24 @@ impl ClientOutage {
 mod tests {
     use super::*;
 
-    /// One step of a case: what happens at a second, and what is due then.
+    /// One step of a case, at a second.
     #[derive(Clone, Copy)]
     enum Step {
-        /// The consumer's announcement as seen at that second: is a rebootstrap due?
-        Look { announced: bool, due: bool },
+        /// The consumer announces an outage or not; whether a rebootstrap is due then.
+        Look(bool, bool),
         /// The client reports all brokers down.
         Report,
-        /// Is a probe due, and did it get through (when due)?
-        Probe { due: bool, got_through: bool },
+        /// Whether a probe is due; whether it got through (when due).
+        Probe(bool, bool),
     }
     use Step::*;
+
+    const ANNOUNCED: bool = true;
+    const QUIET: bool = false;
+    const DUE: bool = true;
+    const NOT_DUE: bool = false;
+    const THROUGH: bool = true;
+    const FAILED: bool = false;
 
     #[test]
     fn client_outage_table() {
@@ -117,76 +124,16 @@ mod tests {
             (
                 "an announced outage: added after 10 s, then every 10 s, until it ends",
                 &[
-                    (
-                        0,
-                        Look {
-                            announced: true,
-                            due: false,
-                        },
-                    ),
-                    (
-                        1,
-                        Look {
-                            announced: false,
-                            due: false,
-                        },
-                    ),
-                    (
-                        2,
-                        Look {
-                            announced: true,
-                            due: false,
-                        },
-                    ),
-                    (
-                        11,
-                        Look {
-                            announced: true,
-                            due: false,
-                        },
-                    ),
-                    (
-                        12,
-                        Look {
-                            announced: true,
-                            due: true,
-                        },
-                    ),
-                    (
-                        16,
-                        Look {
-                            announced: true,
-                            due: false,
-                        },
-                    ),
-                    (
-                        22,
-                        Look {
-                            announced: true,
-                            due: true,
-                        },
-                    ),
-                    (
-                        23,
-                        Look {
-                            announced: false,
-                            due: false,
-                        },
-                    ),
-                    (
-                        24,
-                        Look {
-                            announced: true,
-                            due: false,
-                        },
-                    ),
-                    (
-                        34,
-                        Look {
-                            announced: true,
-                            due: true,
-                        },
-                    ),
+                    (0, Look(ANNOUNCED, NOT_DUE)),
+                    (1, Look(QUIET, NOT_DUE)),
+                    (2, Look(ANNOUNCED, NOT_DUE)),
+                    (11, Look(ANNOUNCED, NOT_DUE)),
+                    (12, Look(ANNOUNCED, DUE)),
+                    (16, Look(ANNOUNCED, NOT_DUE)),
+                    (22, Look(ANNOUNCED, DUE)),
+                    (23, Look(QUIET, NOT_DUE)),
+                    (24, Look(ANNOUNCED, NOT_DUE)),
+                    (34, Look(ANNOUNCED, DUE)),
                 ],
             ),
             (
@@ -195,186 +142,48 @@ mod tests {
                 "the client's own report, not disproved, counts as an outage for it",
                 &[
                     (0, Report),
-                    (
-                        0,
-                        Probe {
-                            due: true,
-                            got_through: false,
-                        },
-                    ),
-                    (
-                        0,
-                        Look {
-                            announced: false,
-                            due: false,
-                        },
-                    ),
-                    (
-                        1,
-                        Probe {
-                            due: false,
-                            got_through: false,
-                        },
-                    ),
-                    (
-                        2,
-                        Probe {
-                            due: true,
-                            got_through: false,
-                        },
-                    ),
-                    (
-                        9,
-                        Look {
-                            announced: false,
-                            due: false,
-                        },
-                    ),
-                    (
-                        10,
-                        Look {
-                            announced: false,
-                            due: true,
-                        },
-                    ),
-                    (
-                        14,
-                        Probe {
-                            due: true,
-                            got_through: false,
-                        },
-                    ),
-                    (
-                        19,
-                        Look {
-                            announced: false,
-                            due: false,
-                        },
-                    ),
-                    (
-                        20,
-                        Look {
-                            announced: false,
-                            due: true,
-                        },
-                    ),
-                    (
-                        21,
-                        Probe {
-                            due: true,
-                            got_through: true,
-                        },
-                    ),
-                    (
-                        21,
-                        Probe {
-                            due: false,
-                            got_through: false,
-                        },
-                    ),
-                    (
-                        31,
-                        Look {
-                            announced: false,
-                            due: false,
-                        },
-                    ),
+                    (0, Probe(DUE, FAILED)),
+                    (0, Look(QUIET, NOT_DUE)),
+                    (1, Probe(NOT_DUE, FAILED)),
+                    (2, Probe(DUE, FAILED)),
+                    (9, Look(QUIET, NOT_DUE)),
+                    (10, Look(QUIET, DUE)),
+                    (14, Probe(DUE, FAILED)),
+                    (19, Look(QUIET, NOT_DUE)),
+                    (20, Look(QUIET, DUE)),
+                    (21, Probe(DUE, THROUGH)),
+                    (21, Probe(NOT_DUE, FAILED)),
+                    (31, Look(QUIET, NOT_DUE)),
                 ],
             ),
             (
                 "a late report that a probe disproves at once adds nothing",
                 &[
                     (0, Report),
-                    (
-                        0,
-                        Probe {
-                            due: true,
-                            got_through: true,
-                        },
-                    ),
-                    (
-                        0,
-                        Look {
-                            announced: false,
-                            due: false,
-                        },
-                    ),
-                    (
-                        30,
-                        Look {
-                            announced: false,
-                            due: false,
-                        },
-                    ),
-                    (
-                        30,
-                        Probe {
-                            due: false,
-                            got_through: false,
-                        },
-                    ),
+                    (0, Probe(DUE, THROUGH)),
+                    (0, Look(QUIET, NOT_DUE)),
+                    (30, Look(QUIET, NOT_DUE)),
+                    (30, Probe(NOT_DUE, FAILED)),
                 ],
             ),
             (
                 "a new report after one disproved is probed at once",
                 &[
                     (0, Report),
-                    (
-                        0,
-                        Probe {
-                            due: true,
-                            got_through: true,
-                        },
-                    ),
+                    (0, Probe(DUE, THROUGH)),
                     (1, Report),
-                    (
-                        1,
-                        Probe {
-                            due: true,
-                            got_through: false,
-                        },
-                    ),
-                    (
-                        2,
-                        Probe {
-                            due: false,
-                            got_through: false,
-                        },
-                    ),
-                    (
-                        3,
-                        Probe {
-                            due: true,
-                            got_through: false,
-                        },
-                    ),
+                    (1, Probe(DUE, FAILED)),
+                    (2, Probe(NOT_DUE, FAILED)),
+                    (3, Probe(DUE, FAILED)),
                 ],
             ),
             (
                 "an announced outage ending does not end the client's own report",
                 &[
                     (0, Report),
-                    (
-                        0,
-                        Look {
-                            announced: true,
-                            due: false,
-                        },
-                    ),
-                    (
-                        5,
-                        Look {
-                            announced: false,
-                            due: false,
-                        },
-                    ),
-                    (
-                        10,
-                        Look {
-                            announced: false,
-                            due: true,
-                        },
-                    ),
+                    (0, Look(ANNOUNCED, NOT_DUE)),
+                    (5, Look(QUIET, NOT_DUE)),
+                    (10, Look(QUIET, DUE)),
                 ],
             ),
         ];
@@ -384,13 +193,13 @@ mod tests {
             for (index, &(second, step)) in steps.iter().enumerate() {
                 let now = start + Duration::from_secs(second);
                 match step {
-                    Look { announced, due } => assert_eq!(
+                    Look(announced, due) => assert_eq!(
                         outage.rebootstrap_due(announced, now),
                         due,
                         "{name}: step {index} (at {second} s)"
                     ),
                     Report => outage.reported_down(),
-                    Probe { due, got_through } => {
+                    Probe(due, got_through) => {
                         assert_eq!(
                             outage.probe_due(now),
                             due,
