@@ -5,9 +5,10 @@
 //! the client is then left with nothing to connect to, and librdkafka 2.12 does not bootstrap
 //! again by itself in that state (librdkafka issue 5301). A group member stuck so never
 //! rejoins; a catch-up consumer never fetches again. So each of our consumers adds its
-//! `bootstrap.servers` again once the brokers have been unreachable for it for
-//! `plan::REBOOTSTRAP_AFTER`, and every as long while that lasts (adding brokers librdkafka
-//! still knows does nothing). When that is due is decided by `plan::ClientOutage`.
+//! `bootstrap.servers` again once it has reached no broker for `plan::REBOOTSTRAP_AFTER` (the
+//! consumer announcing the brokers unreachable, or the client's own report standing), and as
+//! often again while that lasts (adding brokers librdkafka still knows does nothing). When
+//! that is due is decided by `plan::ClientOutage`.
 
 use std::ffi::CString;
 use std::time::{Duration, Instant};
