@@ -63,6 +63,7 @@ mod zipf;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::message::Headers;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
@@ -121,6 +122,10 @@ fn main() -> Result<()> {
 enum Reader {
     /// A plain rdkafka `BaseConsumer` in a group: the ceiling.
     Bare,
+    /// The same loop doing what any consumer that keeps a record past `poll` must do with
+    /// librdkafka's API, and no more: read the headers (librdkafka parses them on the first
+    /// call, even none) and copy key and value out (into one buffer, reused).
+    BareKeeping,
     /// kcat reading the partitions from the beginning, no group, printing offsets to a pipe.
     Kcat,
     /// kcat as above writing every record as a JSON line (`-J`, key and payload included)
@@ -144,6 +149,7 @@ impl Reader {
     fn name(self) -> &'static str {
         match self {
             Reader::Bare => "rdkafka BaseConsumer",
+            Reader::BareKeeping => "rdkafka BaseConsumer, headers + copy",
             Reader::Kcat => "kcat",
             Reader::KcatFile => "kcat -J to a file",
             Reader::Library(Mode::Off) => "catchup off",
@@ -269,6 +275,7 @@ impl Bench {
         };
         let readers: Vec<Reader> = [
             Reader::Bare,
+            Reader::BareKeeping,
             Reader::Kcat,
             Reader::KcatFile,
             Reader::Library(Mode::Off),
@@ -442,11 +449,15 @@ impl Bench {
                     .ok_or(format!("{CLI_ALT_ENV} is not set"))?;
                 self.cli_sink(&binary, Mode::Ordered, topic, &group, &dir, records)
             }
-            Reader::Bare | Reader::Library(_) | Reader::LibraryRuns(_) => {
+            Reader::Bare
+            | Reader::BareKeeping
+            | Reader::Library(_)
+            | Reader::LibraryRuns(_) => {
                 let spec = serde_json::json!({
                     "task": "throughput",
                     "reader": match reader {
                         Reader::Library(mode) | Reader::LibraryRuns(mode) => mode_name(mode),
+                        Reader::BareKeeping => "bare-keeping",
                         _ => "bare",
                     },
                     "runs": matches!(reader, Reader::LibraryRuns(_)),
@@ -1000,8 +1011,8 @@ mod child {
             runs: json["runs"].as_bool().unwrap_or(false),
             client,
         };
-        let answer = if spec.reader == "bare" {
-            bare(&spec)?
+        let answer = if spec.reader.starts_with("bare") {
+            bare(&spec, spec.reader == "bare-keeping")?
         } else {
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
@@ -1049,8 +1060,9 @@ mod child {
             .map_err(|_| format!("nothing delivered for {} s", WAIT.as_secs()))??)
     }
 
-    /// A plain rdkafka consumer: subscribe, poll, count.
-    fn bare(spec: &Spec) -> Result<serde_json::Value> {
+    /// A plain rdkafka consumer: subscribe, poll, count; `keeping`, also read each record's
+    /// headers and copy its key and value out.
+    fn bare(spec: &Spec, keeping: bool) -> Result<serde_json::Value> {
         let mut client = spec.client.clone();
         // The prefetch the library gives its group member (a default budget), so that the
         // ceiling is not held back by librdkafka's one-second queue backoff.
@@ -1060,16 +1072,30 @@ mod child {
             .set("queued.min.messages", "16384");
         let consumer: BaseConsumer = client.create()?;
         let mut seen = Seen::default();
+        // Where kept keys and values are copied: reused, so that the copy costs no allocation.
+        let mut kept: Vec<u8> = Vec::with_capacity(1 << 20);
+        let mut headers_seen = 0usize;
         let subscribed = Instant::now();
         consumer.subscribe(&[&spec.topic])?;
         let deadline = subscribed + WAIT;
         while seen.count < spec.records && Instant::now() < deadline {
             match consumer.poll(Duration::from_millis(100)) {
-                Some(Ok(message)) => seen.record(message.partition(), message.offset()),
+                Some(Ok(message)) => {
+                    if keeping {
+                        headers_seen += message.headers().map_or(0, |h| h.count());
+                        if kept.len() > (1 << 20) - 64 * 1024 {
+                            kept.clear();
+                        }
+                        kept.extend_from_slice(message.key().unwrap_or_default());
+                        kept.extend_from_slice(message.payload().unwrap_or_default());
+                    }
+                    seen.record(message.partition(), message.offset())
+                }
                 Some(Err(err)) => eprintln!("bare loop: {err}"),
                 None => {}
             }
         }
+        std::hint::black_box((&kept, headers_seen));
         Ok(serde_json::json!({
             "records": seen.count,
             "seconds": subscribed.elapsed().as_secs_f64(),
