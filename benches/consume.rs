@@ -449,10 +449,7 @@ impl Bench {
                     .ok_or(format!("{CLI_ALT_ENV} is not set"))?;
                 self.cli_sink(&binary, Mode::Ordered, topic, &group, &dir, records)
             }
-            Reader::Bare
-            | Reader::BareKeeping
-            | Reader::Library(_)
-            | Reader::LibraryRuns(_) => {
+            Reader::Bare | Reader::BareKeeping | Reader::Library(_) | Reader::LibraryRuns(_) => {
                 let spec = serde_json::json!({
                     "task": "throughput",
                     "reader": match reader {

@@ -46,6 +46,17 @@ pub enum Error {
         /// What the client reported.
         reason: String,
     },
+    /// A fetched batch cannot be decoded by this build of librdkafka: its compression codec
+    /// was left out (zstd, unless catchup's `zstd` feature is on — it is by default) or its
+    /// format is newer. Nothing after it can be read, so the consumer stops rather than skip
+    /// it; nothing processed is lost. Build with the codec and start again.
+    #[error(
+        "a fetched batch cannot be decoded by this build ({reason}): its compression codec is missing (zstd needs catchup's `zstd` feature, on by default); nothing after it can be read"
+    )]
+    Undecodable {
+        /// What librdkafka reported.
+        reason: String,
+    },
     /// A fetcher thread stopped unexpectedly (a bug in catchup: please report it with the
     /// log). Nothing acknowledged is lost and nothing unprocessed was committed; close the
     /// consumer and start it again — it resumes from the buffer and Kafka.
@@ -115,6 +126,7 @@ impl Error {
             Error::Store(_)
             | Error::BufferFailed { .. }
             | Error::Refused { .. }
+            | Error::Undecodable { .. }
             | Error::FetcherDied { .. }
             | Error::Closed
             | Error::Internal { .. } => false,
@@ -138,6 +150,7 @@ impl From<crate::engine::Stopped> for Error {
         match stopped {
             Stopped::TopicMissing(topic) => Error::TopicMissing { topic },
             Stopped::Refused(reason) => Error::Refused { reason },
+            Stopped::Undecodable(reason) => Error::Undecodable { reason },
             Stopped::Subscription(reason) => Error::Subscription { reason },
             Stopped::FetcherDied { fetcher, reason } => Error::FetcherDied { fetcher, reason },
         }

@@ -13,6 +13,11 @@ pub(crate) enum Stopped {
     /// Authentication or authorization failed.
     #[error("the cluster refused access: {0}")]
     Refused(String),
+    /// A batch this build of librdkafka cannot decode.
+    #[error(
+        "a fetched batch cannot be decoded by this build ({0}): its compression codec is missing (zstd needs catchup's `zstd` feature, on by default); nothing after it can be read"
+    )]
+    Undecodable(String),
     /// rdkafka refused the subscription (a malformed pattern, say).
     #[error("configuration: {0}")]
     Subscription(String),

@@ -56,6 +56,11 @@ pub enum FatalKind {
     UnknownTopic,
     /// Authentication failed, or access to a topic, the group or the cluster was refused.
     Refused,
+    /// A batch this build's librdkafka cannot decode (a compression codec it was built
+    /// without: zstd unless the `zstd` feature is on). librdkafka reports it and moves past
+    /// the batch; the chain of proof sends the fetcher back to it, round after round, so
+    /// polling on never gets past it.
+    Undecodable,
 }
 
 /// Whether `error` is one the consumer cannot recover from by polling on.
@@ -74,6 +79,7 @@ pub fn fatal_kind(error: &KafkaError) -> Option<FatalKind> {
         // librdkafka retries a failed authentication by itself (one broker mid-rotation, a
         // token refresh racing): final only when it says so.
         Code::SaslAuthenticationFailed | Code::Authentication if fatal => Some(FatalKind::Refused),
+        Code::NotImplemented => Some(FatalKind::Undecodable),
         _ => None,
     }
 }
@@ -154,6 +160,11 @@ mod tests {
             (KafkaError::MessageConsumption(Code::AllBrokersDown), None),
             (KafkaError::MessageConsumption(Code::BadMessage), None),
             (KafkaError::MessageConsumption(Code::OffsetOutOfRange), None),
+            // A codec this build lacks: the same batch again each round.
+            (
+                KafkaError::MessageConsumption(Code::NotImplemented),
+                Some(FatalKind::Undecodable),
+            ),
         ];
         for (error, kind) in cases {
             assert_eq!(fatal_kind(&error), kind, "{error}");

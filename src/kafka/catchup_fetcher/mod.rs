@@ -28,10 +28,10 @@ use super::{
 };
 use crate::engine::telemetry;
 use crate::engine::types::Event;
-use crate::engine::{PartitionId, Shared, key_notes};
+use crate::engine::{PartitionId, Shared, Stopped, key_notes};
 use crate::fetch::{
-    AfterOutOfRange, AppendResult, Hold, LanePartition, PendingAppend, PollErrorKind, Polled,
-    Round, classify_poll_error,
+    AfterOutOfRange, AppendResult, FatalKind, Hold, LanePartition, PendingAppend, PollErrorKind,
+    Polled, Round, classify_poll_error, fatal_kind,
 };
 use crate::store::{Lane, LayoutId, OffsetRange, StoreError};
 
@@ -731,6 +731,14 @@ impl Fetcher {
                     || "every partition".to_owned(),
                     |(topic, partition)| format!("{topic}/{partition}"),
                 );
+                // Refetching would meet the same batch again, for ever (the group member's
+                // errors are judged on the live thread).
+                if fatal_kind(err) == Some(FatalKind::Undecodable) {
+                    self.shared.stop_with(Stopped::Undecodable(format!(
+                        "{} fetch of {which}: {err}",
+                        self.role.name()
+                    )));
+                }
                 self.error(format!(
                     "{} fetch of {which}: {err}; refetching from where it got",
                     self.role.name()

@@ -18,7 +18,8 @@ impl LiveState {
         }
     }
 
-    /// An error polling on does not get past: access refused stops the consumer at once;
+    /// An error polling on does not get past: access refused and an undecodable batch stop
+    /// the consumer at once;
     /// an unknown topic only once the cluster's metadata confirms that a subscribed topic
     /// does not exist (it may be created a moment later; looked up at most every 5 s).
     pub(super) fn on_fatal_error(
@@ -29,6 +30,7 @@ impl LiveState {
     ) {
         match kind {
             FatalKind::Refused => self.shared.stop_with(Stopped::Refused(message)),
+            FatalKind::Undecodable => self.shared.stop_with(Stopped::Undecodable(message)),
             FatalKind::UnknownTopic => {
                 let (topics, generation) = {
                     let mut subscribed = self.subscribed();
