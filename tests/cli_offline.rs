@@ -82,25 +82,48 @@ fn record(offset: i64, payload: &[u8]) -> Record {
 
 /// A buffer with a split partition (catch-up 70..120, live from 120) and a plain one.
 fn sample_buffer(dir: &Path) {
+    sample_buffer_up_to(dir, SAMPLE_STEPS);
+}
+
+/// How many writes [`sample_buffer`] makes.
+const SAMPLE_STEPS: usize = 6;
+
+/// [`sample_buffer`]'s first `steps` writes only: what the buffer held after each.
+fn sample_buffer_up_to(dir: &Path, steps: usize) {
     let buffer = Buffer::open(dir, BufferOptions::default()).expect("open");
-    buffer
-        .reset_partition("orders", 0, PartitionLayout::split(3, 70, 120))
-        .expect("layout");
-    let catchup: Vec<Record> = (70..100)
-        .map(|o| record(o, format!("c{o}").as_bytes()))
-        .collect();
-    append(&buffer, Lane::Catchup, 0, &catchup, 100);
-    let live: Vec<Record> = (120..125)
-        .map(|o| record(o, format!("l{o}").as_bytes()))
-        .collect();
-    append(&buffer, Lane::Live, 0, &live, 125);
-    buffer
-        .record_committed(Lane::Catchup, "orders", 0, 80)
-        .expect("commit");
-    buffer
-        .reset_partition("orders", 1, PartitionLayout::plain(5))
-        .expect("layout");
-    append(&buffer, Lane::Live, 1, &[record(5, &[0xff, 0xfe, 0x00])], 6);
+    let writes: [&dyn Fn(&Buffer); SAMPLE_STEPS] = [
+        &|buffer| {
+            buffer
+                .reset_partition("orders", 0, PartitionLayout::split(3, 70, 120))
+                .expect("layout");
+        },
+        &|buffer| {
+            let catchup: Vec<Record> = (70..100)
+                .map(|o| record(o, format!("c{o}").as_bytes()))
+                .collect();
+            append(buffer, Lane::Catchup, 0, &catchup, 100);
+        },
+        &|buffer| {
+            let live: Vec<Record> = (120..125)
+                .map(|o| record(o, format!("l{o}").as_bytes()))
+                .collect();
+            append(buffer, Lane::Live, 0, &live, 125);
+        },
+        &|buffer| {
+            buffer
+                .record_committed(Lane::Catchup, "orders", 0, 80)
+                .expect("commit");
+        },
+        &|buffer| {
+            buffer
+                .reset_partition("orders", 1, PartitionLayout::plain(5))
+                .expect("layout");
+        },
+        &|buffer| append(buffer, Lane::Live, 1, &[record(5, &[0xff, 0xfe, 0x00])], 6),
+    ];
+    for write in &writes[..steps] {
+        write(&buffer);
+    }
     buffer.sync().expect("sync");
     // Released for the tools at once, not when sled's flusher next wakes up.
     buffer.close().expect("close");
@@ -285,15 +308,41 @@ fn truncated_database_file_is_an_error_or_a_consistent_prefix() {
     let temp = tempfile::tempdir().expect("tempdir");
     let dir = temp.path().join("buf");
     sample_buffer(&dir);
+    // What `dump` shows of the buffer after each of its writes: a prefix sled recovers must
+    // show one of these, never a mix or a record that was not written.
+    let after_each_write: Vec<String> = (0..=SAMPLE_STEPS)
+        .map(|steps| {
+            let partial = temp.path().join(format!("after-{steps}"));
+            sample_buffer_up_to(&partial, steps);
+            let output = catchup(&["dump", partial.to_str().expect("utf-8")]);
+            assert_exit(&output, 0);
+            stdout(&output)
+        })
+        .collect();
     let db_file = dir.join("db");
     let length = std::fs::metadata(&db_file).expect("metadata").len();
+    let mut recovered = Vec::new();
     for keep in [0, 100, length / 3, length / 2, length - 1] {
         let copy = temp.path().join(format!("truncated-{keep}"));
         copy_with_cut_database(&dir, &copy, keep);
         let output = catchup(&["verify", copy.to_str().expect("utf-8")]);
         // Either sled recovers a prefix that verifies clean, or the buffer is refused.
         match output.status.code() {
-            Some(0) => assert!(stdout(&output).contains("sound")),
+            Some(0) => {
+                assert!(stdout(&output).contains("sound"));
+                let dumped = catchup(&["dump", copy.to_str().expect("utf-8")]);
+                assert_exit(&dumped, 0);
+                let step = after_each_write
+                    .iter()
+                    .position(|expected| *expected == stdout(&dumped))
+                    .unwrap_or_else(|| {
+                        panic!(
+                            "cut at {keep} of {length} bytes: the dump is the buffer after none of its writes:\n{}",
+                            stdout(&dumped)
+                        )
+                    });
+                recovered.push((keep, step));
+            }
             _ => {
                 assert_exit(&output, 2);
                 // A sentence naming the buffer, not a debug dump of sled's error.
@@ -305,6 +354,18 @@ fn truncated_database_file_is_an_error_or_a_consistent_prefix() {
             }
         }
     }
+    // Losing the last byte loses at most the last write; refusing every cut is not recovery.
+    // (Writes that add no record dump alike: the first equal dump stands for them all.)
+    let all_but_the_last = |step: usize| {
+        after_each_write[step] == after_each_write[SAMPLE_STEPS - 1]
+            || after_each_write[step] == after_each_write[SAMPLE_STEPS]
+    };
+    assert!(
+        recovered
+            .iter()
+            .any(|&(keep, step)| keep == length - 1 && all_but_the_last(step)),
+        "a database one byte short recovers all but its last write at most: {recovered:?}"
+    );
 }
 
 #[test]
