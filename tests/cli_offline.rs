@@ -439,3 +439,37 @@ fn tools_copy_into_the_tmp_dir_given() {
         stderr(&output)
     );
 }
+
+/// A buffer directory whose name is not UTF-8 still gets its JSON report (the name as
+/// `display` shows it), and a reader that closes the pipe early (`| head -1`) is no error.
+#[test]
+fn json_reports_and_closed_pipes_are_no_panic() {
+    use std::os::unix::ffi::OsStrExt;
+    use std::process::Stdio;
+    let temp = tempfile::tempdir().expect("tempdir");
+    let dir = temp.path().join(std::ffi::OsStr::from_bytes(b"buf-\xff"));
+    sample_buffer(&dir);
+    for command in ["inspect", "verify"] {
+        let output = Command::new(env!("CARGO_BIN_EXE_catchup"))
+            .args([command.as_ref(), "--json".as_ref(), dir.as_os_str()])
+            .output()
+            .expect("run catchup");
+        assert_exit(&output, 0);
+        let report: serde_json::Value =
+            serde_json::from_str(stdout(&output).trim()).expect("one JSON document");
+        assert_eq!(report["dir"], dir.display().to_string(), "{command}");
+    }
+    for args in [&["inspect"][..], &["inspect", "--json"], &["verify"]] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_catchup"))
+            .args(args)
+            .arg(&dir)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run catchup");
+        // Closed before catchup writes (it opens the buffer first).
+        drop(child.stdout.take());
+        let output = child.wait_with_output().expect("output");
+        assert_exit(&output, 0);
+    }
+}

@@ -1,5 +1,6 @@
 //! `catchup inspect`: per topic/partition and lane, what a buffer holds.
 
+use std::io::Write;
 use std::path::Path;
 
 use catchup::store::{Buffer, BufferStats, LaneStats, PartitionStats, StoreError};
@@ -7,11 +8,14 @@ use serde_json::{Value, json};
 
 pub fn print(dir: &Path, buffer: &Buffer, as_json: bool) -> Result<(), StoreError> {
     let stats = buffer.stats()?;
-    if as_json {
-        println!("{}", to_json(dir, &stats));
+    let mut out = std::io::stdout().lock();
+    let written = if as_json {
+        writeln!(out, "{}", to_json(dir, &stats))
     } else {
-        print_table(dir, &stats);
-    }
+        print_table(&mut out, dir, &stats)
+    };
+    // A closed pipe (`catchup inspect | head -1`) is not an error worth reporting.
+    let _ = written.and_then(|()| out.flush());
     Ok(())
 }
 
@@ -31,17 +35,19 @@ fn opt(value: Option<i64>) -> String {
     value.map_or_else(|| "-".into(), |v| v.to_string())
 }
 
-fn print_table(dir: &Path, stats: &BufferStats) {
-    println!(
+fn print_table(out: &mut impl Write, dir: &Path, stats: &BufferStats) -> std::io::Result<()> {
+    writeln!(
+        out,
         "buffer {} — {} partition(s), {} on disk",
         dir.display(),
         stats.partitions.len(),
         human_bytes(stats.disk_bytes)
-    );
+    )?;
     if stats.partitions.is_empty() {
-        return;
+        return Ok(());
     }
-    println!(
+    writeln!(
+        out,
         "{:<24} {:>5} {:<16} {:>10}  {:<7} {:>10} {:>12} {:>14} {:>9} {:>10} {:>10} {:>10}",
         "topic/partition",
         "epoch",
@@ -55,7 +61,7 @@ fn print_table(dir: &Path, stats: &BufferStats) {
         "first",
         "last",
         "bytes"
-    );
+    )?;
     let (mut records, mut bytes) = (0, 0);
     for partition in &stats.partitions {
         let state = &partition.state;
@@ -71,7 +77,8 @@ fn print_table(dir: &Path, stats: &BufferStats) {
             } else {
                 Default::default()
             };
-            println!(
+            writeln!(
+                out,
                 "{name:<24} {epoch:>5} {ranges:<16} {boundary:>10}  {:<7} {:>10} {:>12} {:>14} {:>9} {:>10} {:>10} {:>10}",
                 lane.lane.as_str(),
                 cursors.retained_from,
@@ -81,15 +88,16 @@ fn print_table(dir: &Path, stats: &BufferStats) {
                 opt(lane.first_offset),
                 opt(lane.last_offset),
                 human_bytes(lane.bytes),
-            );
+            )?;
             records += lane.records;
             bytes += lane.bytes;
         }
     }
-    println!(
+    writeln!(
+        out,
         "totals: {records} record(s), {} in chunks",
         human_bytes(bytes)
-    );
+    )
 }
 
 fn lane_json(lane: &LaneStats, partition: &PartitionStats) -> Value {
@@ -136,7 +144,8 @@ fn to_json(dir: &Path, stats: &BufferStats) -> Value {
         .map(|l| l.bytes)
         .sum();
     json!({
-        "dir": dir,
+        // A path that is not UTF-8 has no JSON string: shown as `display` shows it.
+        "dir": dir.display().to_string(),
         "disk_bytes": stats.disk_bytes,
         "partitions": partitions,
         "totals": { "partitions": stats.partitions.len(), "records": records, "bytes": bytes },

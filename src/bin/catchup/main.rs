@@ -163,23 +163,27 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
         Command::Verify { dir, json, tmp_dir } => {
             let snapshot = open_snapshot(&dir, tmp_dir.as_deref())?;
             let findings = snapshot.buffer().verify()?;
-            if json {
+            let report = if json {
                 let findings: Vec<_> = findings
                     .iter()
                     .map(|f| serde_json::json!({ "location": f.location, "problem": f.problem }))
                     .collect();
-                println!(
-                    "{}",
-                    serde_json::json!({ "dir": dir, "ok": findings.is_empty(), "findings": findings })
-                );
+                // A path that is not UTF-8 has no JSON string: shown as `display` shows it.
+                let dir = dir.display().to_string();
+                serde_json::json!({ "dir": dir, "ok": findings.is_empty(), "findings": findings })
+                    .to_string()
             } else if findings.is_empty() {
-                println!("ok: {} is sound", dir.display());
+                format!("ok: {} is sound", dir.display())
             } else {
-                for finding in &findings {
-                    println!("{finding}");
-                }
-                println!("{} finding(s) in {}", findings.len(), dir.display());
-            }
+                let mut lines: Vec<String> = findings.iter().map(ToString::to_string).collect();
+                lines.push(format!(
+                    "{} finding(s) in {}",
+                    findings.len(),
+                    dir.display()
+                ));
+                lines.join("\n")
+            };
+            print_quietly(&report);
             Ok(if findings.is_empty() {
                 ExitCode::SUCCESS
             } else {
@@ -187,6 +191,14 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             })
         }
     }
+}
+
+/// Prints `text` and a newline to stdout; a closed pipe (`catchup verify | head -1`) is not
+/// an error worth reporting, nor worth a panic.
+fn print_quietly(text: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{text}").and_then(|()| out.flush());
 }
 
 fn main() -> ExitCode {
