@@ -272,6 +272,9 @@ impl Buffer {
         // proven end"). The next read sees those chunks under a newer state.
         let proven_end = sled_end;
         let mut reached = state.normalize(lane, from);
+        // Only the first chunk may start below `reached` (it holds `from`); a later one that
+        // does overlaps the chain, and its records would come twice or out of order.
+        let mut chained = false;
         for entry in self.db()?.range(start..=lane_end.to_vec()) {
             let (key, value) = entry.map_err(|err| self.sled_error(err))?;
             let first = keys::chunk_first(&key)
@@ -286,6 +289,13 @@ impl Buffer {
                     part.topic_id, part.partition
                 )));
             }
+            if chained && first < reached {
+                return Err(self.damaged(format!(
+                    "{lane} lane of topic id {} partition {}: a chunk starts at {first}, inside the chain that reached {reached}",
+                    part.topic_id, part.partition
+                )));
+            }
+            chained = true;
             let chunk: Chunk = codec::decode(&value).map_err(|err| {
                 self.damaged(format!(
                     "chunk {:?} of topic id {} partition {}: {err}",

@@ -888,6 +888,69 @@ fn a_lost_chunk_is_damage_never_a_gap() {
     );
 }
 
+#[test]
+fn reads_refuse_a_chunk_that_overlaps_the_chain() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let buffer = open(&dir);
+    buffer
+        .reset_partition("t", 0, PartitionLayout::plain(0))
+        .expect("layout");
+    for first in [0, 10, 20] {
+        append(
+            &buffer,
+            Lane::Live,
+            "t",
+            0,
+            &records(first..first + 10),
+            first + 10,
+        )
+        .expect("append");
+    }
+    // A chunk at 15 (damage, or a crafted one) inside the chain that reached 20 at it.
+    let part = buffer.partition_key("t", 0).expect("key").expect("known");
+    craft_chunk(
+        &buffer,
+        keys::chunk(Lane::Live, part, 15),
+        25,
+        records(15..25),
+    );
+    for from in [0, 5, 15] {
+        let read = buffer.read(Lane::Live, "t", 0, from, 100);
+        assert!(
+            matches!(&read, Err(StoreError::Damaged { reason, .. }) if reason.contains("inside the chain")),
+            "from {from}: {read:?}"
+        );
+    }
+}
+
+#[test]
+fn a_commit_keeps_a_chunk_whose_next_is_past_the_largest_offset() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let buffer = open(&dir);
+    buffer
+        .reset_partition("t", 0, PartitionLayout::plain(0))
+        .expect("layout");
+    append(&buffer, Lane::Live, "t", 0, &records(0..10), 10).expect("append");
+    append(&buffer, Lane::Live, "t", 0, &records(10..20), 20).expect("append");
+    // Its `next` as a u64 past i64::MAX: read as a signed offset, it would lie below the
+    // commit and the chunk, records 15..20 unprocessed, would be deleted.
+    let part = buffer.partition_key("t", 0).expect("key").expect("known");
+    let key = keys::chunk(Lane::Live, part, 10);
+    craft_chunk(&buffer, key, u64::MAX, records(10..20));
+    buffer
+        .record_committed(Lane::Live, "t", 0, 15)
+        .expect("commit");
+    assert!(
+        buffer.db().expect("open").contains_key(key).expect("look"),
+        "the chunk holding the unprocessed records 15..20 is kept"
+    );
+    let state = buffer
+        .partition_state("t", 0)
+        .expect("state")
+        .expect("laid out");
+    assert_eq!(state.live.retained_from, 10);
+}
+
 /// Appends `batches` batches of 1,000 records of `size` bytes, reading and committing behind
 /// like a consumer, and returns every blob file name seen in the directory meanwhile.
 fn blobs_seen(

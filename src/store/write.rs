@@ -641,7 +641,10 @@ impl Buffer {
                 codec::decode_prefix(last_value).map_err(|err| {
                     self.damaged(format!("a chunk of {topic}/{partition} {lane}: {err}"))
                 })?;
-            if state.normalize(lane, head.next as i64) > committed {
+            // A `next` past i64::MAX (a crafted chunk) must not wrap below the commit and
+            // count the chunk as processed: clamped, as reads clamp it.
+            let next = i64::try_from(head.next).unwrap_or(i64::MAX);
+            if state.normalize(lane, next) > committed {
                 retained_from = keys::chunk_first(last_key).ok_or_else(|| {
                     self.damaged(format!("a chunk key of {topic}/{partition} {lane}"))
                 })? as i64;
