@@ -588,13 +588,24 @@ impl CatchupConsumer {
 
     /// Events: assignments, splits, merges, truncations, discarded buffers, errors.
     ///
+    /// The channel keeps the last 4,096 events: a listener that falls further behind gets
+    /// `RecvError::Lagged(missed)` once, then the events that are left — keep listening
+    /// after it (only `Closed` ends the stream). Records are never held back by a slow
+    /// listener.
+    ///
     /// ```no_run
     /// # async fn example(consumer: &catchup::CatchupConsumer) -> Result<(), catchup::Error> {
+    /// use tokio::sync::broadcast::error::RecvError;
     /// let mut events = consumer.events();
     /// tokio::spawn(async move {
-    ///     while let Ok(event) = events.recv().await {
-    ///         if let catchup::Event::Merged { topic, partition, offset, .. } = event {
-    ///             println!("{topic}/{partition} caught up at {offset}");
+    ///     loop {
+    ///         match events.recv().await {
+    ///             Ok(catchup::Event::Merged { topic, partition, offset, .. }) => {
+    ///                 println!("{topic}/{partition} caught up at {offset}");
+    ///             }
+    ///             Ok(_) => {}
+    ///             Err(RecvError::Lagged(missed)) => eprintln!("{missed} events missed"),
+    ///             Err(RecvError::Closed) => break,
     ///         }
     ///     }
     /// });
