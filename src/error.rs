@@ -51,7 +51,7 @@ pub enum Error {
     /// format is newer. Nothing after it can be read, so the consumer stops rather than skip
     /// it; nothing processed is lost. Build with the codec and start again.
     #[error(
-        "a fetched batch cannot be decoded by this build ({reason}): its compression codec is missing (zstd needs catchup's `zstd` feature, on by default); nothing after it can be read"
+        "a fetched batch cannot be decoded by this build ({reason}): its compression codec is missing or its record format is newer (zstd needs catchup's `zstd` feature, on by default); nothing after it can be read"
     )]
     Undecodable {
         /// What librdkafka reported.

@@ -15,7 +15,7 @@ pub(crate) enum Stopped {
     Refused(String),
     /// A batch this build of librdkafka cannot decode.
     #[error(
-        "a fetched batch cannot be decoded by this build ({0}): its compression codec is missing (zstd needs catchup's `zstd` feature, on by default); nothing after it can be read"
+        "a fetched batch cannot be decoded by this build ({0}): its compression codec is missing or its record format is newer (zstd needs catchup's `zstd` feature, on by default); nothing after it can be read"
     )]
     Undecodable(String),
     /// rdkafka refused the subscription (a malformed pattern, say).
