@@ -281,8 +281,7 @@ impl Buffer {
         };
         // Left over: partial copies, and an earlier generation a compaction kept (readers
         // held it, or its switch was not known durable: made so now).
-        std::fs::File::open(&self.dir)
-            .and_then(|dir| dir.sync_all())
+        fsync::sync_path(&self.dir)
             .and_then(|()| generation::remove_stale(&self.dir, &old_dir))
             .map_err(|e| io("removing what earlier compactions left", e))?;
         let disk_before = self.disk_bytes()?;

@@ -5,6 +5,23 @@ use std::io;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::Path;
 
+#[cfg(test)]
+thread_local! {
+    /// Every path fsynced on this thread, in order: what the tests hold `sync`, compaction and
+    /// the untrusted marker to (deleting an fsync anywhere fails one of them).
+    pub(crate) static SYNCED: std::cell::RefCell<Vec<std::path::PathBuf>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// fsyncs the file or directory at `path` (data, and for a directory its entries). Every
+/// fsync of the buffer goes through here.
+pub(crate) fn sync_path(path: &Path) -> io::Result<()> {
+    File::open(path)?.sync_all()?;
+    #[cfg(test)]
+    SYNCED.with(|synced| synced.borrow_mut().push(path.to_path_buf()));
+    Ok(())
+}
+
 /// Creates `dir` and its missing parents, owner-only (0700): a buffer holds message payloads.
 /// An existing directory is left as it is. The parent of each directory created is fsynced,
 /// so the new directory's entry survives a power loss.
@@ -19,7 +36,7 @@ pub(crate) fn create_private_dir(dir: &Path) -> io::Result<()> {
             Some(parent) if !parent.as_os_str().is_empty() => parent,
             _ => Path::new("."),
         };
-        File::open(parent)?.sync_all()?;
+        sync_path(parent)?;
     }
     Ok(())
 }
@@ -41,13 +58,13 @@ pub(crate) fn sync_tree(dir: &Path) -> io::Result<()> {
         if file_type.is_dir() {
             sync_tree(&entry.path())?;
         } else if file_type.is_file() {
-            match File::open(entry.path()) {
-                Ok(file) => file.sync_all()?,
+            match sync_path(&entry.path()) {
+                Ok(()) => {}
                 // sled removes segment and blob files concurrently; a vanished file needs no sync.
                 Err(err) if err.kind() == io::ErrorKind::NotFound => {}
                 Err(err) => return Err(err),
             }
         }
     }
-    File::open(dir)?.sync_all()
+    sync_path(dir)
 }

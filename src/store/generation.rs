@@ -75,13 +75,10 @@ pub(crate) fn next_name(dir: &Path, current: &Path) -> Option<String> {
 /// over, then the directory is fsynced.
 pub(crate) fn switch_to(dir: &Path, name: &str) -> io::Result<()> {
     let staged = dir.join(format!("{CURRENT}.new"));
-    {
-        let mut file = File::create(&staged)?;
-        file.write_all(format!("{name}\n").as_bytes())?;
-        file.sync_all()?;
-    }
+    File::create(&staged)?.write_all(format!("{name}\n").as_bytes())?;
+    super::fsync::sync_path(&staged)?;
     std::fs::rename(&staged, dir.join(CURRENT))?;
-    File::open(dir)?.sync_all()
+    super::fsync::sync_path(dir)
 }
 
 /// Removes every generation but `current`: sled's files at the top level when the database

@@ -246,7 +246,7 @@ impl Buffer {
         let _alone = self.compaction.exclusive();
         self.db()?.flush().map_err(|err| self.sled_error(err))?;
         fsync::sync_tree(&self.sled_dir())
-            .and_then(|()| std::fs::File::open(&self.dir)?.sync_all())
+            .and_then(|()| fsync::sync_path(&self.dir))
             .map_err(|source| StoreError::Io {
                 dir: self.dir.clone(),
                 action: "fsync".into(),
@@ -318,8 +318,8 @@ impl Buffer {
     pub fn mark_untrusted(&self) -> Result<(), StoreError> {
         let marker = self.dir.join(UNTRUSTED);
         std::fs::File::create(&marker)
-            .and_then(|file| file.sync_all())
-            .and_then(|()| std::fs::File::open(&self.dir)?.sync_all())
+            .and_then(|_| fsync::sync_path(&marker))
+            .and_then(|()| fsync::sync_path(&self.dir))
             .map_err(|source| StoreError::Io {
                 dir: self.dir.clone(),
                 action: format!(

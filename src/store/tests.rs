@@ -1259,3 +1259,85 @@ fn records_a_reader_took_wait_for_their_commit_in_memory_and_what_waits_is_spill
     }
     assert_eq!(read, (90..300).collect::<Vec<_>>());
 }
+
+/// The regular files under `dir`, at any depth.
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).expect("read dir").flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            files.extend(files_under(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
+}
+
+/// What this thread fsynced while `run` ran, in order.
+fn fsynced_by(run: impl FnOnce()) -> Vec<PathBuf> {
+    fsync::SYNCED.with(|synced| synced.borrow_mut().clear());
+    run();
+    fsync::SYNCED.with(|synced| synced.take())
+}
+
+/// `sync` is the durability point a library user can ask for: every file of the database
+/// (blobs before sled's log, which points to them), then its directory and the buffer's.
+/// Leaving out any of these fsyncs fails here; a SIGKILL test cannot see it (the page cache
+/// survives a killed process).
+#[test]
+fn sync_fsyncs_every_file_the_log_last_then_the_directories() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let buffer = open(&dir);
+    buffer
+        .reset_partition("t", 0, PartitionLayout::plain(0))
+        .expect("layout");
+    append(&buffer, Lane::Live, "t", 0, &records(0..100), 100).expect("append");
+    let synced = fsynced_by(|| buffer.sync().expect("sync"));
+    let sled_dir = buffer.sled_dir();
+    let at = |path: &Path| synced.iter().position(|synced| synced == path);
+    let log = at(&sled_dir.join("db")).expect("sled's log is fsynced");
+    for file in files_under(&sled_dir) {
+        let position = at(&file).unwrap_or_else(|| panic!("{file:?} is not fsynced"));
+        assert!(position <= log, "{file:?} is fsynced after the log");
+    }
+    let sled_dir_at = at(&sled_dir).expect("the database's directory is fsynced");
+    let buffer_dir_at = at(&dir.path().join("buf")).expect("the buffer's directory is fsynced");
+    assert!(
+        log < sled_dir_at && sled_dir_at <= buffer_dir_at,
+        "{synced:?}"
+    );
+}
+
+/// A compaction switches to the new generation only once all of it is durable: every file
+/// of the new generation and its directory are fsynced before `CURRENT` is written, and the
+/// buffer's directory after `CURRENT` is renamed into it.
+#[test]
+fn a_compaction_makes_the_new_generation_durable_before_it_switches() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let buffer = open(&dir);
+    buffer
+        .reset_partition("t", 0, PartitionLayout::plain(0))
+        .expect("layout");
+    append(&buffer, Lane::Live, "t", 0, &records(0..100), 100).expect("append");
+    let synced = fsynced_by(|| {
+        buffer.compact().expect("compact");
+    });
+    let new_generation = buffer.sled_dir();
+    assert_ne!(new_generation, dir.path().join("buf"), "a new generation");
+    let at = |path: &Path| synced.iter().position(|synced| synced == path);
+    let staged = at(&dir.path().join("buf").join("CURRENT.new")).expect("CURRENT is fsynced");
+    for file in files_under(&new_generation) {
+        let position = at(&file).unwrap_or_else(|| panic!("{file:?} is not fsynced"));
+        assert!(
+            position < staged,
+            "{file:?} is fsynced after the switch began"
+        );
+    }
+    assert!(at(&new_generation).is_some_and(|position| position < staged));
+    let switched = synced
+        .iter()
+        .rposition(|synced| synced == &dir.path().join("buf"))
+        .expect("the buffer's directory is fsynced");
+    assert!(staged < switched, "{synced:?}");
+}
