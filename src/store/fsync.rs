@@ -8,7 +8,7 @@ use std::path::Path;
 #[cfg(test)]
 thread_local! {
     /// Every path fsynced on this thread, in order: what the tests hold `sync`, compaction and
-    /// the untrusted marker to (deleting an fsync anywhere fails one of them).
+    /// the untrusted mark to.
     pub(crate) static SYNCED: std::cell::RefCell<Vec<std::path::PathBuf>> =
         const { std::cell::RefCell::new(Vec::new()) };
 }

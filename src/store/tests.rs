@@ -1282,9 +1282,9 @@ fn fsynced_by(run: impl FnOnce()) -> Vec<PathBuf> {
 }
 
 /// `sync` is the durability point a library user can ask for: every file of the database
-/// (blobs before sled's log, which points to them), then its directory and the buffer's.
-/// Leaving out any of these fsyncs fails here; a SIGKILL test cannot see it (the page cache
-/// survives a killed process).
+/// (blobs before sled's log, which points to them), then the database's directory, then the
+/// buffer's that names it (after a compaction the database is `gen-<n>/` inside it). A
+/// SIGKILL test cannot see a missing fsync (the page cache survives a killed process).
 #[test]
 fn sync_fsyncs_every_file_the_log_last_then_the_directories() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -1293,8 +1293,15 @@ fn sync_fsyncs_every_file_the_log_last_then_the_directories() {
         .reset_partition("t", 0, PartitionLayout::plain(0))
         .expect("layout");
     append(&buffer, Lane::Live, "t", 0, &records(0..100), 100).expect("append");
-    let synced = fsynced_by(|| buffer.sync().expect("sync"));
+    buffer.compact().expect("compact");
+    append(&buffer, Lane::Live, "t", 0, &records(100..200), 200).expect("append");
+    let buffer_dir = dir.path().join("buf");
     let sled_dir = buffer.sled_dir();
+    assert_ne!(
+        sled_dir, buffer_dir,
+        "the database is a generation inside the buffer"
+    );
+    let synced = fsynced_by(|| buffer.sync().expect("sync"));
     let at = |path: &Path| synced.iter().position(|synced| synced == path);
     let log = at(&sled_dir.join("db")).expect("sled's log is fsynced");
     for file in files_under(&sled_dir) {
@@ -1302,16 +1309,17 @@ fn sync_fsyncs_every_file_the_log_last_then_the_directories() {
         assert!(position <= log, "{file:?} is fsynced after the log");
     }
     let sled_dir_at = at(&sled_dir).expect("the database's directory is fsynced");
-    let buffer_dir_at = at(&dir.path().join("buf")).expect("the buffer's directory is fsynced");
+    let buffer_dir_at = at(&buffer_dir).expect("the buffer's directory is fsynced");
     assert!(
-        log < sled_dir_at && sled_dir_at <= buffer_dir_at,
+        log < sled_dir_at && sled_dir_at < buffer_dir_at,
         "{synced:?}"
     );
 }
 
-/// A compaction switches to the new generation only once all of it is durable: every file
-/// of the new generation and its directory are fsynced before `CURRENT` is written, and the
-/// buffer's directory after `CURRENT` is renamed into it.
+/// A compaction switches to the new generation only once all of it is durable, the keys
+/// written meanwhile (replayed) included: the last fsyncs before `CURRENT` is written are
+/// every file of the new generation and then its directory; the buffer's directory follows
+/// the rename.
 #[test]
 fn a_compaction_makes_the_new_generation_durable_before_it_switches() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -1320,24 +1328,57 @@ fn a_compaction_makes_the_new_generation_durable_before_it_switches() {
         .reset_partition("t", 0, PartitionLayout::plain(0))
         .expect("layout");
     append(&buffer, Lane::Live, "t", 0, &records(0..100), 100).expect("append");
+    let buffer_dir = dir.path().join("buf");
     let synced = fsynced_by(|| {
         buffer.compact().expect("compact");
     });
     let new_generation = buffer.sled_dir();
-    assert_ne!(new_generation, dir.path().join("buf"), "a new generation");
-    let at = |path: &Path| synced.iter().position(|synced| synced == path);
-    let staged = at(&dir.path().join("buf").join("CURRENT.new")).expect("CURRENT is fsynced");
+    assert_ne!(new_generation, buffer_dir, "a new generation");
+    let staged = synced
+        .iter()
+        .position(|synced| *synced == buffer_dir.join("CURRENT.new"))
+        .expect("CURRENT is fsynced");
+    // The copy and then the replay are each made durable; the replay's fsync of the whole
+    // generation comes right before the switch.
+    let passes = synced[..staged]
+        .iter()
+        .filter(|synced| **synced == new_generation)
+        .count();
+    assert!(
+        passes >= 2,
+        "the copy and the replay each fsynced: {synced:?}"
+    );
+    assert!(synced[staged - 1] == new_generation, "{synced:?}");
+    let previous_pass = synced[..staged - 1]
+        .iter()
+        .rposition(|synced| *synced == new_generation)
+        .map_or(0, |position| position + 1);
+    let last_pass = &synced[previous_pass..staged - 1];
     for file in files_under(&new_generation) {
-        let position = at(&file).unwrap_or_else(|| panic!("{file:?} is not fsynced"));
         assert!(
-            position < staged,
-            "{file:?} is fsynced after the switch began"
+            last_pass.contains(&file),
+            "{file:?} is not fsynced right before the switch: {synced:?}"
         );
     }
-    assert!(at(&new_generation).is_some_and(|position| position < staged));
-    let switched = synced
+    assert!(
+        synced[staged + 1..].contains(&buffer_dir),
+        "the buffer's directory is fsynced after the rename: {synced:?}"
+    );
+}
+
+/// The mark that makes the next open start empty is durable, its name included.
+#[test]
+fn the_untrusted_mark_is_fsynced_with_its_directory() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let buffer = open(&dir);
+    let synced = fsynced_by(|| buffer.mark_untrusted().expect("mark"));
+    let buffer_dir = dir.path().join("buf");
+    let marker = synced
         .iter()
-        .rposition(|synced| synced == &dir.path().join("buf"))
-        .expect("the buffer's directory is fsynced");
-    assert!(staged < switched, "{synced:?}");
+        .position(|synced| synced.starts_with(&buffer_dir) && *synced != buffer_dir)
+        .expect("the mark is fsynced");
+    assert!(
+        synced[marker + 1..].contains(&buffer_dir),
+        "its directory after it: {synced:?}"
+    );
 }
