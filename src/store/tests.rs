@@ -53,6 +53,15 @@ fn open(dir: &tempfile::TempDir) -> Buffer {
     Buffer::open(dir.path().join("buf"), BufferOptions::default()).expect("open buffer")
 }
 
+/// A buffer with `t`/0 laid out plain from offset 0.
+fn open_plain(dir: &tempfile::TempDir) -> Buffer {
+    let buffer = open(dir);
+    buffer
+        .reset_partition("t", 0, PartitionLayout::plain(0))
+        .expect("layout");
+    buffer
+}
+
 #[test]
 fn append_read_commit_delete() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -471,10 +480,7 @@ fn newer_format_is_refused_by_name() {
 #[test]
 fn verify_reports_damage_holes_and_orphans() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let buffer = open(&dir);
-    buffer
-        .reset_partition("t", 0, PartitionLayout::plain(0))
-        .expect("layout");
+    let buffer = open_plain(&dir);
     for first in [0, 10, 20, 30] {
         append(
             &buffer,
@@ -570,10 +576,7 @@ fn verify_text(buffer: &Buffer) -> Vec<String> {
 #[test]
 fn verify_reports_unprocessed_records_deleted() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let buffer = open(&dir);
-    buffer
-        .reset_partition("t", 0, PartitionLayout::plain(0))
-        .expect("layout");
+    let buffer = open_plain(&dir);
     append(&buffer, Lane::Live, "t", 0, &records(0..10), 10).expect("append");
     append(&buffer, Lane::Live, "t", 0, &records(10..20), 20).expect("append");
     assert_eq!(verify_text(&buffer), Vec::<String>::new());
@@ -660,10 +663,7 @@ fn verify_checks_lanes_against_the_layout() {
 #[test]
 fn a_chunk_that_does_not_advance_is_damaged_not_an_endless_read() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let buffer = open(&dir);
-    buffer
-        .reset_partition("t", 0, PartitionLayout::plain(0))
-        .expect("layout");
+    let buffer = open_plain(&dir);
     append(&buffer, Lane::Live, "t", 0, &records(0..10), 10).expect("append");
     append(&buffer, Lane::Live, "t", 0, &records(10..20), 20).expect("append");
     let part = buffer.partition_key("t", 0).expect("key").expect("known");
@@ -691,10 +691,7 @@ fn a_chunk_that_does_not_advance_is_damaged_not_an_endless_read() {
 #[test]
 fn a_topic_id_the_metadata_would_hand_out_again_is_refused() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let buffer = open(&dir);
-    buffer
-        .reset_partition("t", 0, PartitionLayout::plain(0))
-        .expect("layout");
+    let buffer = open_plain(&dir);
     // The metadata rolled back: the next id to allocate is the one `t` holds.
     buffer
         .db()
@@ -848,10 +845,7 @@ fn an_untrusted_buffer_starts_empty() {
 #[test]
 fn a_lost_chunk_is_damage_never_a_gap() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let buffer = open(&dir);
-    buffer
-        .reset_partition("t", 0, PartitionLayout::plain(0))
-        .expect("layout");
+    let buffer = open_plain(&dir);
     for first in [0, 10, 20] {
         append(
             &buffer,
@@ -891,10 +885,7 @@ fn a_lost_chunk_is_damage_never_a_gap() {
 #[test]
 fn reads_refuse_a_chunk_that_overlaps_the_chain() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let buffer = open(&dir);
-    buffer
-        .reset_partition("t", 0, PartitionLayout::plain(0))
-        .expect("layout");
+    let buffer = open_plain(&dir);
     for first in [0, 10, 20] {
         append(
             &buffer,
@@ -926,10 +917,7 @@ fn reads_refuse_a_chunk_that_overlaps_the_chain() {
 #[test]
 fn a_commit_keeps_a_chunk_whose_next_is_past_the_largest_offset() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let buffer = open(&dir);
-    buffer
-        .reset_partition("t", 0, PartitionLayout::plain(0))
-        .expect("layout");
+    let buffer = open_plain(&dir);
     append(&buffer, Lane::Live, "t", 0, &records(0..10), 10).expect("append");
     append(&buffer, Lane::Live, "t", 0, &records(10..20), 20).expect("append");
     // Its `next` as a u64 past i64::MAX: read as a signed offset, it would lie below the
@@ -1288,10 +1276,7 @@ fn fsynced_by(run: impl FnOnce()) -> Vec<PathBuf> {
 #[test]
 fn sync_fsyncs_every_file_the_log_last_then_the_directories() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let buffer = open(&dir);
-    buffer
-        .reset_partition("t", 0, PartitionLayout::plain(0))
-        .expect("layout");
+    let buffer = open_plain(&dir);
     append(&buffer, Lane::Live, "t", 0, &records(0..100), 100).expect("append");
     buffer.compact().expect("compact");
     append(&buffer, Lane::Live, "t", 0, &records(100..200), 200).expect("append");
@@ -1323,10 +1308,7 @@ fn sync_fsyncs_every_file_the_log_last_then_the_directories() {
 #[test]
 fn a_compaction_makes_the_new_generation_durable_before_it_switches() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let buffer = open(&dir);
-    buffer
-        .reset_partition("t", 0, PartitionLayout::plain(0))
-        .expect("layout");
+    let buffer = open_plain(&dir);
     append(&buffer, Lane::Live, "t", 0, &records(0..100), 100).expect("append");
     let buffer_dir = dir.path().join("buf");
     let synced = fsynced_by(|| {
