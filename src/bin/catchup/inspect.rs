@@ -1,6 +1,6 @@
 //! `catchup inspect`: per topic/partition and lane, what a buffer holds.
 
-use std::io::Write;
+use std::fmt::Write;
 use std::path::Path;
 
 use catchup::store::{Buffer, BufferStats, LaneStats, PartitionStats, StoreError};
@@ -8,14 +8,15 @@ use serde_json::{Value, json};
 
 pub fn print(dir: &Path, buffer: &Buffer, as_json: bool) -> Result<(), StoreError> {
     let stats = buffer.stats()?;
-    let mut out = std::io::stdout().lock();
-    let written = if as_json {
-        writeln!(out, "{}", to_json(dir, &stats))
+    let text = if as_json {
+        to_json(dir, &stats).to_string()
     } else {
-        print_table(&mut out, dir, &stats)
+        let mut table = String::new();
+        // Writing into a `String` cannot fail.
+        let _ = write_table(&mut table, dir, &stats);
+        table.trim_end().to_owned()
     };
-    // A closed pipe (`catchup inspect | head -1`) is not an error worth reporting.
-    let _ = written.and_then(|()| out.flush());
+    crate::print_quietly(&text);
     Ok(())
 }
 
@@ -35,7 +36,7 @@ fn opt(value: Option<i64>) -> String {
     value.map_or_else(|| "-".into(), |v| v.to_string())
 }
 
-fn print_table(out: &mut impl Write, dir: &Path, stats: &BufferStats) -> std::io::Result<()> {
+fn write_table(out: &mut String, dir: &Path, stats: &BufferStats) -> std::fmt::Result {
     writeln!(
         out,
         "buffer {} — {} partition(s), {} on disk",
