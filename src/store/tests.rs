@@ -221,6 +221,13 @@ fn appends_must_continue_from_fetched_next_under_the_current_layout() {
     assert_ne!(current, layout);
     buffer.discard_partition("t", 3).expect("discard");
     assert_eq!(buffer.layout_id("t", 3).expect("id"), None);
+    // Discarded and not laid out again yet (its reconciliation waits): a writer of the
+    // discarded layout is told it is stale, so that it leaves, not that the partition is
+    // missing (an error it would retry).
+    let err = buffer
+        .append(Lane::Live, "t", 3, fetched(current, 60, &stale, 61))
+        .expect_err("stale layout");
+    assert!(matches!(err, StoreError::StaleLayout { .. }), "{err}");
     assert_eq!(buffer.verify().expect("verify"), vec![]);
 }
 

@@ -184,8 +184,9 @@ impl Buffer {
             .partition_key(topic, partition)?
             .ok_or_else(no_layout)?;
         let mut shard = self.partition_lock(part);
-        let tail = self.tail_in(&mut shard, part)?.ok_or_else(no_layout)?;
-        let state = tail.logical();
+        // Checked before the partition's state: a writer under a layout that was discarded
+        // is stale whether or not the partition is laid out again yet (its consumer may be
+        // waiting to be reconciled), and must hear so to leave.
         let current = self.layout_id_of(part);
         if layout != current {
             return Err(StoreError::StaleLayout {
@@ -197,6 +198,8 @@ impl Buffer {
                 current,
             });
         }
+        let tail = self.tail_in(&mut shard, part)?.ok_or_else(no_layout)?;
+        let state = tail.logical();
         let expected = state.lane(lane).fetched_next;
         if continues_from != expected {
             return Err(StoreError::Discontinuous {
