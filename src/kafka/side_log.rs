@@ -240,22 +240,10 @@ impl SideLog {
         side_key(&self.group, topic, partition)
     }
 
-    /// Writes `entry`, sealed under its split's `secret`, for `topic`/`partition` (a
-    /// tombstone for `None`) and waits until the broker has it.
-    pub fn write(
-        &self,
-        topic: &str,
-        partition: i32,
-        entry: Option<(&SideEntry, &SplitSecret)>,
-    ) -> Result<(), KafkaError> {
-        self.write_all(&[(topic, partition, entry)])
-            .pop()
-            .unwrap_or(Ok(()))
-    }
-
-    /// Writes several entries at once (see [`write`](Self::write)): all are sent before any
-    /// is awaited, so a commit cycle costs one round trip of the side log, not one per
-    /// partition. One result per entry, in order.
+    /// Writes entries, each sealed under its split's `secret`, for its partition (a tombstone
+    /// for `None`), and waits until the broker has them: all are sent before any is awaited,
+    /// so a commit cycle costs one round trip of the side log, not one per partition. One
+    /// result per entry, in order.
     pub fn write_all(&self, entries: &[SideLogWrite<'_>]) -> Vec<Result<(), KafkaError>> {
         let sealed: Vec<(String, Option<String>)> = entries
             .iter()

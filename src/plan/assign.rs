@@ -1,31 +1,29 @@
-//! The writes that carry out a reconciliation decision, in the order they must reach Kafka and
-//! the buffer (`docs/design.md`, "Assigning a partition"): the main log first, then the side
-//! log, then the local buffer. A crash between any two leaves a state the next reconciliation
-//! reads safely (DESIGN §5): a token without its side entry is stale (reprocess from the
-//! group's offset), a side entry without its token is stale, local records are checked
-//! against both. The member's shell and the simulation both execute these steps in order.
+//! The writes that carry out reconciliation decisions, in the order they must reach Kafka and
+//! the buffer (`docs/design.md`, "Assigning partitions"): the main log first, then the side
+//! log, then the local buffer. The decisions of one assignment go out as one commit cycle
+//! ([`CommitCycle`](super::CommitCycle)): every main-log write in one request, then the
+//! side-log writes of the partitions whose main-log write went through, then the local step
+//! of each partition whose every write happened. A partition whose write failed waits for the
+//! next reconciliation, which reads what it left safely, as it reads a crash between any two
+//! writes (DESIGN §5): a token without its side entry is stale (reprocess from the group's
+//! offset), a side entry without its token is stale, local records are checked against both.
+//! The member's shell and the simulation both execute these writes so.
 
-use super::{Committed, Decision, LocalAction, MainLogCommit, SideEntry, SideWrite, SplitToken};
+use super::{CommitWrites, Committed, Decision, LocalAction};
 use crate::store::PartitionLayout;
 
-/// One write of an assignment.
+/// What a decision does to the local buffer, once its writes to Kafka happened.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum AssignStep<'a> {
-    /// Commit to the main log.
-    CommitMain(&'a MainLogCommit),
-    /// Write the side entry, sealed under the split's secret.
-    WriteSide(&'a SideEntry, &'a SplitToken),
-    /// Delete the side entry.
-    TombstoneSide,
+pub enum LocalStep<'a> {
     /// Keep the buffered records, their committed cursors moved up to what Kafka holds.
-    ReuseLocal {
+    Reuse {
         /// New `committed_next` of the catch-up lane.
         catchup_committed: i64,
         /// New `committed_next` of the live lane.
         live_committed: i64,
     },
     /// Drop the buffered records and lay the partition out afresh.
-    ResetLocal {
+    Reset {
         /// The layout.
         layout: &'a PartitionLayout,
         /// Why the buffered records cannot be used (`None`: there were none).
@@ -34,38 +32,34 @@ pub enum AssignStep<'a> {
 }
 
 impl Decision {
-    /// The writes of this decision, in order. A side entry to write without the token of its
-    /// split would be a bug of `reconcile`: refused.
-    pub fn steps(&self) -> Result<Vec<AssignStep<'_>>, String> {
-        let mut steps = Vec::with_capacity(3);
-        if let Some(commit) = &self.main_log {
-            steps.push(AssignStep::CommitMain(commit));
+    /// The decision's writes to Kafka, for a commit cycle: the main-log commit (a new
+    /// split's token), then the side entry written or tombstoned. A side entry to write
+    /// without the token of its split would be a bug of `reconcile`: refused.
+    pub fn writes(&self) -> Result<CommitWrites, String> {
+        if matches!(self.side, super::SideWrite::Write(_)) && self.token.is_none() {
+            return Err("a side entry to write without a split token".into());
         }
-        match &self.side {
-            SideWrite::Keep => {}
-            SideWrite::Write(entry) => {
-                let token = self
-                    .token
-                    .as_ref()
-                    .ok_or("a side entry to write without a split token")?;
-                steps.push(AssignStep::WriteSide(entry, token));
-            }
-            SideWrite::Tombstone => steps.push(AssignStep::TombstoneSide),
-        }
-        steps.push(match &self.local {
+        Ok(CommitWrites {
+            main: self.main_log.clone(),
+            side: self.side.clone(),
+        })
+    }
+
+    /// The decision's step in the local buffer, taken once its writes to Kafka happened.
+    pub fn local_step(&self) -> LocalStep<'_> {
+        match &self.local {
             LocalAction::Reuse {
                 catchup_committed,
                 live_committed,
-            } => AssignStep::ReuseLocal {
+            } => LocalStep::Reuse {
                 catchup_committed: *catchup_committed,
                 live_committed: *live_committed,
             },
-            LocalAction::Reset { reason } => AssignStep::ResetLocal {
+            LocalAction::Reset { reason } => LocalStep::Reset {
                 layout: &self.layout,
                 reason: reason.as_deref(),
             },
-        });
-        Ok(steps)
+        }
     }
 
     /// The offset the main log holds once the steps are done: what this decision commits,
@@ -83,7 +77,9 @@ impl Decision {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::{Inputs, OffsetReset, SplitSecret, reconcile};
+    use crate::plan::{
+        CommitCycle, Inputs, MainLogCommit, OffsetReset, SideWrite, SplitSecret, reconcile,
+    };
 
     fn decide(committed: Option<i64>, high: i64) -> Decision {
         let committed = committed.map(|offset| Committed {
@@ -106,17 +102,20 @@ mod tests {
     fn a_split_commits_its_token_then_writes_its_side_entry_then_lays_out() {
         // Committed 70, log end 1,070: a backlog of 1,000, over min_lag.
         let decision = decide(Some(70), 1_070);
-        let steps = decision.steps().expect("steps");
+        let writes = decision.writes().expect("writes");
+        let token = decision.token.as_ref().expect("a split's token");
+        assert_eq!(
+            writes.main,
+            Some(MainLogCommit {
+                offset: 70,
+                metadata: token.encode()
+            })
+        );
+        assert!(matches!(writes.side, SideWrite::Write(_)), "{writes:?}");
         assert!(
-            matches!(
-                steps.as_slice(),
-                [
-                    AssignStep::CommitMain(_),
-                    AssignStep::WriteSide(_, _),
-                    AssignStep::ResetLocal { .. }
-                ]
-            ),
-            "{steps:?}"
+            matches!(decision.local_step(), LocalStep::Reset { reason: None, .. }),
+            "{:?}",
+            decision.local_step()
         );
         assert_eq!(decision.main_committed(None, 0), 70);
     }
@@ -124,14 +123,12 @@ mod tests {
     #[test]
     fn a_plain_partition_only_lays_out() {
         let decision = decide(Some(70), 100);
-        let steps = decision.steps().expect("steps");
-        assert!(
-            matches!(
-                steps.as_slice(),
-                [AssignStep::ResetLocal { reason: None, .. }]
-            ),
-            "{steps:?}"
-        );
+        let writes = decision.writes().expect("writes");
+        assert_eq!((writes.main, writes.side), (None, SideWrite::Keep));
+        assert!(matches!(
+            decision.local_step(),
+            LocalStep::Reset { reason: None, .. }
+        ));
         let committed = Committed {
             offset: 70,
             metadata: String::new(),
@@ -145,6 +142,30 @@ mod tests {
     fn a_side_entry_without_its_token_is_refused() {
         let mut decision = decide(Some(70), 1_070);
         decision.token = None;
-        assert!(decision.steps().is_err());
+        assert!(decision.writes().is_err());
+    }
+
+    /// An assignment's decisions as one cycle: a split whose main-log write is refused writes
+    /// no side entry and takes no local step; the others go on.
+    #[test]
+    fn an_assignment_is_one_cycle_and_a_refused_split_stops_before_its_side_entry() {
+        let decisions = [
+            (0, decide(Some(70), 1_070)),
+            (1, decide(Some(70), 100)),
+            (2, decide(Some(5), 2_000)),
+        ];
+        let cycle = CommitCycle::new(
+            decisions
+                .iter()
+                .map(|(key, decision)| Ok((*key, decision.writes()?)))
+                .collect::<Result<Vec<_>, String>>()
+                .expect("writes"),
+        );
+        let mains: Vec<i32> = cycle.mains().iter().map(|(key, _)| **key).collect();
+        assert_eq!(mains, vec![0, 2], "one request for both splits");
+        let sides: Vec<i32> = cycle.sides(&[2]).iter().map(|(_, key, _)| **key).collect();
+        assert_eq!(sides, vec![0]);
+        assert_eq!(cycle.applied(&[2], &[]), vec![0, 1]);
+        assert_eq!(cycle.applied(&[], &[0]), vec![1, 2]);
     }
 }

@@ -12,7 +12,8 @@
 //! position asynchronously; a seek is refused while a partition is stopped, and under an
 //! eager protocol only an assignment of everything moves it. The production code runs as it
 //! is: the lane state machines ([`LanePartition`]) fed through [`Round`], reconciliation
-//! ([`reconcile`]) and its ordered steps ([`AssignStep`]) at every assignment, the topic-id
+//! ([`reconcile`]) at every assignment with its writes sent as one commit cycle, then its
+//! local step ([`LocalStep`]) — a partition whose write failed waits and is retried —, the topic-id
 //! fallback ([`incarnation_unknown`]) when the id cannot be read, the commit plans
 //! ([`plan_commit`]) and the commit cycle ([`CommitCycle`]) with refused main-log writes and
 //! failed side-log writes, and the real [`Buffer`] on a temporary directory, read by readers
@@ -39,9 +40,9 @@ use catchup::fetch::{
     AfterOutOfRange, AppendResult, Hold, LanePartition, Polled as LanePolled, Round,
 };
 use catchup::plan::{
-    AckTracker, AssignStep, CommitCycle, CommitPlan, Committed, Inputs, KeyIndex, MainLogCommit,
-    OffsetReset, PlanEvent, Progress, SideEntry, SideValue, SideWrite, SplitSecret, SplitToken,
-    incarnation_unknown, plan_commit, reconcile, side_key,
+    AckTracker, CommitCycle, CommitPlan, Committed, Decision, Inputs, KeyIndex, LocalStep,
+    MainLogCommit, OffsetReset, PlanEvent, Progress, SideEntry, SideValue, SideWrite, SplitSecret,
+    SplitToken, incarnation_unknown, plan_commit, reconcile, side_key,
 };
 #[path = "world.rs"]
 mod world;
@@ -246,8 +247,11 @@ pub struct Stats {
     pub unnamed_errors: u64,
     /// Assignments of everything made to move a partition whose seek was refused (eager).
     pub eager_reassigns: u64,
-    /// Main-log writes refused within a commit request.
+    /// Main-log writes refused within a commit request (an assignment's included).
     pub commit_refusals: u64,
+    /// Partitions whose assignment failed at a write to Kafka and waited to be assigned
+    /// again.
+    pub assign_deferrals: u64,
     /// Failed creations of the catch-up consumer.
     pub create_failures: u64,
     /// Partitions revoked and assigned again inside a poll round of the group member.
@@ -280,6 +284,7 @@ impl std::ops::AddAssign for Stats {
         self.unnamed_errors += other.unnamed_errors;
         self.eager_reassigns += other.eager_reassigns;
         self.commit_refusals += other.commit_refusals;
+        self.assign_deferrals += other.assign_deferrals;
         self.create_failures += other.create_failures;
         self.rebalances_in_a_round += other.rebalances_in_a_round;
         self.id_failures += other.id_failures;
@@ -320,12 +325,18 @@ pub struct Sim {
     create_hold: Hold,
     /// Fetchers created so far: each one's generation.
     generations: u64,
+    /// Partitions whose assignment failed: no runtime, no fetchers, retried from the loop.
+    unreconciled: BTreeSet<usize>,
     stats: Stats,
     /// The buffer's spilled bytes when this history began.
     spilled_from: u64,
     /// Simulated time: a step takes `STEP_TIME`.
     now: Instant,
 }
+
+/// How a cycle's writes went: the parts whose main-log write was refused, and the indices
+/// (in the cycle) of those whose side-log write failed.
+type CycleSent = (Vec<usize>, Vec<usize>);
 
 /// How much simulated time a step takes (holds of 1 s to 30 s last 20 to 600 steps).
 const STEP_TIME: Duration = Duration::from_millis(50);
@@ -406,6 +417,7 @@ impl Sim {
             catchup_created: false,
             create_hold: Hold::default(),
             generations: 0,
+            unreconciled: BTreeSet::new(),
             stats: Stats {
                 partitions: count,
                 memory_tier: u64::from(memory > 0),
@@ -519,21 +531,80 @@ impl Sim {
     }
 
     fn assign_all(&mut self) -> Result<(), Failure> {
+        self.unreconciled.clear();
         let all: Vec<usize> = (0..self.parts.len()).collect();
         self.assign(&all)
     }
 
-    /// `parts` are assigned: the topic's incarnation checked (its id may not be readable),
-    /// then each partition reconciled, its decision applied and its fetchers started. A crash
-    /// during one of them starts the process over.
+    /// `parts` are assigned, as the group member's `reconcile_all` does: the topic's
+    /// incarnation checked (its id may not be readable), each partition reconciled, every
+    /// decision's writes to Kafka sent as one production cycle ([`CommitCycle`]), then the
+    /// local step of each partition whose writes all happened, and its fetchers started. A
+    /// partition whose write failed waits, unreconciled, to be assigned again; a crash
+    /// between the writes starts the process over.
     fn assign(&mut self, parts: &[usize]) -> Result<(), Failure> {
         self.check_incarnation(parts)?;
+        let mut decided = Vec::with_capacity(parts.len());
         for &part in parts {
-            if self.assign_part(part)? {
-                return self.crash();
+            self.unreconciled.remove(&part);
+            let local = self
+                .buffer()?
+                .partition_state(&self.topic, id(part))
+                .map_err(|e| err("state", e))?;
+            let decision = self.decide(part, local.as_ref());
+            for event in &decision.events {
+                match event {
+                    PlanEvent::StaleSideEntry { reason }
+                        if !(reason.contains("no split token")
+                            || reason.contains("another split")) =>
+                    {
+                        return Err(format!(
+                            "a side entry this consumer wrote was rejected: {reason}"
+                        ));
+                    }
+                    PlanEvent::SplitStarted { .. } => self.stats.splits += 1,
+                    PlanEvent::MergeFinished { .. } => self.stats.merges += 1,
+                    _ => {}
+                }
+            }
+            decided.push((part, decision));
+        }
+        let cycle = CommitCycle::new(
+            decided
+                .iter()
+                .map(|(part, decision)| Ok((*part, decision.writes()?)))
+                .collect::<Result<Vec<_>, Failure>>()?,
+        );
+        let tokens: Vec<Option<SplitToken>> =
+            decided.iter().map(|(_, decision)| decision.token).collect();
+        let Some((refused, side_failed)) = self.send_cycle(&cycle, &tokens)? else {
+            return self.crash();
+        };
+        // A crash once Kafka holds the writes, before any local step.
+        if !(cycle.mains().is_empty() && cycle.sides(&[]).is_empty()) && self.crashes_here() {
+            return self.crash();
+        }
+        for (index, (part, _)) in decided.iter().enumerate() {
+            if refused.contains(part) || side_failed.contains(&index) {
+                self.stats.assign_deferrals += 1;
+                self.unreconciled.insert(*part);
             }
         }
+        for index in cycle.applied(&refused, &side_failed) {
+            let (part, decision) = &decided[index];
+            self.apply_locally(*part, decision)?;
+        }
         Ok(())
+    }
+
+    /// Assigns again the partitions whose assignment failed, as the live loop retries them
+    /// (`retry_unreconciled`).
+    fn retry_unreconciled(&mut self) -> Result<(), Failure> {
+        let parts: Vec<usize> = self.unreconciled.iter().copied().collect();
+        if parts.is_empty() {
+            return Ok(());
+        }
+        self.assign(&parts)
     }
 
     /// The topic's id is looked up at every assignment after a start or a revoke; when it
@@ -559,70 +630,27 @@ impl Sim {
         Ok(())
     }
 
-    /// Reconciles `part`, applies the decision in the consumer's order (main log, side log,
-    /// local buffer) and starts its readers and fetchers from the buffer. Whether the
-    /// process crashed after one of the writes to Kafka.
-    fn assign_part(&mut self, part: usize) -> Result<bool, Failure> {
+    /// A decision's local step, once its writes to Kafka happened, then the partition's
+    /// runtime, readers and fetchers from the buffer (`apply_locally`).
+    fn apply_locally(&mut self, part: usize, decision: &Decision) -> Result<(), Failure> {
         let partition = id(part);
-        let local = self
-            .buffer()?
-            .partition_state(&self.topic, partition)
-            .map_err(|e| err("state", e))?;
-        let decision = self.decide(part, local.as_ref());
-        for event in &decision.events {
-            match event {
-                PlanEvent::StaleSideEntry { reason }
-                    if !(reason.contains("no split token") || reason.contains("another split")) =>
-                {
-                    return Err(format!(
-                        "a side entry this consumer wrote was rejected: {reason}"
-                    ));
-                }
-                PlanEvent::SplitStarted { .. } => self.stats.splits += 1,
-                PlanEvent::MergeFinished { .. } => self.stats.merges += 1,
-                _ => {}
+        let buffer = self.buffer()?;
+        match decision.local_step() {
+            LocalStep::Reuse {
+                catchup_committed,
+                live_committed,
+            } => {
+                buffer
+                    .record_resumed(Lane::Catchup, &self.topic, partition, catchup_committed)
+                    .and_then(|_| {
+                        buffer.record_resumed(Lane::Live, &self.topic, partition, live_committed)
+                    })
+                    .map_err(|e| err("reuse", e))?;
             }
-        }
-        // The production steps, in order, with a crash possible after each write to Kafka.
-        let key = self.side_key(part);
-        for step in decision.steps()? {
-            let buffer = self.buffer.as_ref().ok_or("buffer closed")?;
-            match step {
-                AssignStep::CommitMain(commit) => {
-                    self.write_main(part, commit.offset, commit.metadata.clone())?
-                }
-                AssignStep::WriteSide(entry, token) => {
-                    self.write_side(part, Some(entry.seal(&key, &token.secret).into_bytes()))?
-                }
-                AssignStep::TombstoneSide => self.write_side(part, None)?,
-                AssignStep::ReuseLocal {
-                    catchup_committed,
-                    live_committed,
-                } => {
-                    buffer
-                        .record_resumed(Lane::Catchup, &self.topic, partition, catchup_committed)
-                        .and_then(|_| {
-                            buffer.record_resumed(
-                                Lane::Live,
-                                &self.topic,
-                                partition,
-                                live_committed,
-                            )
-                        })
-                        .map_err(|e| err("reuse", e))?;
-                }
-                AssignStep::ResetLocal { layout, .. } => {
-                    buffer
-                        .reset_partition(&self.topic, partition, layout.clone())
-                        .map_err(|e| err("layout", e))?;
-                }
-            }
-            if matches!(
-                step,
-                AssignStep::CommitMain(_) | AssignStep::WriteSide(..) | AssignStep::TombstoneSide
-            ) && self.crashes_here()
-            {
-                return Ok(true);
+            LocalStep::Reset { layout, .. } => {
+                buffer
+                    .reset_partition(&self.topic, partition, layout.clone())
+                    .map_err(|e| err("layout", e))?;
             }
         }
         let state = self
@@ -642,8 +670,7 @@ impl Sim {
         runtime.side_entry = decision.side_entry.clone();
         // As the live fetcher sets it.
         runtime.main_committed = main_committed;
-        self.start_fetching(part, &state)?;
-        Ok(false)
+        self.start_fetching(part, &state)
     }
 
     /// Readers at the committed offsets, fetchers at the fetched ones (the catch-up lane's
@@ -832,6 +859,9 @@ impl Sim {
         self.stats.steps += 1;
         self.now += STEP_TIME;
         let faults = self.faults;
+        if !self.unreconciled.is_empty() && (!faults || self.rng.chance(100)) {
+            self.retry_unreconciled()?;
+        }
         match self.rng.below(100) {
             0..=9 if faults => {
                 let part = self.random_part();
@@ -1171,6 +1201,9 @@ impl Sim {
     /// order (`Buffer::read_ordered`, as the engine's reader does: the catch-up ranges, then
     /// the live lane), in `Concurrent` mode the next records of `lane`.
     fn read(&mut self, part: usize, lane: Lane) -> Result<(), Failure> {
+        if self.unreconciled.contains(&part) {
+            return Ok(());
+        }
         // `Latest`: the backlog waits while its keys are read again (the engine's fill skips
         // the lane).
         let waits = self.latest
@@ -1394,8 +1427,10 @@ impl Sim {
     /// whose every write happened; a crash possible after the main-log request and between
     /// the side-log writes.
     fn commit(&mut self, parts: &[usize]) -> Result<(), Failure> {
+        // A partition waiting for its reconciliation has no runtime to commit.
         let plans: Vec<(usize, CommitPlan, i64)> = parts
             .iter()
+            .filter(|part| !self.unreconciled.contains(part))
             .map(|&part| {
                 let state = &self.parts[part];
                 let catchup_processed = state.readers[0].acks.committable();
@@ -1416,6 +1451,30 @@ impl Sim {
                 .map(|(part, plan, _)| (*part, plan.writes(self.parts[*part].token.as_ref())))
                 .collect(),
         );
+        let tokens: Vec<Option<SplitToken>> = plans
+            .iter()
+            .map(|(part, _, _)| self.parts[*part].token)
+            .collect();
+        let Some((refused, side_failed)) = self.send_cycle(&cycle, &tokens)? else {
+            return self.crash();
+        };
+        for index in cycle.applied(&refused, &side_failed) {
+            let (part, plan, catchup_processed) = &plans[index];
+            self.applied(*part, plan, *catchup_processed)?;
+        }
+        Ok(())
+    }
+
+    /// Sends a cycle's writes to Kafka as the group member does (`send_cycle`): the main-log
+    /// writes in one request (refused as a whole or for some partitions), then the side-log
+    /// writes of the others (each may fail), each sealed under `tokens[index]`. Returns the
+    /// partitions refused and the indices whose side write failed, or `None` when the process
+    /// crashed after the main-log request or between the side-log writes.
+    fn send_cycle(
+        &mut self,
+        cycle: &CommitCycle<usize>,
+        tokens: &[Option<SplitToken>],
+    ) -> Result<Option<CycleSent>, Failure> {
         let mains: Vec<(usize, MainLogCommit)> = cycle
             .mains()
             .into_iter()
@@ -1437,7 +1496,7 @@ impl Sim {
             .map(|(index, part, side)| (index, *part, side.clone()))
             .collect();
         if !mains.is_empty() && !sides.is_empty() && self.crashes_here() {
-            return self.crash();
+            return Ok(None);
         }
         let mut side_failed = Vec::new();
         for (index, part, side) in sides {
@@ -1449,22 +1508,20 @@ impl Sim {
             match side {
                 SideWrite::Keep => {}
                 SideWrite::Write(entry) => {
-                    let token = self.parts[part]
-                        .token
+                    let token = tokens
+                        .get(index)
+                        .copied()
+                        .flatten()
                         .ok_or("a side write without a token")?;
                     self.write_side(part, Some(entry.seal(&key, &token.secret).into_bytes()))?;
                 }
                 SideWrite::Tombstone => self.write_side(part, None)?,
             }
             if self.crashes_here() {
-                return self.crash();
+                return Ok(None);
             }
         }
-        for index in cycle.applied(&refused, &side_failed) {
-            let (part, plan, catchup_processed) = &plans[index];
-            self.applied(*part, plan, *catchup_processed)?;
-        }
-        Ok(())
+        Ok(Some((refused, side_failed)))
     }
 
     /// What the engine records once Kafka holds a partition's writes

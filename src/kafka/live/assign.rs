@@ -90,6 +90,7 @@ impl LiveState {
             }
         };
         let mut failed = Vec::new();
+        let mut decided = Vec::new();
         let watermarks = read_watermarks(consumer, partitions);
         for ((topic, partition), watermarks) in partitions.iter().zip(watermarks) {
             let split = committed
@@ -100,39 +101,70 @@ impl LiveState {
                 failed.push(key);
                 continue;
             }
-            let result = self
-                .assign_one(
-                    consumer,
-                    &committed,
-                    side_entries.as_ref(),
-                    topic,
-                    *partition,
-                    watermarks,
-                )
-                .and_then(|start| {
-                    start_at(topic, *partition, start).map_err(|err| {
-                        KafkaError::client(&format!("setting the start offset {start}"), err).into()
-                    })
-                });
+            match self.decide(&committed, side_entries.as_ref(), &key, watermarks) {
+                Ok(decision) => decided.push(decision),
+                Err(err) => self.assign_failed(key, &err, &mut failed),
+            }
+        }
+        // Every decision's writes to Kafka as one cycle: one OffsetCommit, then the side-log
+        // writes together (a rebalance callback's time counts against max.poll.interval.ms;
+        // one request per partition, 30 s each at worst, could exceed it).
+        let cycle = CommitCycle::new(
+            decided
+                .iter()
+                .map(|decided| (decided.key.clone(), decided.writes.clone()))
+                .collect(),
+        );
+        let sent = self.send_cycle(consumer, &cycle, |index| {
+            decided[index].decision.token.as_ref()
+        });
+        for err in &sent.errors {
+            self.shared.emit(Event::Error {
+                message: format!(
+                    "assigning: {err}; what it names waits paused and reconciliation is retried"
+                ),
+            });
+        }
+        let unwritten = sent.refused.iter().cloned().chain(
+            sent.side_failed
+                .iter()
+                .map(|index| decided[*index].key.clone()),
+        );
+        for key in unwritten {
+            self.shared.partitions().remove(&key);
+            failed.push(key);
+        }
+        for index in cycle.applied(&sent.refused, &sent.side_failed) {
+            let decided = &decided[index];
+            let (topic, partition) = &decided.key;
+            let result = self.apply_locally(decided).and_then(|start| {
+                start_at(topic, *partition, start).map_err(|err| {
+                    KafkaError::client(&format!("setting the start offset {start}"), err).into()
+                })
+            });
             if let Err(err) = result {
-                if let AssignError::Store(store) = &err {
-                    if store.is_io_failure() {
-                        // The buffer cannot be written: retrying cannot help (see write_failed).
-                        self.shared.write_failed(store);
-                    }
-                }
-                self.shared.emit(Event::Error {
-                    message: format!(
-                        "assigning {topic}/{partition}: {err}; the partition waits paused and reconciliation is retried"
-                    ),
-                });
-                self.shared
-                    .partitions()
-                    .remove(&(topic.clone(), *partition));
-                failed.push((topic.clone(), *partition));
+                self.assign_failed(decided.key.clone(), &err, &mut failed);
             }
         }
         failed
+    }
+
+    /// Reports why `key`'s assignment failed and leaves it to be reconciled again (a failed
+    /// write to the buffer stops the consumer: retrying cannot help, see `write_failed`).
+    fn assign_failed(&self, key: PartitionId, err: &AssignError, failed: &mut Vec<PartitionId>) {
+        if let AssignError::Store(store) = err {
+            if store.is_io_failure() {
+                self.shared.write_failed(store);
+            }
+        }
+        let (topic, partition) = &key;
+        self.shared.emit(Event::Error {
+            message: format!(
+                "assigning {topic}/{partition}: {err}; the partition waits paused and reconciliation is retried"
+            ),
+        });
+        self.shared.partitions().remove(&key);
+        failed.push(key);
     }
 
     /// Tries the failed reconciliations again. A partition that succeeds gets its runtime,
@@ -290,18 +322,17 @@ impl LiveState {
             .insert(topic);
     }
 
-    /// Reconciles one partition, applies the decision and returns the live lane's start.
+    /// Reconciles one partition: its decision, and the writes to Kafka that carry it out.
     /// `side_entries` is `None` when the side log could not be read: then a decision that
     /// writes to it must wait (it could not see an entry it would overwrite or trust).
-    pub(super) fn assign_one(
+    fn decide(
         &self,
-        consumer: &BaseConsumer<LiveContext>,
         committed: &TopicPartitionList,
         side_entries: Option<&crate::kafka::side_log::SideEntries>,
-        topic: &str,
-        partition: i32,
+        key: &PartitionId,
         watermarks: rdkafka::error::KafkaResult<(i64, i64)>,
-    ) -> Result<i64, AssignError> {
+    ) -> Result<Decided, AssignError> {
+        let (topic, partition) = (key.0.as_str(), key.1);
         let _span = tracing::info_span!("assign", topic, partition).entered();
         let shared = &self.shared;
         let element = committed.find_partition(topic, partition);
@@ -320,7 +351,7 @@ impl LiveState {
         let (low, high) = watermarks.map_err(|e| KafkaError::client("reading watermarks", e))?;
         let side_key = self.side_log.key(topic, partition);
         let side = side_entries
-            .and_then(|e| e.get(&(topic.to_owned(), partition)))
+            .and_then(|e| e.get(key))
             .map(|value| SideValue {
                 key: &side_key,
                 value,
@@ -361,94 +392,100 @@ impl LiveState {
             )
             .into());
         }
-        let steps = decision
-            .steps()
+        let writes = decision
+            .writes()
             .map_err(|reason| KafkaError::Assignment(format!("{topic}/{partition}: {reason}")))?;
-        for step in steps {
-            match step {
-                AssignStep::CommitMain(commit) => {
-                    commit_main(consumer, topic, partition, commit.offset, &commit.metadata)?
-                }
-                AssignStep::WriteSide(entry, token) => {
-                    self.side_log
-                        .write(topic, partition, Some((entry, &token.secret)))?
-                }
-                AssignStep::TombstoneSide => self.side_log.write(topic, partition, None)?,
-                AssignStep::ReuseLocal {
-                    catchup_committed,
-                    live_committed,
-                } => {
-                    let buffer = &shared.buffer;
-                    let reused = buffer
-                        .record_resumed(Lane::Catchup, topic, partition, catchup_committed)
-                        .and_then(|_| {
-                            buffer.record_resumed(Lane::Live, topic, partition, live_committed)
-                        });
-                    match reused {
-                        Ok(_) => {
-                            let range = decision
-                                .local
-                                .reused_range(&decision.layout, local.as_ref());
-                            if let Some((from, to)) = range {
-                                shared.emit(Event::LocalReused {
-                                    topic: topic.into(),
-                                    partition,
-                                    from,
-                                    to,
-                                });
-                            }
-                        }
-                        // What cannot be reused is fetched again.
-                        Err(err) => {
-                            shared.emit(Event::LocalDiscarded {
+        Ok(Decided {
+            key: key.clone(),
+            main_committed: decision.main_committed(main.as_ref(), low),
+            decision,
+            writes,
+            local,
+            high,
+        })
+    }
+
+    /// Takes a decision's local step once its writes to Kafka happened, gives the partition
+    /// its runtime and, while its backlog is not fetched, hands it to the catch-up fetcher.
+    /// Returns the live lane's start.
+    fn apply_locally(&self, decided: &Decided) -> Result<i64, AssignError> {
+        let (topic, partition) = (decided.key.0.as_str(), decided.key.1);
+        let _span = tracing::info_span!("assign", topic, partition).entered();
+        let shared = &self.shared;
+        let decision = &decided.decision;
+        match decision.local_step() {
+            LocalStep::Reuse {
+                catchup_committed,
+                live_committed,
+            } => {
+                let buffer = &shared.buffer;
+                let reused = buffer
+                    .record_resumed(Lane::Catchup, topic, partition, catchup_committed)
+                    .and_then(|_| {
+                        buffer.record_resumed(Lane::Live, topic, partition, live_committed)
+                    });
+                match reused {
+                    Ok(_) => {
+                        let range = decision
+                            .local
+                            .reused_range(&decision.layout, decided.local.as_ref());
+                        if let Some((from, to)) = range {
+                            shared.emit(Event::LocalReused {
                                 topic: topic.into(),
                                 partition,
-                                reason: err.to_string(),
+                                from,
+                                to,
                             });
-                            buffer.reset_partition(topic, partition, decision.layout.clone())?;
                         }
                     }
-                }
-                AssignStep::ResetLocal { layout, reason } => {
-                    if let Some(reason) = reason.filter(|reason| !reason.is_empty()) {
+                    // What cannot be reused is fetched again.
+                    Err(err) => {
                         shared.emit(Event::LocalDiscarded {
                             topic: topic.into(),
                             partition,
-                            reason: reason.to_owned(),
+                            reason: err.to_string(),
                         });
+                        buffer.reset_partition(topic, partition, decision.layout.clone())?;
                     }
-                    shared
-                        .buffer
-                        .reset_partition(topic, partition, layout.clone())?;
                 }
             }
+            LocalStep::Reset { layout, reason } => {
+                if let Some(reason) = reason.filter(|reason| !reason.is_empty()) {
+                    shared.emit(Event::LocalDiscarded {
+                        topic: topic.into(),
+                        partition,
+                        reason: reason.to_owned(),
+                    });
+                }
+                shared
+                    .buffer
+                    .reset_partition(topic, partition, layout.clone())?;
+            }
         }
+        let vanished =
+            || KafkaError::Assignment(format!("{topic}/{partition} vanished from the buffer"));
         let state = shared
             .buffer
             .partition_state(topic, partition)?
-            .ok_or_else(|| {
-                KafkaError::Assignment(format!("{topic}/{partition} vanished from the buffer"))
-            })?;
-        let main_committed = decision.main_committed(main.as_ref(), low);
-        let layout_id = shared.buffer.layout_id(topic, partition)?.ok_or_else(|| {
-            KafkaError::Assignment(format!("{topic}/{partition} vanished from the buffer"))
-        })?;
+            .ok_or_else(vanished)?;
+        let layout_id = shared
+            .buffer
+            .layout_id(topic, partition)?
+            .ok_or_else(vanished)?;
         let mut runtime = PartitionRuntime::new(
             topic,
-            shared.next_generation(&(topic.to_owned(), partition)),
+            shared.next_generation(&decided.key),
             &state,
             layout_id,
             decision.token,
             decision.side_entry.clone(),
-            main_committed,
+            decided.main_committed,
         );
         if shared.config.mode == Mode::Latest {
-            let handed = shared.live_handed_next(&(topic.to_owned(), partition));
-            runtime.index_keys(&state, high.max(handed.unwrap_or(high)));
+            let handed = shared.live_handed_next(&decided.key);
+            runtime.index_keys(&state, decided.high.max(handed.unwrap_or(decided.high)));
         }
-        shared
-            .partitions()
-            .insert((topic.to_owned(), partition), runtime);
+        shared.partitions().insert(decided.key.clone(), runtime);
         for event in &decision.events {
             shared.emit(plan_event(topic, partition, event));
         }
@@ -466,6 +503,20 @@ impl LiveState {
         }
         Ok(state.live.fetched_next)
     }
+}
+
+/// One partition's reconciliation, decided and not yet carried out.
+struct Decided {
+    key: PartitionId,
+    decision: Decision,
+    /// Its writes to Kafka, for the assignment's cycle.
+    writes: CommitWrites,
+    /// What the buffer held of the partition when it was decided.
+    local: Option<PartitionState>,
+    /// The offset the main log holds once the writes are done.
+    main_committed: i64,
+    /// The log end when it was decided.
+    high: i64,
 }
 
 pub(super) fn plan_event(topic: &str, partition: i32, event: &PlanEvent) -> Event {

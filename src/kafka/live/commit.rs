@@ -70,25 +70,49 @@ impl LiveState {
                 })
                 .collect(),
         );
+        let sent = self.send_cycle(consumer, &cycle, |index| pending[index].token.as_ref());
+        for err in &sent.errors {
+            self.shared.emit(Event::Error {
+                message: err.to_string(),
+            });
+        }
+        let (refused, side_failed) = (&sent.refused, &sent.side_failed);
+        for index in cycle.applied(refused, side_failed) {
+            if let Err(err) = self.shared.commit_applied(&pending[index]) {
+                if err.is_io_failure() {
+                    self.shared.write_failed(&err);
+                }
+                self.shared.emit(Event::Error {
+                    message: err.to_string(),
+                });
+            }
+        }
+        sent.errors.into_iter().next().map_or(Ok(()), Err)
+    }
+
+    /// Sends a cycle's writes to Kafka: the main-log writes in one OffsetCommit, then the
+    /// side-log writes of the partitions whose main-log write went through (or had none),
+    /// sent together. `token_of(index)` is the split token the partition at `index` seals its
+    /// side entry under. Nothing is emitted; the caller reports `errors`.
+    pub(super) fn send_cycle<'a>(
+        &self,
+        consumer: &BaseConsumer<LiveContext>,
+        cycle: &CommitCycle<PartitionId>,
+        token_of: impl Fn(usize) -> Option<&'a SplitToken>,
+    ) -> CycleSent {
         let mains = cycle.mains();
+        let mut errors = Vec::new();
         // Partitions whose main-log write failed: none of their writes after it happen.
-        let mut first_error = None;
         let refused: Vec<PartitionId> = match commit_main_all(consumer, &mains) {
             Ok(refused) => refused
                 .into_iter()
                 .map(|(key, err)| {
-                    self.shared.emit(Event::Error {
-                        message: err.to_string(),
-                    });
-                    first_error.get_or_insert(err);
+                    errors.push(err);
                     key
                 })
                 .collect(),
             Err(err) => {
-                self.shared.emit(Event::Error {
-                    message: err.to_string(),
-                });
-                first_error = Some(err);
+                errors.push(err);
                 mains.iter().map(|(key, _)| (*key).clone()).collect()
             }
         };
@@ -99,9 +123,7 @@ impl LiveState {
                 let entry = match side {
                     SideWrite::Keep => return None,
                     SideWrite::Tombstone => None,
-                    SideWrite::Write(entry) => {
-                        Some((entry, &pending[index].token.as_ref()?.secret))
-                    }
+                    SideWrite::Write(entry) => Some((entry, &token_of(index)?.secret)),
                 };
                 Some((index, (topic.as_str(), *partition, entry)))
             })
@@ -110,44 +132,26 @@ impl LiveState {
         let mut side_failed = Vec::new();
         for ((index, _), result) in sides.iter().zip(self.side_log.write_all(&side_entries)) {
             if let Err(err) = result {
-                self.shared.emit(Event::Error {
-                    message: err.to_string(),
-                });
-                first_error.get_or_insert(err);
+                errors.push(err);
                 side_failed.push(*index);
             }
         }
-        for index in cycle.applied(&refused, &side_failed) {
-            if let Err(err) = self.shared.commit_applied(&pending[index]) {
-                if err.is_io_failure() {
-                    self.shared.write_failed(&err);
-                }
-                self.shared.emit(Event::Error {
-                    message: err.to_string(),
-                });
-            }
+        CycleSent {
+            refused,
+            side_failed,
+            errors,
         }
-        first_error.map_or(Ok(()), Err)
     }
 }
 
-/// Commits one partition's offset and metadata (an assignment's main-log step).
-pub(super) fn commit_main(
-    consumer: &BaseConsumer<LiveContext>,
-    topic: &str,
-    partition: i32,
-    offset: i64,
-    metadata: &str,
-) -> Result<(), KafkaError> {
-    let key = (topic.to_owned(), partition);
-    let commit = MainLogCommit {
-        offset,
-        metadata: metadata.to_owned(),
-    };
-    match commit_main_all(consumer, &[(&key, &commit)])?.pop() {
-        Some((_, err)) => Err(err),
-        None => Ok(()),
-    }
+/// How a commit cycle's writes to Kafka went (see [`LiveState::send_cycle`]).
+pub(super) struct CycleSent {
+    /// The partitions whose main-log write failed.
+    pub refused: Vec<PartitionId>,
+    /// The indices (in the cycle) of the partitions whose side-log write failed.
+    pub side_failed: Vec<usize>,
+    /// Every error, in the order they came.
+    pub errors: Vec<KafkaError>,
 }
 
 /// Commits every partition's offset and metadata in one OffsetCommit request, waiting at

@@ -8,7 +8,6 @@ mod commit;
 mod poll;
 mod upkeep;
 
-use commit::commit_main;
 use poll::poll_into_buffer;
 use upkeep::give_back_freed_memory;
 
@@ -36,8 +35,9 @@ use crate::fetch::{
     Schedule, TrimWatch, classify_poll_error, fatal_kind,
 };
 use crate::plan::{
-    AssignStep, CommitCycle, Committed, Inputs, MainLogCommit, OffsetReset, PlanEvent, SideValue,
-    SideWrite, SplitSecret, SplitToken, UnownedAction, reconcile, unowned_action,
+    CommitCycle, CommitWrites, Committed, Decision, Inputs, LocalStep, MainLogCommit, OffsetReset,
+    PlanEvent, SideValue, SideWrite, SplitSecret, SplitToken, UnownedAction, reconcile,
+    unowned_action,
 };
 use crate::store::{Lane, LayoutId, PartitionState, StoreError};
 
