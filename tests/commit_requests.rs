@@ -1,15 +1,16 @@
 //! A commit cycle asks the group coordinator once, whatever the number of partitions: one
 //! OffsetCommit carrying every partition's offset and metadata, not one request per
-//! partition one after the other (each a round trip, inside the rebalance callback too).
-//! Counted from librdkafka's own statistics of the group member.
+//! partition one after the other (each a round trip). So does an assignment that starts a
+//! split on every partition, inside the rebalance callback, whose time counts against
+//! `max.poll.interval.ms`. Counted from librdkafka's own statistics of the group member.
 
 mod support;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use catchup::{ClientHooks, Mode};
-use support::{Kafka, test_config, unique};
+use catchup::{ClientHooks, Event, Mode};
+use support::{Kafka, test_config, unique, wait_for_event};
 
 const PARTITIONS: i32 = 8;
 const PER_PARTITION: usize = 50;
@@ -104,5 +105,61 @@ async fn one_offset_commit_per_cycle_for_eight_partitions() {
         kafka.committed(&group, &topic, PARTITIONS),
         vec![Some(PER_PARTITION as i64); PARTITIONS as usize]
     );
+    consumer.close().await.expect("close");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_offset_commit_for_an_assignment_that_splits_eight_partitions() {
+    let kafka = Kafka::connect();
+    let topic = unique("assign-requests");
+    kafka.create_topic(&topic, PARTITIONS).await;
+    for partition in 0..PARTITIONS {
+        kafka.produce_to(&topic, partition, 0, PER_PARTITION).await;
+    }
+    let group = unique("assign-requests-group");
+    // Every partition has a backlog of 50 behind the group's offset: each is split, and its
+    // assignment commits the split's token.
+    kafka.commit_as_operator(&group, &topic, &[0; PARTITIONS as usize]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let requests = Arc::new(Requests::default());
+    let config = test_config(dir.path(), Mode::Ordered, 10)
+        .hooks(requests.clone())
+        .commit_interval(Duration::from_secs(3600));
+    let mut client = kafka.consumer_config(&group);
+    client.set("statistics.interval.ms", "100");
+    let consumer = catchup::CatchupConsumer::new(&client, config).expect("catchup consumer");
+    let mut events = consumer.events();
+    consumer.subscribe(&[&topic]).expect("subscribe");
+    let mut split = std::collections::BTreeSet::new();
+    while split.len() < PARTITIONS as usize {
+        if let Event::SplitStarted { partition, .. } = wait_for_event(&mut events, WAIT, |e| {
+            matches!(e, Event::SplitStarted { .. })
+        })
+        .await
+        {
+            split.insert(partition);
+        }
+    }
+
+    // Nothing was read, so nothing else commits: every request counted is the assignment's.
+    let commits = requests.next_count().await;
+    eprintln!("an assignment splitting {PARTITIONS} partitions: {commits} OffsetCommit requests");
+    assert_eq!(commits, 1, "OffsetCommit requests of the assignment");
+    // The splits work: every record, in order per partition.
+    let mut next = [0i64; PARTITIONS as usize];
+    for _ in 0..PARTITIONS as usize * PER_PARTITION {
+        let delivery = tokio::time::timeout(WAIT, consumer.recv())
+            .await
+            .expect("a delivery")
+            .expect("recv");
+        let slot = &mut next[delivery.partition as usize];
+        assert_eq!(
+            delivery.offset, *slot,
+            "partition {} in order",
+            delivery.partition
+        );
+        *slot += 1;
+        consumer.ack(&delivery);
+    }
     consumer.close().await.expect("close");
 }
