@@ -16,6 +16,7 @@ mod rebootstrap;
 mod side_log;
 mod side_reader;
 mod topic_id;
+mod watermarks;
 
 pub(crate) use crate::engine::BrokerHealth;
 pub(crate) use budget::Budget;

@@ -22,6 +22,7 @@ use rdkafka::error::KafkaError as RdError;
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
 use super::side_log::for_other_consumers;
+use super::watermarks::read_watermarks;
 use super::{
     Arenas, Budget, KafkaError, Positions, Rebootstrap, RoleContext, for_role, to_record,
     topic_bytes,
@@ -41,7 +42,6 @@ const EMPTY_WAIT: Duration = Duration::from_millis(20);
 /// The longest a fetcher that leaves a queue unpolled (`Budget::holds`) waits: the reader
 /// wakes it when it takes catch-up records, and this covers a word it missed.
 const HELD_WAIT: Duration = Duration::from_millis(5);
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Requests to the catch-up thread.
 pub(crate) enum CatchupCommand {
@@ -454,9 +454,7 @@ impl Fetcher {
         for key in &keys {
             self.append(key);
         }
-        for key in &keys {
-            self.judge_out_of_range(&consumer, key);
-        }
+        self.judge_out_of_range(&consumer, &keys);
         self.reposition();
         let tracked = &self.tracked;
         if let Some(budget) = &mut self.budget {
@@ -659,22 +657,40 @@ impl Fetcher {
         }
     }
 
-    /// After an out-of-range error, what the partition's position means once its watermarks
+    /// After an out-of-range error, what each partition's position means once its watermarks
     /// are read (`LanePartition::handle_watermarks`): retention removed offsets the lane still
     /// needed — report it and continue at the log start; the log ends below the position —
     /// wait for it to grow back; inside the log — the error was another partition's.
-    fn judge_out_of_range(&mut self, consumer: &BaseConsumer<RoleContext>, key: &PartitionId) {
+    fn judge_out_of_range(&mut self, consumer: &BaseConsumer<RoleContext>, keys: &[PartitionId]) {
         let now = Instant::now();
-        if !self
-            .tracked
-            .get(key)
-            .is_some_and(|tracked| tracked.lane.poll_watermarks(now))
-        {
+        let waiting: Vec<PartitionId> = keys
+            .iter()
+            .filter(|key| {
+                self.tracked
+                    .get(*key)
+                    .is_some_and(|tracked| tracked.lane.poll_watermarks(now))
+            })
+            .cloned()
+            .collect();
+        if waiting.is_empty() {
             return;
         }
-        let watermarks = consumer
-            .fetch_watermarks(&key.0, key.1, REQUEST_TIMEOUT)
-            .map_err(|err| err.to_string());
+        // Read concurrently, 5 s each: an error naming no partition ends every chain, and
+        // one request after the other, with leaders down, held this thread (and the revokes
+        // it answers) for as many timeouts as partitions.
+        let watermarks = read_watermarks(consumer, &waiting);
+        for (key, watermarks) in waiting.iter().zip(watermarks) {
+            self.judge_watermarks(key, watermarks.map_err(|err| err.to_string()), now);
+        }
+    }
+
+    /// What `key`'s position means given its `watermarks` (see `judge_out_of_range`).
+    fn judge_watermarks(
+        &mut self,
+        key: &PartitionId,
+        watermarks: Result<(i64, i64), String>,
+        now: Instant,
+    ) {
         let Some(tracked) = self.tracked.get_mut(key) else {
             return;
         };

@@ -23,6 +23,7 @@ use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientConfig, ClientContext, Message, Offset, TopicPartitionList};
 
 use super::side_log::SideLogWrite;
+use super::watermarks::read_watermarks;
 use super::{
     Arenas, Budget, CatchupCommand, KafkaError, Positions, Rebootstrap, SideLog, to_record,
     topic_bytes,
@@ -123,13 +124,6 @@ const TOPIC_CHECK_EVERY: Duration = Duration::from_secs(5);
 
 /// How long the topic-id lookup may take: it is a check on top, and runs inside the rebalance.
 const TOPIC_ID_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long reading one partition's watermarks may take (in an assignment, or after an
-/// out-of-range error): a partition whose leader does not answer waits and is tried again
-/// instead of holding the live thread, whose time between polls (the rebalance callback's
-/// too) counts against `max.poll.interval.ms`.
-const WATERMARKS_TIMEOUT: Duration = Duration::from_secs(5);
-/// An assignment's watermarks are read this many partitions at a time.
-const WATERMARK_READERS: usize = 16;
 
 /// The live consumer's context: overrides the rebalance to assign at absolute offsets.
 pub(crate) struct LiveContext {
@@ -492,39 +486,4 @@ fn run(
         }
         budget.apply(&shared, &consumer, |_| true);
     }
-}
-
-/// The watermarks of `partitions`, read concurrently (up to `WATERMARK_READERS` at a time),
-/// each within [`WATERMARKS_TIMEOUT`]: offline partitions cost one timeout per group
-/// of readers, not one per partition. A reader that cannot be started or panics reads
-/// nothing: that partition waits and is tried again.
-fn read_watermarks(
-    consumer: &BaseConsumer<LiveContext>,
-    partitions: &[PartitionId],
-) -> Vec<rdkafka::error::KafkaResult<(i64, i64)>> {
-    let mut watermarks = Vec::with_capacity(partitions.len());
-    for group in partitions.chunks(WATERMARK_READERS) {
-        std::thread::scope(|scope| {
-            let readers: Vec<_> = group
-                .iter()
-                .map(|(topic, partition)| {
-                    std::thread::Builder::new()
-                        .name("catchup-watermarks".into())
-                        .spawn_scoped(scope, move || {
-                            consumer.fetch_watermarks(topic, *partition, WATERMARKS_TIMEOUT)
-                        })
-                })
-                .collect();
-            for reader in readers {
-                let read = match reader {
-                    Ok(reader) => reader
-                        .join()
-                        .unwrap_or(Err(rdkafka::error::KafkaError::Canceled)),
-                    Err(_) => Err(rdkafka::error::KafkaError::Canceled),
-                };
-                watermarks.push(read);
-            }
-        });
-    }
-    watermarks
 }
