@@ -633,13 +633,17 @@ impl Buffer {
         let lane_state = *state.lane(lane);
         let from = keys::chunk(lane, part, lane_state.retained_from as u64);
         let through = keys::chunk(lane, part, committed as u64);
+        // Only the last chunk's value is read: a commit far ahead (a reuse at an assignment)
+        // must not hold every chunk it deletes in memory at once.
         let mut covered = Vec::new();
+        let mut last_value = None;
         for entry in self.db()?.range(from..=through) {
             let (key, value) = entry.map_err(|err| self.sled_error(err))?;
-            covered.push((key, value));
+            covered.push((key, value.len()));
+            last_value = Some(value);
         }
         let mut retained_from = lane_state.fetched_next;
-        if let Some((last_key, last_value)) = covered.last() {
+        if let (Some((last_key, _)), Some(last_value)) = (covered.last(), &last_value) {
             let head: super::record::ChunkHead =
                 codec::decode_prefix(last_value).map_err(|err| {
                     self.damaged(format!("a chunk of {topic}/{partition} {lane}: {err}"))
@@ -656,8 +660,8 @@ impl Buffer {
         }
         let mut batch = Batch::default();
         let mut removed: u64 = 0;
-        for (key, value) in &covered {
-            removed += (key.len() + value.len()) as u64;
+        for (key, value_len) in &covered {
+            removed += (key.len() + value_len) as u64;
             batch.remove(key);
         }
         let lane_state = state.lane_mut(lane);
