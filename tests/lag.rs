@@ -1,7 +1,7 @@
 //! `catchup lag` and `catchup::group_lag` during a real split: the group's committed offset
 //! (all that standard lag tools see) reports the whole backlog, while the true state — the
 //! backlog left, where the live lane stands, read from the split token and the verified side
-//! entry — agrees with what the consumer itself reports.
+//! entry — agrees with what the consumer itself reports (`buffers()`, `backlog()`).
 
 mod support;
 
@@ -78,6 +78,11 @@ async fn lag_during_a_split_agrees_with_the_consumer() {
     assert!(
         lag.reported_lag > lag.live_lag,
         "standard tools see the backlog: {lag:?}"
+    );
+    // The consumer's own `backlog()` counts the same: from the group's offset to the log end.
+    assert_eq!(
+        consumer.backlog().await.expect("backlog"),
+        (log_end - mine.catchup.processed_next) as u64
     );
 
     // The command line says the same.

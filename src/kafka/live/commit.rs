@@ -15,12 +15,16 @@ impl LiveState {
             .map(|(key, runtime)| (key.clone(), runtime.main_committed))
             .collect();
         let mut backlog = self.unreconciled().len() as u64;
-        for ((topic, partition), main_committed) in committed {
-            let (_, high) = consumer
-                .fetch_watermarks(&topic, partition, REQUEST_TIMEOUT)
-                .map_err(|e| {
-                    KafkaError::client(&format!("reading the log end of {topic}/{partition}"), e)
-                })?;
+        // Read concurrently, 5 s each: the live thread polls nothing meanwhile, and its time
+        // between polls counts against max.poll.interval.ms.
+        let keys: Vec<PartitionId> = committed.iter().map(|(key, _)| key.clone()).collect();
+        let watermarks = read_watermarks(consumer, &keys);
+        for (((topic, partition), main_committed), watermarks) in
+            committed.into_iter().zip(watermarks)
+        {
+            let (_, high) = watermarks.map_err(|e| {
+                KafkaError::client(&format!("reading the log end of {topic}/{partition}"), e)
+            })?;
             backlog += (high - main_committed).max(0) as u64;
         }
         Ok(backlog)
