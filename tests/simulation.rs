@@ -67,7 +67,8 @@ fn the_consumer_never_loses_a_record() {
         "{count} seeds over {} partitions, {} steps, {} splits ({} layouts with several ranges), \
          {} merges, {} truncations, {} positions held past the log end, {} errors naming no \
          partition, {} assignments of everything (eager), {} main-log writes refused, {} \
-         partitions whose assignment waited for a write to Kafka, {} failed creations of the catch-up consumer, {} topic ids unreadable, {} partitions assigned \
+         partitions whose assignment waited for a write to Kafka, {} writes reported failed yet \
+         applied, {} failed creations of the catch-up consumer, {} topic ids unreadable, {} partitions assigned \
          again within a poll round, {} histories with a memory tier ({} crashes losing what it \
          held, {} bytes spilled to sled), {} histories in mode latest ({} records superseded, {} \
          assignments waiting for their keys to be read again): no loss, no stall",
@@ -82,6 +83,7 @@ fn the_consumer_never_loses_a_record() {
         stats.eager_reassigns,
         stats.commit_refusals,
         stats.assign_deferrals,
+        stats.failed_yet_written,
         stats.create_failures,
         stats.id_failures,
         stats.rebalances_in_a_round,
@@ -106,6 +108,7 @@ fn the_consumer_never_loses_a_record() {
                 && stats.eager_reassigns > 0
                 && stats.commit_refusals > 0
                 && stats.assign_deferrals > 0
+                && stats.failed_yet_written > 0
                 && stats.create_failures > 0
                 && stats.id_failures > 0
                 && stats.rebalances_in_a_round > 0

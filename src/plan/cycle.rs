@@ -58,6 +58,15 @@ impl<K: PartialEq> CommitCycle<K> {
             .filter(|index| self.main_done(*index, refused) && !side_failed.contains(index))
             .collect()
     }
+
+    /// The indices of the partitions with a write that did not happen, the complement of
+    /// [`applied`](Self::applied): an assignment defers them (reconciled again later).
+    pub fn unapplied(&self, refused: &[K], side_failed: &[usize]) -> Vec<usize> {
+        let applied = self.applied(refused, side_failed);
+        (0..self.partitions.len())
+            .filter(|index| !applied.contains(index))
+            .collect()
+    }
 }
 
 #[cfg(test)]
@@ -153,6 +162,15 @@ mod tests {
             assert_eq!(
                 &cycle.applied(refused, side_failed),
                 applied,
+                "refused {refused:?}, side failed {side_failed:?}"
+            );
+            // Every partition is either applied or not, never both, never neither.
+            let unapplied = cycle.unapplied(refused, side_failed);
+            let mut all: Vec<usize> = applied.iter().chain(&unapplied).copied().collect();
+            all.sort_unstable();
+            assert_eq!(
+                all,
+                vec![0, 1, 2, 3],
                 "refused {refused:?}, side failed {side_failed:?}"
             );
         }

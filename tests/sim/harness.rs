@@ -252,6 +252,8 @@ pub struct Stats {
     /// Partitions whose assignment failed at a write to Kafka and waited to be assigned
     /// again.
     pub assign_deferrals: u64,
+    /// Writes to Kafka reported failed that were applied all the same (a timed-out request).
+    pub failed_yet_written: u64,
     /// Failed creations of the catch-up consumer.
     pub create_failures: u64,
     /// Partitions revoked and assigned again inside a poll round of the group member.
@@ -285,6 +287,7 @@ impl std::ops::AddAssign for Stats {
         self.eager_reassigns += other.eager_reassigns;
         self.commit_refusals += other.commit_refusals;
         self.assign_deferrals += other.assign_deferrals;
+        self.failed_yet_written += other.failed_yet_written;
         self.create_failures += other.create_failures;
         self.rebalances_in_a_round += other.rebalances_in_a_round;
         self.id_failures += other.id_failures;
@@ -584,11 +587,9 @@ impl Sim {
         if !(cycle.mains().is_empty() && cycle.sides(&[]).is_empty()) && self.crashes_here() {
             return self.crash();
         }
-        for (index, (part, _)) in decided.iter().enumerate() {
-            if refused.contains(part) || side_failed.contains(&index) {
-                self.stats.assign_deferrals += 1;
-                self.unreconciled.insert(*part);
-            }
+        for index in cycle.unapplied(&refused, &side_failed) {
+            self.stats.assign_deferrals += 1;
+            self.unreconciled.insert(decided[index].0);
         }
         for index in cycle.applied(&refused, &side_failed) {
             let (part, decision) = &decided[index];
@@ -1486,6 +1487,12 @@ impl Sim {
             if request_failed || (self.faults && self.rng.chance(30)) {
                 self.stats.commit_refusals += 1;
                 refused.push(*part);
+                // A request that timed out may still have been applied: the consumer must
+                // not count on either.
+                if self.rng.chance(300) {
+                    self.stats.failed_yet_written += 1;
+                    self.write_main(*part, main.offset, main.metadata.clone())?;
+                }
                 continue;
             }
             self.write_main(*part, main.offset, main.metadata.clone())?;
@@ -1500,9 +1507,14 @@ impl Sim {
         }
         let mut side_failed = Vec::new();
         for (index, part, side) in sides {
-            if self.faults && self.rng.chance(30) {
+            let failed = self.faults && self.rng.chance(30);
+            if failed {
                 side_failed.push(index);
-                continue;
+                // As a main-log request, a side write reported failed may have landed.
+                if !self.rng.chance(300) {
+                    continue;
+                }
+                self.stats.failed_yet_written += 1;
             }
             let key = self.side_key(part);
             match side {

@@ -125,12 +125,8 @@ impl LiveState {
                 ),
             });
         }
-        let unwritten = sent.refused.iter().cloned().chain(
-            sent.side_failed
-                .iter()
-                .map(|index| decided[*index].key.clone()),
-        );
-        for key in unwritten {
+        for index in cycle.unapplied(&sent.refused, &sent.side_failed) {
+            let key = decided[index].key.clone();
             self.shared.partitions().remove(&key);
             failed.push(key);
         }

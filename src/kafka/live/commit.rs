@@ -120,20 +120,28 @@ impl LiveState {
                 mains.iter().map(|(key, _)| (*key).clone()).collect()
             }
         };
-        let sides: Vec<(usize, SideLogWrite<'_>)> = cycle
-            .sides(&refused)
-            .into_iter()
-            .filter_map(|(index, (topic, partition), side)| {
-                let entry = match side {
-                    SideWrite::Keep => return None,
-                    SideWrite::Tombstone => None,
-                    SideWrite::Write(entry) => Some((entry, &token_of(index)?.secret)),
-                };
-                Some((index, (topic.as_str(), *partition, entry)))
-            })
-            .collect();
-        let side_entries: Vec<_> = sides.iter().map(|(_, entry)| *entry).collect();
         let mut side_failed = Vec::new();
+        let mut sides: Vec<(usize, SideLogWrite<'_>)> = Vec::new();
+        for (index, (topic, partition), side) in cycle.sides(&refused) {
+            let entry = match side {
+                SideWrite::Keep => continue,
+                SideWrite::Tombstone => None,
+                SideWrite::Write(entry) => match token_of(index) {
+                    Some(token) => Some((entry, &token.secret)),
+                    // A bug of the plan: nothing to seal it with, so it is not written, and
+                    // the partition does not count as having written it.
+                    None => {
+                        errors.push(KafkaError::Assignment(format!(
+                            "{topic}/{partition}: a side entry to write without a split token"
+                        )));
+                        side_failed.push(index);
+                        continue;
+                    }
+                },
+            };
+            sides.push((index, (topic.as_str(), *partition, entry)));
+        }
+        let side_entries: Vec<_> = sides.iter().map(|(_, entry)| *entry).collect();
         for ((index, _), result) in sides.iter().zip(self.side_log.write_all(&side_entries)) {
             if let Err(err) = result {
                 errors.push(err);
