@@ -13,7 +13,7 @@ use catchup::rdkafka::consumer::{BaseConsumer, Consumer};
 use catchup::rdkafka::message::{Header, Headers, OwnedHeaders};
 use catchup::rdkafka::producer::{FutureProducer, FutureRecord};
 use catchup::rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
-use catchup::{CatchupConsumer, Error, Mode};
+use catchup::{CatchupConsumer, DeliveryLane, Error, Mode};
 use futures::StreamExt;
 use support::{Kafka, test_config, unique};
 
@@ -152,6 +152,9 @@ async fn a_delivery_reads_like_an_rdkafka_message() {
                 .expect("delivered in time")
                 .expect("the stream never ends")
                 .expect("delivery");
+            // The backlog's lane: read from the catch-up consumer's partition queue, in runs
+            // (librdkafka's batch call), which must read every field as a polled message.
+            assert_eq!(delivery.lane, DeliveryLane::Catchup);
             consumer.ack(&delivery);
             delivered.push(seen(&delivery));
         }

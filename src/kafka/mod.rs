@@ -12,6 +12,7 @@ mod live;
 mod offset_commit;
 mod positions;
 mod prefetch;
+mod queue_batch;
 mod rebootstrap;
 mod side_log;
 mod side_reader;
@@ -31,12 +32,13 @@ pub(crate) use rebootstrap::Rebootstrap;
 pub(crate) use side_log::{SideLog, for_other_consumers};
 pub(crate) use side_reader::read_side_entries;
 
-use rdkafka::Message;
-use rdkafka::message::{BorrowedMessage, Headers};
+use rdkafka::message::BorrowedMessage;
 
-use crate::store::{Header, Record, Timestamp};
+use crate::store::Record;
 pub(crate) use arena::Arenas;
 pub(crate) use positions::Positions;
+pub(crate) use queue_batch::PartitionBatches;
+use queue_batch::RawMessage;
 
 /// Errors of the Kafka layer, with what was being done. New variants may come in minor
 /// versions.
@@ -128,31 +130,21 @@ pub(crate) fn to_record(
     topic: &[u8],
     arenas: &mut Arenas,
 ) -> Record {
+    record_of(&RawMessage::of(message), topic, arenas)
+}
+
+/// [`to_record`] of a message taken in a run from a partition's queue, or polled (its
+/// topic's name given as [`topic_bytes`] reads it). Its headers are read from librdkafka
+/// directly: rust-rdkafka's reader panics on a header name that is not UTF-8.
+pub(crate) fn record_of(message: &RawMessage<'_>, topic: &[u8], arenas: &mut Arenas) -> Record {
     let partition = message.partition();
-    let timestamp = match message.timestamp() {
-        rdkafka::Timestamp::NotAvailable => Timestamp::NotAvailable,
-        rdkafka::Timestamp::CreateTime(ms) => Timestamp::CreateTime(ms),
-        rdkafka::Timestamp::LogAppendTime(ms) => Timestamp::LogAppendTime(ms),
-    };
-    let headers = message
-        .headers()
-        .map(|headers| {
-            headers
-                .iter()
-                .map(|h| Header {
-                    key: h.key.to_owned(),
-                    value: h.value.map(<[u8]>::to_vec),
-                })
-                .collect()
-        })
-        .unwrap_or_default();
     Record {
         offset: message.offset(),
-        timestamp,
+        timestamp: message.timestamp(),
         key: message.key().map(|key| arenas.copy(topic, partition, key)),
         payload: message
             .payload()
             .map(|payload| arenas.copy(topic, partition, payload)),
-        headers,
+        headers: message.headers(),
     }
 }
