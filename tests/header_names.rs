@@ -1,7 +1,7 @@
 //! A header whose name is not UTF-8 — Kafka's format allows any bytes, and rust-rdkafka's
 //! header reader panics on one — reaches the application with its name read lossily, through
-//! both lanes: the group member's (`off`) and the catch-up consumer's, which takes its
-//! partition queues in runs (`ordered`, behind a backlog).
+//! both lanes: the group member's (`off`) and the catch-up consumer's (`ordered`, behind a
+//! backlog).
 
 mod support;
 

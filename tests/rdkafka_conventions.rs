@@ -152,8 +152,8 @@ async fn a_delivery_reads_like_an_rdkafka_message() {
                 .expect("delivered in time")
                 .expect("the stream never ends")
                 .expect("delivery");
-            // The backlog's lane: read from the catch-up consumer's partition queue, in runs
-            // (librdkafka's batch call), which must read every field as a polled message.
+            // The backlog's lane: the catch-up consumer's records, whose fields are read from
+            // librdkafka directly (as the group member's are), must read like a message.
             assert_eq!(delivery.lane, DeliveryLane::Catchup);
             consumer.ack(&delivery);
             delivered.push(seen(&delivery));
