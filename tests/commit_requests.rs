@@ -66,24 +66,42 @@ impl ClientHooks for Requests {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_offset_commit_per_cycle_for_eight_partitions() {
-    let kafka = Kafka::connect();
-    let topic = unique("commit-requests");
+/// A topic of `PARTITIONS` partitions with `PER_PARTITION` records in each.
+async fn eight_partitions(kafka: &Kafka, name: &str) -> String {
+    let topic = unique(name);
     kafka.create_topic(&topic, PARTITIONS).await;
     for partition in 0..PARTITIONS {
         kafka.produce_to(&topic, partition, 0, PER_PARTITION).await;
     }
-    let group = unique("commit-requests-group");
-    let dir = tempfile::tempdir().expect("tempdir");
+    topic
+}
+
+/// An `Ordered` consumer of `group` splitting at `min_lag`, whose group member's statistics
+/// come every 100 ms to the returned counter. Only the commits a test asks for: no periodic
+/// one in between.
+fn counted_consumer(
+    kafka: &Kafka,
+    group: &str,
+    dir: &std::path::Path,
+    min_lag: u64,
+) -> (catchup::CatchupConsumer, Arc<Requests>) {
     let requests = Arc::new(Requests::default());
-    let config = test_config(dir.path(), Mode::Ordered, u64::MAX)
+    let config = test_config(dir, Mode::Ordered, min_lag)
         .hooks(requests.clone())
-        // Only the commit below: no periodic one in between.
         .commit_interval(Duration::from_secs(3600));
-    let mut client = kafka.consumer_config(&group);
+    let mut client = kafka.consumer_config(group);
     client.set("statistics.interval.ms", "100");
     let consumer = catchup::CatchupConsumer::new(&client, config).expect("catchup consumer");
+    (consumer, requests)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_offset_commit_per_cycle_for_eight_partitions() {
+    let kafka = Kafka::connect();
+    let topic = eight_partitions(&kafka, "commit-requests").await;
+    let group = unique("commit-requests-group");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (consumer, requests) = counted_consumer(&kafka, &group, dir.path(), u64::MAX);
     consumer.subscribe(&[&topic]).expect("subscribe");
     for _ in 0..PARTITIONS as usize * PER_PARTITION {
         let delivery = tokio::time::timeout(WAIT, consumer.recv())
@@ -111,23 +129,13 @@ async fn one_offset_commit_per_cycle_for_eight_partitions() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_offset_commit_for_an_assignment_that_splits_eight_partitions() {
     let kafka = Kafka::connect();
-    let topic = unique("assign-requests");
-    kafka.create_topic(&topic, PARTITIONS).await;
-    for partition in 0..PARTITIONS {
-        kafka.produce_to(&topic, partition, 0, PER_PARTITION).await;
-    }
+    let topic = eight_partitions(&kafka, "assign-requests").await;
     let group = unique("assign-requests-group");
     // Every partition has a backlog of 50 behind the group's offset: each is split, and its
     // assignment commits the split's token.
     kafka.commit_as_operator(&group, &topic, &[0; PARTITIONS as usize]);
     let dir = tempfile::tempdir().expect("tempdir");
-    let requests = Arc::new(Requests::default());
-    let config = test_config(dir.path(), Mode::Ordered, 10)
-        .hooks(requests.clone())
-        .commit_interval(Duration::from_secs(3600));
-    let mut client = kafka.consumer_config(&group);
-    client.set("statistics.interval.ms", "100");
-    let consumer = catchup::CatchupConsumer::new(&client, config).expect("catchup consumer");
+    let (consumer, requests) = counted_consumer(&kafka, &group, dir.path(), 10);
     let mut events = consumer.events();
     consumer.subscribe(&[&topic]).expect("subscribe");
     let mut split = std::collections::BTreeSet::new();
