@@ -571,6 +571,16 @@ pub fn side_value(kafka: &Kafka, side_topic: &str, key: &str) -> Option<String> 
 pub async fn wait_for_event(
     events: &mut tokio::sync::broadcast::Receiver<catchup::Event>,
     timeout: Duration,
+    predicate: impl FnMut(&catchup::Event) -> bool,
+) -> catchup::Event {
+    wait_for_named_event(events, timeout, "matching event", predicate).await
+}
+
+/// As [`wait_for_event`]; the panic at the timeout names `what` was awaited.
+pub async fn wait_for_named_event(
+    events: &mut tokio::sync::broadcast::Receiver<catchup::Event>,
+    timeout: Duration,
+    what: &str,
     mut predicate: impl FnMut(&catchup::Event) -> bool,
 ) -> catchup::Event {
     let deadline = Instant::now() + timeout;
@@ -583,7 +593,7 @@ pub async fn wait_for_event(
             }
             Ok(Ok(_)) | Ok(Err(tokio::sync::broadcast::error::RecvError::Lagged(_))) => {}
             Ok(Err(err)) => panic!("event channel closed: {err}"),
-            Err(_) => panic!("no matching event within {timeout:?}"),
+            Err(_) => panic!("no {what} within {timeout:?}"),
         }
     }
 }

@@ -108,13 +108,21 @@ impl LiveState {
         let mut errors = Vec::new();
         // Partitions whose main-log write failed: none of their writes after it happen.
         let refused: Vec<PartitionId> = match commit_main_all(consumer, &mains) {
-            Ok(refused) => refused
-                .into_iter()
-                .map(|(key, err)| {
-                    errors.push(err);
-                    key
-                })
-                .collect(),
+            Ok(refused) => {
+                // A partition committed is a request that got through: an outage announced
+                // ends here, not at the next probe (which a slow broker may time out).
+                if refused.len() < mains.len() {
+                    self.shared.health.reached();
+                    self.shared.health.accepted();
+                }
+                refused
+                    .into_iter()
+                    .map(|(key, err)| {
+                        errors.push(err);
+                        key
+                    })
+                    .collect()
+            }
             Err(err) => {
                 errors.push(err);
                 mains.iter().map(|(key, _)| (*key).clone()).collect()
