@@ -27,6 +27,10 @@ pub struct FetchCursor {
     heard: bool,
     /// The chain of proof broke: append what was polled before, then reposition.
     broken: bool,
+    /// The offset the last end of partition named, when nothing was polled after it: a
+    /// position read now proves nothing beyond it. librdkafka's batch call moves the
+    /// position one past it (librdkafka issue 4844), over an offset it never fetched.
+    end_named: Option<i64>,
     /// Polled records not yet appended, in offset order.
     pending: Vec<Record>,
     /// An append was taken and its result is not known yet.
@@ -84,6 +88,7 @@ impl FetchCursor {
             polled_next: at,
             heard: false,
             broken: false,
+            end_named: None,
             pending: Vec::new(),
             in_flight: false,
             dropped: 0,
@@ -145,6 +150,7 @@ impl FetchCursor {
             return;
         }
         self.heard = true;
+        self.end_named = None;
         self.polled_next = next;
         if self.pending.is_empty() {
             self.pending = run;
@@ -153,13 +159,15 @@ impl FetchCursor {
         }
     }
 
-    /// An end of partition polled in this generation. It proves no offset by itself (the
-    /// client does not say which offset it reached, and a new leader may briefly report a
-    /// lower high watermark), but it means this generation has been heard from, so its
-    /// position can be trusted.
-    pub fn end_of_partition(&mut self) {
+    /// An end of partition polled in this generation, naming the offset the client's fetch
+    /// stood at (`at`) when the adapter can read it. It proves no offset by itself (a new
+    /// leader may briefly report a lower high watermark), but it means this generation has
+    /// been heard from, so its position can be trusted — up to `at`, until a message comes
+    /// after it.
+    pub fn end_of_partition(&mut self, at: Option<i64>) {
         if !self.broken {
             self.heard = true;
+            self.end_named = at;
         }
     }
 
@@ -169,6 +177,7 @@ impl FetchCursor {
     /// without a record are compaction gaps or markers. Before that it may belong to an
     /// earlier assignment (the reset after an unassign is asynchronous) and proves nothing.
     pub fn position(&mut self, position: i64) {
+        let position = self.end_named.map_or(position, |end| position.min(end));
         if !self.broken && self.heard && position > self.polled_next {
             self.polled_next = position;
         }
@@ -250,6 +259,7 @@ impl FetchCursor {
         self.polled_next = at;
         self.heard = false;
         self.broken = false;
+        self.end_named = None;
         self.in_flight = false;
         self.pending.clear();
     }
@@ -315,7 +325,7 @@ mod tests {
         cursor.repositioned(125);
         cursor.position(301); // stale: nothing polled in this generation yet
         assert_eq!(cursor.take_append(), None);
-        cursor.end_of_partition();
+        cursor.end_of_partition(None);
         cursor.position(130);
         let append = cursor.take_append().expect("a proven gap");
         assert_eq!((append.continues_from, append.next), (125, 130));
@@ -328,7 +338,7 @@ mod tests {
         // watermark, must not mark the (next) range fetched.
         let mut cursor = FetchCursor::new(LAYOUT, 110);
         cursor.messages((110..450).map(record).collect());
-        cursor.end_of_partition();
+        cursor.end_of_partition(None);
         let append = cursor.take_append().expect("append");
         assert_eq!(append.next, 450);
         // The buffer kept 110..119 and moved the lane to the next range's start.
@@ -339,6 +349,29 @@ mod tests {
             "nothing of [125, 400) is proven"
         );
         assert_eq!(cursor.reposition(), Some(125));
+    }
+
+    #[test]
+    fn a_position_past_the_named_end_of_partition_proves_only_up_to_it() {
+        // librdkafka's batch call hands out the end of partition at 130 and moves the
+        // position to 131: offset 130 was never fetched.
+        let mut cursor = FetchCursor::new(LAYOUT, 100);
+        cursor.messages((100..120).map(record).collect());
+        cursor.end_of_partition(Some(130));
+        cursor.position(131);
+        let append = cursor.take_append().expect("append");
+        assert_eq!(append.next, 130, "the gap [120, 130) is proven, 130 is not");
+        cursor.appended(AppendResult::Stored { fetched_next: 130 });
+        // A message after it: the position is the client's again.
+        cursor.messages(vec![record(130), record(132)]);
+        cursor.position(134);
+        let append = cursor.take_append().expect("append");
+        assert_eq!((append.continues_from, append.next), (130, 134));
+        cursor.appended(AppendResult::Stored { fetched_next: 134 });
+        // An end of partition the adapter cannot name (the group member's) bounds nothing.
+        cursor.end_of_partition(None);
+        cursor.position(136);
+        assert_eq!(cursor.take_append().expect("append").next, 136);
     }
 
     #[test]

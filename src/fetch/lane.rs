@@ -30,8 +30,13 @@ use crate::store::{LayoutId, OffsetRange, Record};
 pub enum Polled {
     /// A run of messages.
     Messages(Vec<Record>),
-    /// The consumer reached the end of the partition.
-    EndOfPartition,
+    /// The consumer reached the end of the partition; `at`: the offset its fetch stood at,
+    /// when the adapter can read it (librdkafka's event names it, rust-rdkafka's error
+    /// does not).
+    EndOfPartition {
+        /// Where the fetch stood.
+        at: Option<i64>,
+    },
     /// The position is out of range: the partition stopped fetching.
     OutOfRange,
     /// An error that may have skipped messages: the chain of proof ends here.
@@ -119,7 +124,7 @@ impl LanePartition {
     pub fn handle_polled(&mut self, polled: Polled) {
         match polled {
             Polled::Messages(records) => self.cursor.messages(records),
-            Polled::EndOfPartition => self.cursor.end_of_partition(),
+            Polled::EndOfPartition { at } => self.cursor.end_of_partition(at),
             Polled::OutOfRange => {
                 self.cursor.break_chain();
                 self.out_of_range = true;

@@ -12,6 +12,7 @@ mod live;
 mod offset_commit;
 mod positions;
 mod prefetch;
+mod queue_batch;
 mod raw_message;
 mod rebootstrap;
 mod side_log;
@@ -37,6 +38,7 @@ use rdkafka::message::BorrowedMessage;
 use crate::store::Record;
 pub(crate) use arena::Arenas;
 pub(crate) use positions::Positions;
+pub(crate) use queue_batch::{PartitionBatches, Taken};
 use raw_message::RawMessage;
 
 /// Errors of the Kafka layer, with what was being done. New variants may come in minor
@@ -129,9 +131,13 @@ pub(crate) fn to_record(
     topic: &[u8],
     arenas: &mut Arenas,
 ) -> Record {
-    // Read from librdkafka directly: rust-rdkafka's header reader panics on a header name
-    // that is not UTF-8.
-    let message = RawMessage::of(message);
+    record_of(&RawMessage::of(message), topic, arenas)
+}
+
+/// [`to_record`] of a message taken in a run from a partition's queue, or polled (its
+/// topic's name given as [`topic_bytes`] reads it). Read from librdkafka directly:
+/// rust-rdkafka's header reader panics on a header name that is not UTF-8.
+pub(crate) fn record_of(message: &RawMessage<'_>, topic: &[u8], arenas: &mut Arenas) -> Record {
     let partition = message.partition();
     Record {
         offset: message.offset(),

@@ -9,7 +9,7 @@ use rdkafka::types::RDKafkaRespErr;
 
 use crate::store::{Header, Timestamp};
 
-/// A message rust-rdkafka polled, read field by field.
+/// A message rust-rdkafka polled or librdkafka handed out, read field by field.
 pub(crate) struct RawMessage<'a> {
     message: &'a rd::rd_kafka_message_t,
 }
@@ -21,6 +21,18 @@ impl<'a> RawMessage<'a> {
         Self {
             message: unsafe { &*message.ptr() },
         }
+    }
+
+    /// A view of a message librdkafka handed out (`kafka::queue_batch`).
+    pub(crate) fn from_raw(message: &'a rd::rd_kafka_message_t) -> Self {
+        Self { message }
+    }
+
+    /// Its topic's name, as librdkafka holds it.
+    pub(crate) fn topic(&self) -> &'a [u8] {
+        // SAFETY: a message holds a reference on its topic handle, whose name is a
+        // NUL-terminated string living as long as the handle.
+        unsafe { CStr::from_ptr(rd::rd_kafka_topic_name(self.message.rkt)) }.to_bytes()
     }
 
     /// Its offset.

@@ -716,7 +716,7 @@ impl Sim {
                 lane: Lane::Catchup,
                 part,
                 generation: self.generations,
-                client: Client::new(left.start, self.faults),
+                client: Client::new(left.start, self.faults).taking_runs(),
                 state: LanePartition::catchup(
                     layout,
                     left.start,
@@ -727,7 +727,7 @@ impl Sim {
             });
         }
         if !state.catchup_fetched() {
-            let mut client = Client::unassigned(self.faults);
+            let mut client = Client::unassigned(self.faults).taking_runs();
             if self.ensure_catchup_consumer() {
                 client.assign(state.catchup.fetched_next, &mut self.rng);
             }
@@ -1002,9 +1002,10 @@ impl Sim {
                     round.push(Some(key), LanePolled::Messages(vec![record(offset)]));
                     continue;
                 }
-                Polled::EndOfPartition => {
+                Polled::EndOfPartition(at) => {
                     if lane == Lane::Catchup {
-                        round.push(Some(key), LanePolled::EndOfPartition);
+                        let at = Some(at);
+                        round.push(Some(key), LanePolled::EndOfPartition { at });
                     }
                     continue;
                 }

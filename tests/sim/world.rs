@@ -120,7 +120,8 @@ pub(super) fn record(offset: i64) -> Record {
 /// What a simulated `poll` returns.
 pub(super) enum Polled {
     Message(i64),
-    EndOfPartition,
+    /// At the offset the fetch stood at.
+    EndOfPartition(i64),
     Transient,
     OutOfRange,
     BreaksChain,
@@ -139,6 +140,10 @@ pub(super) struct Client {
     /// The end of partition already reported at this offset.
     pub(super) eof_at: Option<i64>,
     pub(super) faults: bool,
+    /// Taken from in runs, as the catch-up consumer takes its partition queues: librdkafka's
+    /// batch call moves the application position one past every entry it hands out, an end
+    /// of partition or an error included (librdkafka issue 4844).
+    pub(super) runs: bool,
 }
 
 impl Client {
@@ -149,6 +154,7 @@ impl Client {
             stale: None,
             eof_at: None,
             faults,
+            runs: false,
         }
     }
 
@@ -160,6 +166,7 @@ impl Client {
             stale: None,
             eof_at: None,
             faults,
+            runs: false,
         }
     }
 
@@ -199,9 +206,25 @@ impl Client {
         self.app_pos
     }
 
+    /// The same client, taken from in runs.
+    pub(super) fn taking_runs(self) -> Self {
+        Self { runs: true, ..self }
+    }
+
     pub(super) fn poll(&mut self, log: &Log, rng: &mut Rng) -> Option<Polled> {
+        let fetching_at = self.fetch_pos;
         let polled = self.poll_inner(log, rng);
-        if matches!(polled, Some(Polled::Message(_) | Polled::EndOfPartition)) {
+        if self.runs {
+            let named = match polled {
+                Some(Polled::EndOfPartition(at)) => Some(at),
+                Some(Polled::OutOfRange | Polled::BreaksChain) => fetching_at,
+                _ => None,
+            };
+            if let Some(at) = named {
+                self.app_pos = Some(self.app_pos.map_or(at + 1, |pos| pos.max(at + 1)));
+            }
+        }
+        if matches!(polled, Some(Polled::Message(_) | Polled::EndOfPartition(_))) {
             // librdkafka resets the position when the old fetch stops, on the partition's op
             // queue, before the new fetch starts: anything the new assignment hands out comes
             // after the reset.
@@ -224,7 +247,7 @@ impl Client {
                 return Some(Polled::Transient);
             }
             if rng.chance(5) {
-                return Some(Polled::EndOfPartition); // spurious, e.g. a lowered watermark
+                return Some(Polled::EndOfPartition(pos)); // spurious, e.g. a lowered watermark
             }
         }
         loop {
@@ -243,7 +266,7 @@ impl Client {
                 self.fetch_pos = Some(pos);
                 if self.eof_at != Some(pos) {
                     self.eof_at = Some(pos);
-                    return Some(Polled::EndOfPartition);
+                    return Some(Polled::EndOfPartition(pos));
                 }
                 return None;
             }

@@ -24,8 +24,8 @@ use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 use super::side_log::for_other_consumers;
 use super::watermarks::read_watermarks;
 use super::{
-    Arenas, Budget, KafkaError, Positions, Rebootstrap, RoleContext, for_role, to_record,
-    topic_bytes,
+    Arenas, Budget, KafkaError, PartitionBatches, Positions, Rebootstrap, RoleContext, Taken,
+    for_role, record_of, to_record, topic_bytes,
 };
 use crate::engine::telemetry;
 use crate::engine::types::Event;
@@ -34,7 +34,7 @@ use crate::fetch::{
     AfterOutOfRange, AppendResult, FatalKind, Hold, LanePartition, PendingAppend, PollErrorKind,
     Polled, Round, classify_poll_error, fatal_kind,
 };
-use crate::store::{Lane, LayoutId, OffsetRange, StoreError};
+use crate::store::{Lane, LayoutId, OffsetRange, Record, StoreError};
 
 const POLL_BATCH: usize = 2000;
 /// The longest a fetcher whose queues are all empty waits before it looks again.
@@ -42,6 +42,8 @@ const EMPTY_WAIT: Duration = Duration::from_millis(20);
 /// The longest a fetcher that leaves a queue unpolled (`Budget::holds`) waits: the reader
 /// wakes it when it takes catch-up records, and this covers a word it missed.
 const HELD_WAIT: Duration = Duration::from_millis(5);
+/// Most entries taken from a partition's queue in one call.
+const MAX_RUN: usize = 256;
 
 /// Requests to the catch-up thread.
 pub(crate) enum CatchupCommand {
@@ -71,11 +73,54 @@ struct Tracked {
 }
 
 /// A tracked partition's own queue: its end-of-partition event names it unambiguously
-/// (rdkafka's `PartitionEOF` carries only the partition number). Polled one message at a
-/// time: librdkafka 2.12's batch call moves the position one past a partition's end when
-/// it hands out the end-of-partition event (librdkafka issue 4844), and the lane trusts
-/// the position after such an event.
-type Queue = PartitionQueue<RoleContext>;
+/// (rdkafka's `PartitionEOF` carries only the partition number). Taken from in runs
+/// (`PartitionBatches`), one message at a time only if that handle could not be had.
+struct Queue {
+    /// Declared first, so dropped first: `split` may hold the last reference on the consumer.
+    batches: Option<PartitionBatches>,
+    split: PartitionQueue<RoleContext>,
+}
+
+impl Queue {
+    /// Takes up to `max` waiting entries, as records (copied into `arenas`), ends of
+    /// partition or the errors queued in their place, in order. Returns how many were taken.
+    fn take(&self, max: usize, arenas: &mut Arenas, mut each: impl FnMut(Entry)) -> usize {
+        match &self.batches {
+            Some(batches) => batches.take(max, |taken| {
+                each(match taken {
+                    Taken::Message(message) => {
+                        Entry::Record(record_of(&message, message.topic(), arenas))
+                    }
+                    Taken::EndOfPartition { at } => Entry::EndOfPartition { at: Some(at) },
+                    Taken::Error(err) => Entry::Error(err),
+                })
+            }),
+            None => match self.split.poll(Duration::ZERO) {
+                None => 0,
+                Some(polled) => {
+                    each(match polled {
+                        Ok(message) => {
+                            Entry::Record(to_record(&message, topic_bytes(&message), arenas))
+                        }
+                        Err(err) => Entry::Error(err),
+                    });
+                    1
+                }
+            },
+        }
+    }
+}
+
+/// One entry taken from a partition's queue.
+enum Entry {
+    Record(Record),
+    /// An end of partition whose offset could be read.
+    EndOfPartition {
+        at: Option<i64>,
+    },
+    /// An error (an end of partition polled through rust-rdkafka among them).
+    Error(RdError),
+}
 
 /// What a fetcher fetches for, and where its records go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -290,13 +335,15 @@ impl Fetcher {
 
     /// Gives a tracked partition its own queue and assigns it at the buffer's position.
     fn attach(&self, key: &PartitionId, tracked: &mut Tracked) {
-        tracked.queue = self
-            .consumer
-            .as_ref()
-            .and_then(|c| c.split_partition_queue(&key.0, key.1));
-        if let Some(queue) = &mut tracked.queue {
-            queue.set_nonempty_callback(self.wakeup.callback());
-        }
+        tracked.queue = self.consumer.as_ref().and_then(|consumer| {
+            let mut split = consumer.split_partition_queue(&key.0, key.1)?;
+            split.set_nonempty_callback(self.wakeup.callback());
+            // SAFETY: the consumer is alive, its partition queue was just split off, and
+            // `split` keeps the consumer alive for as long as the queue (dropped first).
+            let batches =
+                unsafe { PartitionBatches::new(consumer.client().native_ptr(), &key.0, key.1) };
+            Some(Queue { batches, split })
+        });
         let at = tracked.lane.cursor().stored_next();
         if let Err(err) = self.assign_at(key, at) {
             self.error(err);
@@ -484,36 +531,52 @@ impl Fetcher {
             .filter_map(|(k, t)| Some((k, t.queue.as_ref()?)))
         {
             let mut records = Vec::new();
-            let mut error = None;
             // Up to the lane's read-ahead, not a fixed count past it (2,000 records of 1 KiB
-            // ran 2 MB over it).
+            // ran 2 MB over it): a first message tells the size, each run after it is sized
+            // to the room left.
             let mut room = self
                 .budget
                 .as_ref()
                 .map_or(u64::MAX, |budget| budget.read_ahead_room(key));
-            for _ in 0..POLL_BATCH {
-                if room == 0 {
+            let (mut taken, mut bytes, mut run) = (0, 0u64, 1);
+            let mut stopped = false;
+            while taken < POLL_BATCH && room > 0 && !stopped {
+                let count = queue.take(run.min(POLL_BATCH - taken), &mut arenas, |entry| {
+                    let event = match entry {
+                        Entry::Record(record) => {
+                            let size = record.payload_bytes() as u64;
+                            room = room.saturating_sub(size);
+                            bytes += size;
+                            records.push(record);
+                            return;
+                        }
+                        Entry::EndOfPartition { at } => Some(Polled::EndOfPartition { at }),
+                        Entry::Error(err) => self.partition_error(Some(key), &err),
+                    };
+                    // An end of partition or an error ends the queue's turn; what came before
+                    // it stays in front of it, and what the run took after it, after it.
+                    if !records.is_empty() {
+                        polled.push(
+                            Some(key.clone()),
+                            Polled::Messages(std::mem::take(&mut records)),
+                        );
+                    }
+                    if let Some(event) = event {
+                        polled.push(Some(key.clone()), event);
+                    }
+                    stopped = true;
+                });
+                if count == 0 {
                     break;
                 }
-                match queue.poll(Duration::ZERO) {
-                    None => break,
-                    Some(Ok(message)) => {
-                        let record = to_record(&message, topic_bytes(&message), &mut arenas);
-                        room = room.saturating_sub(record.payload_bytes() as u64);
-                        records.push(record);
-                    }
-                    Some(Err(err)) => {
-                        error = self.partition_error(Some(key), &err);
-                        break;
-                    }
-                }
+                taken += count;
+                let average = (bytes / taken as u64).max(1);
+                run = usize::try_from(room / average)
+                    .unwrap_or(usize::MAX)
+                    .clamp(1, MAX_RUN);
             }
-            // What came before an error stays, in front of it.
             if !records.is_empty() {
                 polled.push(Some(key.clone()), Polled::Messages(records));
-            }
-            if let Some(event) = error {
-                polled.push(Some(key.clone()), event);
             }
         }
         self.arenas = arenas;
@@ -742,7 +805,7 @@ impl Fetcher {
     /// reported.
     fn partition_error(&self, key: Option<&PartitionId>, err: &RdError) -> Option<Polled> {
         match classify_poll_error(err) {
-            PollErrorKind::EndOfPartition => Some(Polled::EndOfPartition),
+            PollErrorKind::EndOfPartition => Some(Polled::EndOfPartition { at: None }),
             PollErrorKind::Transient => None,
             PollErrorKind::OutOfRange => Some(Polled::OutOfRange),
             PollErrorKind::BreaksChain => {
