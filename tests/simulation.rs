@@ -66,7 +66,7 @@ fn the_consumer_never_loses_a_record() {
     eprintln!(
         "{count} seeds over {} partitions, {} steps, {} splits ({} layouts with several ranges), \
          {} merges, {} truncations, {} positions held past the log end, {} errors naming no \
-         partition, {} assignments of everything (eager), {} main-log writes refused, {} \
+         partition, {} transient errors taken in a run, {} assignments of everything (eager), {} main-log writes refused, {} \
          partitions whose assignment waited for a write to Kafka, {} writes reported failed yet \
          applied, {} failed creations of the catch-up consumer, {} topic ids unreadable, {} partitions assigned \
          again within a poll round, {} histories with a memory tier ({} crashes losing what it \
@@ -80,6 +80,7 @@ fn the_consumer_never_loses_a_record() {
         stats.truncations,
         stats.holds,
         stats.unnamed_errors,
+        stats.transient_errors_in_runs,
         stats.eager_reassigns,
         stats.commit_refusals,
         stats.assign_deferrals,
@@ -105,6 +106,7 @@ fn the_consumer_never_loses_a_record() {
                 && stats.truncations > 0
                 && stats.holds > 0
                 && stats.unnamed_errors > 0
+                && stats.transient_errors_in_runs > 0
                 && stats.eager_reassigns > 0
                 && stats.commit_refusals > 0
                 && stats.assign_deferrals > 0

@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use super::cursor::{AppendResult, FetchCursor, PendingAppend};
 use super::hold::{Hold, Standing, standing};
+use super::poll_error::PollErrorKind;
 use crate::store::{LayoutId, OffsetRange, Record};
 
 /// What polling brought for one partition, in the order polled.
@@ -41,6 +42,23 @@ pub enum Polled {
     OutOfRange,
     /// An error that may have skipped messages: the chain of proof ends here.
     BreaksChain,
+}
+
+impl Polled {
+    /// What an error polled for a partition means for its lane (`None`: nothing), as
+    /// [`classify_poll_error`](super::classify_poll_error) classified it. `named`: the offset
+    /// the error's entry names when it was taken in a run (librdkafka's batch call), which
+    /// moves the position one past it (librdkafka issue 4844) — past an offset never fetched.
+    /// An end of partition bounds what the position proves by it; an error that skipped
+    /// nothing breaks the chain there, since nothing bounds the position it leaves.
+    pub fn from_error(kind: PollErrorKind, named: Option<i64>) -> Option<Polled> {
+        match kind {
+            PollErrorKind::EndOfPartition => Some(Polled::EndOfPartition { at: named }),
+            PollErrorKind::Transient => named.map(|_| Polled::BreaksChain),
+            PollErrorKind::OutOfRange => Some(Polled::OutOfRange),
+            PollErrorKind::BreaksChain => Some(Polled::BreaksChain),
+        }
+    }
 }
 
 /// What the watermarks read after an out-of-range error decided.
@@ -256,6 +274,45 @@ mod tests {
 
     fn stored(next: i64) -> AppendResult {
         AppendResult::Stored { fetched_next: next }
+    }
+
+    #[test]
+    fn what_an_error_means_for_the_lane_table() {
+        use PollErrorKind::*;
+        // (kind, offset named in a run, what the lane is fed)
+        let cases: [(PollErrorKind, Option<i64>, Option<&str>); 8] = [
+            (EndOfPartition, None, Some("EndOfPartition { at: None }")),
+            (
+                EndOfPartition,
+                Some(7),
+                Some("EndOfPartition { at: Some(7) }"),
+            ),
+            // Polled one at a time, or from a queue naming no partition: nothing moved.
+            (Transient, None, None),
+            // Taken in a run: the position stands one past an offset never fetched.
+            (Transient, Some(7), Some("BreaksChain")),
+            (OutOfRange, None, Some("OutOfRange")),
+            (OutOfRange, Some(7), Some("OutOfRange")),
+            (BreaksChain, None, Some("BreaksChain")),
+            (BreaksChain, Some(7), Some("BreaksChain")),
+        ];
+        for (kind, named, expected) in cases {
+            let fed = Polled::from_error(kind, named).map(|polled| format!("{polled:?}"));
+            assert_eq!(fed.as_deref(), expected, "{kind:?} named {named:?}");
+        }
+    }
+
+    #[test]
+    fn a_transient_error_taken_in_a_run_refetches_from_the_lane() {
+        let mut lane = LanePartition::catchup(LayoutId(1), 10, vec![OffsetRange::new(10, 50)]);
+        lane.handle_polled(Polled::Messages((10..20).map(record).collect()));
+        let error = Polled::from_error(PollErrorKind::Transient, Some(20)).expect("fed");
+        lane.handle_polled(error);
+        lane.handle_position(21); // the batch call's, past offset 20
+        let append = lane.poll_append().expect("what came before");
+        assert_eq!(append.next, 20, "offset 20 is not proven");
+        lane.handle_appended(stored(20));
+        assert_eq!(lane.cursor().reposition(), Some(20));
     }
 
     /// Polls `offsets` in one generation and stores what they prove.

@@ -10,9 +10,9 @@
 //! catch-up consumer is in no group.
 //!
 //! One difference matters: the batch call moves the application position one past the
-//! offset of everything it hands out, an end of partition included (librdkafka issue 4844;
-//! the bundled 2.12 has it). So the end of partition is handed on with the offset it names,
-//! and the lane trusts the position only up to it (`FetchCursor::end_of_partition`).
+//! offset of everything it hands out, an end of partition or an error included (librdkafka
+//! issue 4844; the bundled 2.12 has it). So an error is handed on with the offset it names,
+//! and the lane trusts the position only up to it (`fetch::Polled::from_error`).
 
 use std::ffi::CString;
 
@@ -27,13 +27,14 @@ use super::ffi::Owned;
 pub(crate) enum Taken<'a> {
     /// A message (borrowed until the next entry is handed out).
     Message(RawMessage<'a>),
-    /// The end of the partition, at the offset the fetch stood at.
-    EndOfPartition {
-        /// That offset.
+    /// An error librdkafka queued in a message's place (rust-rdkafka's forms:
+    /// `PartitionEOF`, else `MessageConsumption`), naming the offset the fetch stood at.
+    Error {
+        /// The error.
+        error: RdError,
+        /// The offset it names, which the batch call moves the position one past.
         at: i64,
     },
-    /// Another error librdkafka queued in a message's place (rust-rdkafka's form).
-    Error(RdError),
 }
 
 /// A second handle on one partition's own queue, for librdkafka's batch call.
@@ -81,14 +82,19 @@ impl PartitionBatches {
             };
             // SAFETY: a message librdkafka handed over, alive until `owned` drops below.
             let message = unsafe { &*owned.ptr };
-            each(match message.err {
+            let error = match message.err {
                 RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR => {
-                    Taken::Message(RawMessage::from_raw(message))
+                    each(Taken::Message(RawMessage::from_raw(message)));
+                    continue;
                 }
                 RDKafkaRespErr::RD_KAFKA_RESP_ERR__PARTITION_EOF => {
-                    Taken::EndOfPartition { at: message.offset }
+                    RdError::PartitionEOF(message.partition)
                 }
-                err => Taken::Error(RdError::MessageConsumption(err.into())),
+                err => RdError::MessageConsumption(err.into()),
+            };
+            each(Taken::Error {
+                error,
+                at: message.offset,
             });
         }
         count

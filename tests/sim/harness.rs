@@ -37,7 +37,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use catchup::fetch::{
-    AfterOutOfRange, AppendResult, Hold, LanePartition, Polled as LanePolled, Round,
+    AfterOutOfRange, AppendResult, Hold, LanePartition, PollErrorKind, Polled as LanePolled, Round,
 };
 use catchup::plan::{
     AckTracker, CommitCycle, CommitPlan, Committed, Decision, Inputs, KeyIndex, LocalStep,
@@ -245,6 +245,9 @@ pub struct Stats {
     pub holds: u64,
     /// Errors that named no partition and ended every chain of their consumer.
     pub unnamed_errors: u64,
+    /// Transient errors the catch-up consumer took in a run, which moved its position past
+    /// an offset it never fetched.
+    pub transient_errors_in_runs: u64,
     /// Assignments of everything made to move a partition whose seek was refused (eager).
     pub eager_reassigns: u64,
     /// Main-log writes refused within a commit request (an assignment's included).
@@ -284,6 +287,7 @@ impl std::ops::AddAssign for Stats {
         self.truncations += other.truncations;
         self.holds += other.holds;
         self.unnamed_errors += other.unnamed_errors;
+        self.transient_errors_in_runs += other.transient_errors_in_runs;
         self.eager_reassigns += other.eager_reassigns;
         self.commit_refusals += other.commit_refusals;
         self.assign_deferrals += other.assign_deferrals;
@@ -993,30 +997,42 @@ impl Sim {
             let member = members[self.rng.below(members.len() as u64) as usize];
             let fetcher = &mut self.fetchers[member];
             let key = (fetcher.part, fetcher.generation);
-            let Some(polled) = fetcher.client.poll(&self.parts[key.0].log, &mut self.rng) else {
+            let log = &self.parts[key.0].log;
+            let Some((polled, named)) = fetcher.client.poll(log, &mut self.rng) else {
                 continue;
             };
-            let error = match polled {
-                Polled::Transient => break,
+            let kind = match polled {
                 Polled::Message(offset) => {
                     round.push(Some(key), LanePolled::Messages(vec![record(offset)]));
                     continue;
                 }
-                Polled::EndOfPartition(at) => {
-                    if lane == Lane::Catchup {
-                        let at = Some(at);
-                        round.push(Some(key), LanePolled::EndOfPartition { at });
-                    }
-                    continue;
-                }
-                Polled::OutOfRange => LanePolled::OutOfRange,
-                Polled::BreaksChain => LanePolled::BreaksChain,
+                Polled::EndOfPartition(_) => PollErrorKind::EndOfPartition,
+                Polled::Transient => PollErrorKind::Transient,
+                Polled::OutOfRange => PollErrorKind::OutOfRange,
+                Polled::BreaksChain => PollErrorKind::BreaksChain,
             };
-            let named = lane == Lane::Catchup && !self.rng.chance(200);
-            if !named {
+            // As the fetchers read an error: the production decision, with the offset the
+            // entry names when it was taken in a run.
+            let error = LanePolled::from_error(kind, named);
+            if kind == PollErrorKind::EndOfPartition {
+                if let Some(end) = error.filter(|_| lane == Lane::Catchup) {
+                    round.push(Some(key), end);
+                }
+                continue;
+            }
+            let Some(error) = error else {
+                break; // a transient error from a queue that names no partition
+            };
+            if named.is_some() && kind == PollErrorKind::Transient {
+                self.stats.transient_errors_in_runs += 1;
+            }
+            // The catch-up consumer's errors name their partition, but those of its main
+            // queue; the group member's name none.
+            let keyed = lane == Lane::Catchup && named.is_some();
+            if !keyed {
                 self.stats.unnamed_errors += 1;
             }
-            round.push(named.then_some(key), error);
+            round.push(keyed.then_some(key), error);
             break;
         }
         round.feed(

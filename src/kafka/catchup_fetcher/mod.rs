@@ -91,8 +91,10 @@ impl Queue {
                     Taken::Message(message) => {
                         Entry::Record(record_of(&message, message.topic(), arenas))
                     }
-                    Taken::EndOfPartition { at } => Entry::EndOfPartition { at: Some(at) },
-                    Taken::Error(err) => Entry::Error(err),
+                    Taken::Error { error, at } => Entry::Error {
+                        error,
+                        named: Some(at),
+                    },
                 })
             }),
             None => match self.split.poll(Duration::ZERO) {
@@ -102,7 +104,7 @@ impl Queue {
                         Ok(message) => {
                             Entry::Record(to_record(&message, topic_bytes(&message), arenas))
                         }
-                        Err(err) => Entry::Error(err),
+                        Err(error) => Entry::Error { error, named: None },
                     });
                     1
                 }
@@ -114,12 +116,11 @@ impl Queue {
 /// One entry taken from a partition's queue.
 enum Entry {
     Record(Record),
-    /// An end of partition whose offset could be read.
-    EndOfPartition {
-        at: Option<i64>,
+    /// An error (an end of partition among them) and, taken in a run, the offset it names.
+    Error {
+        error: RdError,
+        named: Option<i64>,
     },
-    /// An error (an end of partition polled through rust-rdkafka among them).
-    Error(RdError),
 }
 
 /// What a fetcher fetches for, and where its records go.
@@ -550,8 +551,9 @@ impl Fetcher {
                             records.push(record);
                             return;
                         }
-                        Entry::EndOfPartition { at } => Some(Polled::EndOfPartition { at }),
-                        Entry::Error(err) => self.partition_error(Some(key), &err),
+                        Entry::Error { error, named } => {
+                            self.partition_error(Some(key), &error, named)
+                        }
                     };
                     // An end of partition or an error ends the queue's turn; what came before
                     // it stays in front of it, and what the run took after it, after it.
@@ -600,7 +602,7 @@ impl Fetcher {
                 // The main queue does not say which partition an error is about: every
                 // chain that could be affected ends.
                 if let Some(event @ (Polled::OutOfRange | Polled::BreaksChain)) =
-                    self.partition_error(None, &err)
+                    self.partition_error(None, &err, None)
                 {
                     polled.push(None, event);
                 }
@@ -801,13 +803,22 @@ impl Fetcher {
     }
 
     /// What an error polled for `key` (`None`: the main queue, which names no partition)
-    /// means for the partitions it may be about (`None`: nothing). A chain it breaks is
-    /// reported.
-    fn partition_error(&self, key: Option<&PartitionId>, err: &RdError) -> Option<Polled> {
-        match classify_poll_error(err) {
-            PollErrorKind::EndOfPartition => Some(Polled::EndOfPartition { at: None }),
-            PollErrorKind::Transient => None,
-            PollErrorKind::OutOfRange => Some(Polled::OutOfRange),
+    /// means for the partitions it may be about (`None`: nothing); `named`: the offset it
+    /// names, taken in a run (`Polled::from_error`). A chain it breaks is reported.
+    fn partition_error(
+        &self,
+        key: Option<&PartitionId>,
+        err: &RdError,
+        named: Option<i64>,
+    ) -> Option<Polled> {
+        let kind = classify_poll_error(err);
+        match kind {
+            PollErrorKind::EndOfPartition | PollErrorKind::OutOfRange => {}
+            PollErrorKind::Transient => {
+                if named.is_some() {
+                    tracing::debug!(role = self.role.name(), ?key, %err, "a transient error taken in a run; refetching from where the lane got");
+                }
+            }
             PollErrorKind::BreaksChain => {
                 let which = key.map_or_else(
                     || "every partition".to_owned(),
@@ -825,9 +836,9 @@ impl Fetcher {
                     "{} fetch of {which}: {err}; refetching from where it got",
                     self.role.name()
                 ));
-                Some(Polled::BreaksChain)
             }
         }
+        Polled::from_error(kind, named)
     }
 }
 
