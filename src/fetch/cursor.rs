@@ -28,8 +28,9 @@ pub struct FetchCursor {
     /// The chain of proof broke: append what was polled before, then reposition.
     broken: bool,
     /// The offset the last end of partition named, when nothing was polled after it: a
-    /// position read now proves nothing beyond it. librdkafka's batch call moves the
-    /// position one past it (librdkafka issue 4844), over an offset it never fetched.
+    /// position read now proves nothing beyond it, and the next message must be at it.
+    /// librdkafka's batch call moves the position one past it (librdkafka issue 4844), over
+    /// an offset it never fetched, and a paused partition resumes from the position.
     end_named: Option<i64>,
     /// Polled records not yet appended, in offset order.
     pending: Vec<Record>,
@@ -124,8 +125,18 @@ impl FetchCursor {
     /// generation; a message that does not breaks the chain there (librdkafka never does
     /// this; if it did, nothing is trusted): what came before it stays, it and what follows
     /// are dropped. A run is taken whole when it all holds — the first one of an append
-    /// becomes the append, without moving a record.
+    /// becomes the append, without moving a record. The first message after an end of
+    /// partition that named an offset must be at that offset: one past it breaks the chain,
+    /// since librdkafka resumes a paused partition at the position, which the batch call
+    /// moved one past the end it handed out — what lies between was never fetched.
     pub fn messages(&mut self, mut run: Vec<Record>) {
+        let resumed_past_end = self
+            .end_named
+            .zip(run.first())
+            .is_some_and(|(end, first)| first.offset > end);
+        if resumed_past_end {
+            self.break_chain();
+        }
         if self.broken {
             self.dropped += run.len() as u64;
             return;
@@ -372,6 +383,31 @@ mod tests {
         cursor.end_of_partition(None);
         cursor.position(136);
         assert_eq!(cursor.take_append().expect("append").next, 136);
+    }
+
+    #[test]
+    fn a_message_past_the_named_end_of_partition_breaks_the_chain() {
+        // The end of partition at 150 (a lowered high watermark) moved the position to 151;
+        // the budget paused the partition, and librdkafka resumed it at 151.
+        let mut cursor = FetchCursor::new(LAYOUT, 100);
+        cursor.messages((100..150).map(record).collect());
+        cursor.end_of_partition(Some(150));
+        cursor.messages(vec![record(151), record(152)]);
+        assert!(cursor.is_broken(), "offset 150 was never fetched");
+        assert_eq!(cursor.dropped(), 2);
+        let append = cursor.take_append().expect("what came before");
+        assert_eq!(append.next, 150);
+        cursor.appended(AppendResult::Stored { fetched_next: 150 });
+        assert_eq!(cursor.reposition(), Some(150));
+        // Refetched from 150 with no end of partition between: a gap is a gap again.
+        cursor.repositioned(150);
+        cursor.messages(vec![record(151)]);
+        assert!(!cursor.is_broken(), "150 is a marker or compacted");
+        // A message at the named offset itself continues the chain.
+        let mut cursor = FetchCursor::new(LAYOUT, 100);
+        cursor.end_of_partition(Some(100));
+        cursor.messages(vec![record(100), record(101)]);
+        assert!(!cursor.is_broken());
     }
 
     #[test]

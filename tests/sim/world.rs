@@ -217,6 +217,14 @@ impl Client {
     /// from its main queue, which names no partition and moves nothing; an end of partition
     /// is always its partition's.
     pub(super) fn poll(&mut self, log: &Log, rng: &mut Rng) -> Option<(Polled, Option<i64>)> {
+        if self.runs && self.faults && self.fetch_pos.is_some() && rng.chance(8) {
+            // Paused and resumed (the byte budget holding its queue): librdkafka resumes the
+            // fetch at the application position, which the batch call may have moved.
+            if let Some(at) = self.app_pos {
+                self.fetch_pos = Some(at);
+                self.eof_at = None;
+            }
+        }
         let fetching_at = self.fetch_pos;
         let polled = self.poll_inner(log, rng);
         let named = match (&polled, self.runs) {
