@@ -174,11 +174,22 @@ impl FetchCursor {
     /// stood at (`at`) when the adapter can read it. It proves no offset by itself (a new
     /// leader may briefly report a lower high watermark), but it means this generation has
     /// been heard from, so its position can be trusted — up to `at`, until a message comes
-    /// after it.
+    /// after it. An end named further on than the last, with no message between, breaks the
+    /// chain: the fetch moved past the earlier one without handing anything out — resumed
+    /// after a pause at the position one past it, or past a transaction marker, which a
+    /// refetch proves.
     pub fn end_of_partition(&mut self, at: Option<i64>) {
+        if self
+            .end_named
+            .zip(at)
+            .is_some_and(|(earlier, later)| later > earlier)
+        {
+            self.break_chain();
+        }
         if !self.broken {
             self.heard = true;
-            self.end_named = at;
+            // One that names nothing (polled one at a time) leaves a bound standing.
+            self.end_named = at.or(self.end_named);
         }
     }
 
@@ -403,6 +414,19 @@ mod tests {
         cursor.repositioned(150);
         cursor.messages(vec![record(151)]);
         assert!(!cursor.is_broken(), "150 is a marker or compacted");
+        // An end further on with no message between: 150 may have been skipped the same way.
+        let mut cursor = FetchCursor::new(LAYOUT, 100);
+        cursor.messages((100..150).map(record).collect());
+        cursor.end_of_partition(Some(150));
+        cursor.end_of_partition(Some(151));
+        cursor.position(152);
+        assert!(cursor.is_broken(), "offset 150 was never fetched");
+        assert_eq!(cursor.take_append().expect("what came before").next, 150);
+        // The same end again proves nothing new and breaks nothing.
+        let mut cursor = FetchCursor::new(LAYOUT, 100);
+        cursor.end_of_partition(Some(100));
+        cursor.end_of_partition(Some(100));
+        assert!(!cursor.is_broken());
         // A message at the named offset itself continues the chain.
         let mut cursor = FetchCursor::new(LAYOUT, 100);
         cursor.end_of_partition(Some(100));

@@ -886,8 +886,15 @@ impl Sim {
                 log.lowered_high = Some(log.high() - self.rng.below(10) as i64);
             }
             13 if faults => {
+                // The new leader's high watermark catches up: at once, or one offset at a
+                // time as its followers fetch.
                 let part = self.random_part();
-                self.parts[part].log.lowered_high = None;
+                let stepping = self.rng.chance(2);
+                let log = &mut self.parts[part].log;
+                log.lowered_high = match log.lowered_high {
+                    Some(lowered) if stepping && lowered + 1 < log.high() => Some(lowered + 1),
+                    _ => None,
+                };
             }
             14 if faults && self.rng.chance(300) => self.crash()?,
             15 if faults && self.rng.chance(300) => {

@@ -217,7 +217,11 @@ impl Client {
     /// from its main queue, which names no partition and moves nothing; an end of partition
     /// is always its partition's.
     pub(super) fn poll(&mut self, log: &Log, rng: &mut Rng) -> Option<(Polled, Option<i64>)> {
-        if self.runs && self.faults && self.fetch_pos.is_some() && rng.chance(8) {
+        // Tried more often while the batch call's position stands past the fetch (after an
+        // end of partition): where a resume can pass an offset never fetched.
+        let past_fetch = self.app_pos > self.fetch_pos;
+        let pause_odds = if past_fetch { 2 } else { 8 };
+        if self.runs && self.faults && self.fetch_pos.is_some() && rng.chance(pause_odds) {
             // Paused and resumed (the byte budget holding its queue): librdkafka resumes the
             // fetch at the application position, which the batch call may have moved.
             if let Some(at) = self.app_pos {
