@@ -144,6 +144,10 @@ pub(super) struct Client {
     /// batch call moves the application position one past every entry it hands out, an end
     /// of partition or an error included (librdkafka issue 4844).
     pub(super) runs: bool,
+    /// The high watermark this client is told, when it lags the log's (a client taken in
+    /// runs, after a spurious end of partition: a new leader, or a follower it fetches from,
+    /// behind); it rises one offset a poll until it has caught up.
+    pub(super) told_high: Option<i64>,
 }
 
 impl Client {
@@ -155,6 +159,7 @@ impl Client {
             eof_at: None,
             faults,
             runs: false,
+            told_high: None,
         }
     }
 
@@ -167,6 +172,7 @@ impl Client {
             eof_at: None,
             faults,
             runs: false,
+            told_high: None,
         }
     }
 
@@ -229,6 +235,9 @@ impl Client {
                 self.eof_at = None;
             }
         }
+        if let Some(told) = self.told_high {
+            self.told_high = Some(told + 1).filter(|&risen| risen < log.high());
+        }
         let fetching_at = self.fetch_pos;
         let polled = self.poll_inner(log, rng);
         let named = match (&polled, self.runs) {
@@ -262,7 +271,11 @@ impl Client {
                 return Some(Polled::Transient);
             }
             if rng.chance(5) {
-                return Some(Polled::EndOfPartition(pos)); // spurious, e.g. a lowered watermark
+                // Spurious, e.g. a lowered watermark.
+                if self.runs {
+                    self.told_high = Some(pos);
+                }
+                return Some(Polled::EndOfPartition(pos));
             }
         }
         loop {
@@ -271,6 +284,7 @@ impl Client {
                 return Some(Polled::OutOfRange);
             }
             let high = log.lowered_high.unwrap_or(log.high()).min(log.high());
+            let high = self.told_high.map_or(high, |told| told.min(high));
             if pos > high {
                 // A new leader whose high watermark is below the fetch position: out of range,
                 // and with `auto.offset.reset=error` the partition stops fetching.
