@@ -11,7 +11,6 @@
 use std::time::Duration;
 
 use catchup::{CatchupConsumer, Event, Mode};
-use rdkafka::ClientConfig;
 use rdkafka::mocking::{MockCluster, MockCoordinator};
 
 mod support;
@@ -36,14 +35,9 @@ async fn a_commit_that_gets_through_ends_the_announced_outage() {
     kafka.produce(topic, 1, RECORDS).await;
 
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut client = ClientConfig::new();
-    client
-        .set("bootstrap.servers", cluster.bootstrap_servers())
-        .set("group.id", group)
-        .set("enable.auto.commit", "false")
-        .set("auto.offset.reset", "earliest")
-        // The group outlives the outage: what is tested is the announcement, not a rejoin.
-        .set("session.timeout.ms", "45000");
+    let mut client = kafka.consumer_config(group);
+    // The group outlives the outage: what is tested is the announcement, not a rejoin.
+    client.set("session.timeout.ms", "45000");
     let config = support::test_config(dir.path(), Mode::Off, 100);
     let consumer = CatchupConsumer::new(&client, config).expect("consumer");
     let mut events = consumer.events();
