@@ -84,6 +84,11 @@ async fn a_split_reports_its_metrics() {
         value("catchup_merges_total", None),
         Some(DebugValue::Counter(1))
     ));
+    // 310 records processed as they came: none waited, none was written to disk.
+    assert!(matches!(
+        value("catchup_buffer_spilled_bytes_total", None),
+        Some(DebugValue::Counter(0))
+    ));
     // Every series names its group (two consumers in one process never share one), and
     // every metric has its unit and description.
     for (key, unit, description, _) in &snapshot {
@@ -109,6 +114,10 @@ async fn a_split_reports_its_metrics() {
             .and_then(|(_, unit, ..)| *unit)
     };
     assert_eq!(unit("catchup_buffered_bytes"), Some(Unit::Bytes));
+    assert_eq!(
+        unit("catchup_buffer_spilled_bytes_total"),
+        Some(Unit::Bytes)
+    );
     assert_eq!(
         unit("catchup_time_to_first_fresh_seconds"),
         Some(Unit::Seconds)

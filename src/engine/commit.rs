@@ -46,6 +46,9 @@ impl Shared {
             let bytes: u64 = partitions.values().map(|r| r.buffered(lane)).sum();
             telemetry::lag(&self.group, lane.as_str(), lag[lane_index(lane)], bytes);
         }
+        let spilled = self.buffer.spilled_bytes();
+        let reported = self.spilled_reported.swap(spilled, Ordering::Relaxed);
+        telemetry::spilled(&self.group, spilled.saturating_sub(reported));
         partitions
             .iter()
             .filter(|(key, _)| only.is_none_or(|only| only.contains(key)))

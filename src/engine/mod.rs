@@ -223,6 +223,9 @@ pub(crate) struct Shared {
     /// Bytes acknowledged since the last commit: the buffer deletes records only once their
     /// commit is in Kafka, so the live thread commits early when this grows large.
     processed_since_commit: AtomicU64,
+    /// What the buffer had spilled when the metric was last told (it is told the difference:
+    /// another consumer of the same group in this process counts into the same series).
+    spilled_reported: AtomicU64,
     /// Partitions whose buffered records failed verification on read: taken off the reader,
     /// waiting for the live thread to discard them and refetch from Kafka (DESIGN
     /// invariant 7).
@@ -266,6 +269,7 @@ impl Shared {
             notify: Notify::new(),
             live_appends: AtomicU64::new(0),
             processed_since_commit: AtomicU64::new(0),
+            spilled_reported: AtomicU64::new(0),
             assigning: std::sync::atomic::AtomicUsize::new(0),
             revocations: AtomicU64::new(0),
             assignments: AtomicU64::new(0),

@@ -9,6 +9,7 @@
 //! | `catchup_records_superseded_total` | counter | records | group, lane |
 //! | `catchup_lag_offsets` | gauge | offsets | group, lane |
 //! | `catchup_buffered_bytes` | gauge | bytes | group, lane |
+//! | `catchup_buffer_spilled_bytes_total` | counter | bytes | group |
 //! | `catchup_time_to_first_fresh_seconds` | histogram | seconds | group |
 //! | `catchup_merges_total` | counter | merges | group |
 //! | `catchup_buffer_compactions_total` | counter | compactions | group |
@@ -38,6 +39,10 @@ pub const RECORDS_SUPERSEDED: &str = "catchup_records_superseded_total";
 pub const LAG_OFFSETS: &str = "catchup_lag_offsets";
 /// Payload bytes buffered and not processed yet, per lane.
 pub const BUFFERED_BYTES: &str = "catchup_buffered_bytes";
+/// Bytes the memory tier wrote to disk because they waited (a live lane behind its backlog
+/// in `Ordered`, a reader behind its fetcher, commits held up); 0 while every record is
+/// processed and committed from memory.
+pub const SPILLED_BYTES: &str = "catchup_buffer_spilled_bytes_total";
 /// From an assignment to the first fresh (live-lane) record delivered.
 pub const TIME_TO_FIRST_FRESH: &str = "catchup_time_to_first_fresh_seconds";
 /// Splits merged back into the group's offsets.
@@ -97,6 +102,11 @@ pub fn describe() {
         BUFFERED_BYTES,
         Unit::Bytes,
         "Payload bytes buffered and not processed yet, per lane"
+    );
+    describe_counter!(
+        SPILLED_BYTES,
+        Unit::Bytes,
+        "Bytes the memory tier wrote to disk because they waited"
     );
     describe_histogram!(
         TIME_TO_FIRST_FRESH,
@@ -190,6 +200,11 @@ pub fn records_superseded(group: &str, lane: &'static str, records: u64) {
 pub fn lag(group: &str, lane: &'static str, offsets: i64, bytes: u64) {
     gauge!(LAG_OFFSETS, "group" => group.to_owned(), "lane" => lane).set(offsets as f64);
     gauge!(BUFFERED_BYTES, "group" => group.to_owned(), "lane" => lane).set(bytes as f64);
+}
+
+/// Bytes the buffer spilled since the last report.
+pub fn spilled(group: &str, bytes: u64) {
+    counter!(SPILLED_BYTES, "group" => group.to_owned()).increment(bytes);
 }
 
 /// One partition's progress (see `plan::progress`); `None`: not known this time.
