@@ -66,9 +66,10 @@ fn the_consumer_never_loses_a_record() {
     eprintln!(
         "{count} seeds over {} partitions, {} steps, {} splits ({} layouts with several ranges), \
          {} merges, {} truncations, {} positions held past the log end, {} errors naming no \
-         partition, {} transient errors taken in a run, {} assignments of everything (eager), {} main-log writes refused, {} \
+         partition, {} transient errors taken in a run, {} entries taken after an error in its run, {} assignments of everything (eager), {} main-log writes refused, {} \
          partitions whose assignment waited for a write to Kafka, {} writes reported failed yet \
-         applied, {} failed creations of the catch-up consumer, {} topic ids unreadable, {} partitions assigned \
+         applied, {} failed creations of the catch-up consumer, {} topic ids unreadable, {} assignments without \
+         the group's offsets, {} partitions waiting for what could not be read, {} reuses refused and laid out afresh, {} partitions assigned \
          again within a poll round, {} histories with a memory tier ({} crashes losing what it \
          held, {} bytes spilled to sled), {} histories in mode latest ({} records superseded, {} \
          assignments waiting for their keys to be read again): no loss, no stall",
@@ -81,12 +82,16 @@ fn the_consumer_never_loses_a_record() {
         stats.holds,
         stats.unnamed_errors,
         stats.transient_errors_in_runs,
+        stats.taken_after_an_error,
         stats.eager_reassigns,
         stats.commit_refusals,
         stats.assign_deferrals,
         stats.failed_yet_written,
         stats.create_failures,
         stats.id_failures,
+        stats.offsets_unread,
+        stats.waited_unread,
+        stats.reuse_fallbacks,
         stats.rebalances_in_a_round,
         stats.memory_tier,
         stats.memory_lost,
@@ -107,12 +112,16 @@ fn the_consumer_never_loses_a_record() {
                 && stats.holds > 0
                 && stats.unnamed_errors > 0
                 && stats.transient_errors_in_runs > 0
+                && stats.taken_after_an_error > 0
                 && stats.eager_reassigns > 0
                 && stats.commit_refusals > 0
                 && stats.assign_deferrals > 0
                 && stats.failed_yet_written > 0
                 && stats.create_failures > 0
                 && stats.id_failures > 0
+                && stats.offsets_unread > 0
+                && stats.waited_unread > 0
+                && stats.reuse_fallbacks > 0
                 && stats.rebalances_in_a_round > 0
                 && stats.memory_tier > 0
                 && stats.memory_lost > 0

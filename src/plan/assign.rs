@@ -9,8 +9,28 @@
 //! offset), a side entry without its token is stale, local records are checked against both.
 //! The member's shell and the simulation both execute these writes so.
 
-use super::{CommitWrites, Committed, Decision, LocalAction};
+use super::{CommitWrites, Committed, Decision, LocalAction, SplitToken};
 use crate::store::PartitionLayout;
+
+/// Whether an assigned partition waits, unreconciled (paused at the log end and reconciled
+/// again from the live loop), rather than being decided from what could be read of Kafka.
+/// `offset_metadata`: the metadata of the group's offset (`None`: no offset); a partition
+/// whose offset carries a split token needs its side entry, which holds its live lane's
+/// progress — deciding without it would take the entry for missing and reprocess everything
+/// the live lane had processed — so it waits while the side log cannot be read
+/// (`side_log_read`); the others are decided without it (an entry without its token is stale
+/// anyway). A partition whose records may be of an earlier incarnation of the topic and could
+/// not be dropped (`stale_records_kept`) waits too: they must not be reused. (Without the
+/// group's offsets nothing can be decided: every partition waits.) A partition decided
+/// without the side log may still wait for it: see [`Decision::waits_for_side_log`].
+pub fn waits_unreconciled(
+    offset_metadata: Option<&str>,
+    side_log_read: bool,
+    stale_records_kept: bool,
+) -> bool {
+    let split = offset_metadata.is_some_and(|metadata| SplitToken::decode(metadata).is_some());
+    (split && !side_log_read) || stale_records_kept
+}
 
 /// What a decision does to the local buffer, once its writes to Kafka happened.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,6 +52,13 @@ pub enum LocalStep<'a> {
 }
 
 impl Decision {
+    /// Whether this decision, made without the side log (`side_log_read` false), waits
+    /// unreconciled like [`waits_unreconciled`]'s partitions: it writes to the side log (a new
+    /// split's entry, or a tombstone), whose entry for the partition it could not see.
+    pub fn waits_for_side_log(&self, side_log_read: bool) -> bool {
+        !side_log_read && !matches!(self.side, super::SideWrite::Keep)
+    }
+
     /// The decision's writes to Kafka, for a commit cycle: the main-log commit (a new
     /// split's token), then the side entry written or tombstoned. A side entry to write
     /// without the token of its split would be a bug of `reconcile`: refused.
@@ -136,6 +163,39 @@ mod tests {
         assert_eq!(decision.main_committed(Some(&committed), 0), 70);
         // Retention passed the group's offset.
         assert_eq!(decision.main_committed(Some(&committed), 90), 90);
+    }
+
+    #[test]
+    fn only_what_cannot_be_decided_from_what_was_read_waits() {
+        let token = decide(Some(70), 1_070).token.expect("a split").encode();
+        // (offset metadata, side log read, stale records kept) → waits
+        let table = [
+            (None, true, false, false),
+            (None, false, false, false),
+            (Some(""), false, false, false),
+            (Some("an application's own metadata"), false, false, false),
+            (Some(token.as_str()), true, false, false),
+            (Some(token.as_str()), false, false, true),
+            (None, true, true, true),
+            (Some(token.as_str()), true, true, true),
+        ];
+        for (metadata, side_log_read, stale_kept, waits) in table {
+            assert_eq!(
+                waits_unreconciled(metadata, side_log_read, stale_kept),
+                waits,
+                "{metadata:?}, side log read {side_log_read}, stale records kept {stale_kept}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_decision_that_writes_to_an_unread_side_log_waits() {
+        let split = decide(Some(70), 1_070);
+        let plain = decide(Some(70), 100);
+        assert!(split.waits_for_side_log(false));
+        assert!(!split.waits_for_side_log(true));
+        assert!(!plain.waits_for_side_log(false));
+        assert!(!plain.waits_for_side_log(true));
     }
 
     #[test]

@@ -22,7 +22,7 @@ mod token;
 mod unowned;
 
 pub use acks::AckTracker;
-pub use assign::LocalStep;
+pub use assign::{LocalStep, waits_unreconciled};
 pub use client_outage::{ClientOutage, OWN_PROBE_EVERY, REBOOTSTRAP_AFTER};
 pub use commit::{CommitPlan, CommitWrites, Progress, plan_commit};
 pub use cycle::CommitCycle;

@@ -42,7 +42,7 @@ use catchup::fetch::{
 use catchup::plan::{
     AckTracker, CommitCycle, CommitPlan, Committed, Decision, Inputs, KeyIndex, LocalStep,
     MainLogCommit, OffsetReset, PlanEvent, Progress, SideEntry, SideValue, SideWrite, SplitSecret,
-    SplitToken, incarnation_unknown, plan_commit, reconcile, side_key,
+    SplitToken, incarnation_unknown, plan_commit, reconcile, side_key, waits_unreconciled,
 };
 #[path = "world.rs"]
 mod world;
@@ -175,6 +175,10 @@ struct Part {
     /// lane handed out at or beyond it is not replayed, and no older value of its key may
     /// follow it.
     replay_end: i64,
+    /// `Latest`: how far the key index's rebuild has read in this assignment, each time it
+    /// said, with the log start then: an offset it passed while retention had deleted it was
+    /// never read again.
+    rebuilt: Vec<(i64, i64)>,
     /// `Latest`: per key, the offset handed out last (in time, across lifetimes): the
     /// application's state.
     last_handed: HashMap<Vec<u8>, i64>,
@@ -226,6 +230,7 @@ impl Part {
             live_handed_next: None,
             live_resumed: 0,
             replay_end: 0,
+            rebuilt: Vec::new(),
             last_handed: HashMap::new(),
         }
     }
@@ -248,6 +253,9 @@ pub struct Stats {
     /// Transient errors the catch-up consumer took in a run, which moved its position past
     /// an offset it never fetched.
     pub transient_errors_in_runs: u64,
+    /// Entries the catch-up consumer took in the same run after an error (the batch call
+    /// hands out the rest of its run; the error ended the queue's turn).
+    pub taken_after_an_error: u64,
     /// Assignments of everything made to move a partition whose seek was refused (eager).
     pub eager_reassigns: u64,
     /// Main-log writes refused within a commit request (an assignment's included).
@@ -263,6 +271,13 @@ pub struct Stats {
     pub rebalances_in_a_round: u64,
     /// Assignments during which the topic's id could not be read.
     pub id_failures: u64,
+    /// Assignments that could not read the group's offsets (every partition waited), and
+    /// partitions that waited for what could not be read (a split's side entry, records of
+    /// an unknown incarnation that could not be dropped): `plan::waits_unreconciled`.
+    pub offsets_unread: u64,
+    pub waited_unread: u64,
+    /// Reuses the buffer refused, laid out afresh instead (the member's fallback).
+    pub reuse_fallbacks: u64,
     /// Histories whose buffer kept appends in memory (a small allowance: spills are common).
     pub memory_tier: u64,
     /// Crashes that lost records the memory tier held.
@@ -288,6 +303,7 @@ impl std::ops::AddAssign for Stats {
         self.holds += other.holds;
         self.unnamed_errors += other.unnamed_errors;
         self.transient_errors_in_runs += other.transient_errors_in_runs;
+        self.taken_after_an_error += other.taken_after_an_error;
         self.eager_reassigns += other.eager_reassigns;
         self.commit_refusals += other.commit_refusals;
         self.assign_deferrals += other.assign_deferrals;
@@ -295,6 +311,9 @@ impl std::ops::AddAssign for Stats {
         self.create_failures += other.create_failures;
         self.rebalances_in_a_round += other.rebalances_in_a_round;
         self.id_failures += other.id_failures;
+        self.offsets_unread += other.offsets_unread;
+        self.waited_unread += other.waited_unread;
+        self.reuse_fallbacks += other.reuse_fallbacks;
         self.memory_tier += other.memory_tier;
         self.memory_lost += other.memory_lost;
         self.spilled_bytes += other.spilled_bytes;
@@ -459,8 +478,17 @@ impl Sim {
     }
 
     /// What reconciliation decides for `part` from Kafka's state, the log's watermarks and
-    /// `local`.
+    /// `local` (without the side entry when the side log could not be read).
     fn decide(&mut self, part: usize, local: Option<&PartitionState>) -> catchup::plan::Decision {
+        self.decide_reading(part, local, true)
+    }
+
+    fn decide_reading(
+        &mut self,
+        part: usize,
+        local: Option<&PartitionState>,
+        side_log_read: bool,
+    ) -> catchup::plan::Decision {
         let key = self.side_key(part);
         let mut secret = [0u8; 16];
         secret[..8].copy_from_slice(&self.rng.next().to_le_bytes());
@@ -472,6 +500,7 @@ impl Sim {
                 .kafka
                 .side
                 .as_deref()
+                .filter(|_| side_log_read)
                 .map(|value| SideValue { key: &key, value }),
             low: state.log.low,
             high: state.log.high(),
@@ -543,22 +572,45 @@ impl Sim {
         self.assign(&all)
     }
 
-    /// `parts` are assigned, as the group member's `reconcile_all` does: the topic's
-    /// incarnation checked (its id may not be readable), each partition reconciled, every
+    /// `parts` are assigned, as the group member's `reconcile_all` does: the group's offsets
+    /// read (or every partition waits), the topic's incarnation checked (its id may not be
+    /// readable, and records it cannot vouch for may fail to be dropped), the side log read
+    /// (or not), each partition that need not wait (`waits_unreconciled`) reconciled, every
     /// decision's writes to Kafka sent as one production cycle ([`CommitCycle`]), then the
     /// local step of each partition whose writes all happened, and its fetchers started. A
-    /// partition whose write failed waits, unreconciled, to be assigned again; a crash
-    /// between the writes starts the process over.
+    /// partition that waits, or whose write failed, waits unreconciled to be assigned again;
+    /// a crash between the writes starts the process over.
     fn assign(&mut self, parts: &[usize]) -> Result<(), Failure> {
-        self.check_incarnation(parts)?;
+        if self.faults && self.rng.chance(60) {
+            self.stats.offsets_unread += 1;
+            self.unreconciled.extend(parts.iter().copied());
+            return Ok(());
+        }
+        let stale_kept = self.check_incarnation(parts)?;
+        let side_log_read = !(self.faults && self.rng.chance(30));
         let mut decided = Vec::with_capacity(parts.len());
         for &part in parts {
             self.unreconciled.remove(&part);
+            let metadata = self.parts[part]
+                .kafka
+                .committed
+                .as_ref()
+                .map(|committed| committed.metadata.as_str());
+            if waits_unreconciled(metadata, side_log_read, stale_kept.contains(&part)) {
+                self.stats.waited_unread += 1;
+                self.unreconciled.insert(part);
+                continue;
+            }
             let local = self
                 .buffer()?
                 .partition_state(&self.topic, id(part))
                 .map_err(|e| err("state", e))?;
-            let decision = self.decide(part, local.as_ref());
+            let decision = self.decide_reading(part, local.as_ref(), side_log_read);
+            if decision.waits_for_side_log(side_log_read) {
+                self.stats.waited_unread += 1;
+                self.unreconciled.insert(part);
+                continue;
+            }
             for event in &decision.events {
                 match event {
                     PlanEvent::StaleSideEntry { reason }
@@ -614,8 +666,9 @@ impl Sim {
 
     /// The topic's id is looked up at every assignment after a start or a revoke; when it
     /// cannot be read, the assigned partitions' records are not reused (the production
-    /// decision, `plan::incarnation_unknown`).
-    fn check_incarnation(&mut self, parts: &[usize]) -> Result<(), Failure> {
+    /// decision, `plan::incarnation_unknown`): they are dropped, or — a drop that fails, one
+    /// in four — kept, and the partition waits. Returns the partitions whose records were kept.
+    fn check_incarnation(&mut self, parts: &[usize]) -> Result<BTreeSet<usize>, Failure> {
         let ids: HashMap<String, u64> = if self.faults && self.rng.chance(30) {
             self.stats.id_failures += 1;
             HashMap::new()
@@ -626,21 +679,45 @@ impl Sim {
             .iter()
             .map(|&part| (self.topic.clone(), id(part)))
             .collect();
-        let buffer = self.buffer()?;
+        let mut kept = BTreeSet::new();
         for (topic, partition) in incarnation_unknown(&assigning, &[self.topic.as_str()], &ids) {
-            buffer
+            if self.rng.chance(4) {
+                kept.insert(*partition as usize);
+                continue;
+            }
+            self.buffer()?
                 .discard_partition(topic, *partition)
                 .map_err(|e| err("discard (incarnation unknown)", e))?;
         }
-        Ok(())
+        Ok(kept)
     }
 
     /// A decision's local step, once its writes to Kafka happened, then the partition's
     /// runtime, readers and fetchers from the buffer (`apply_locally`).
     fn apply_locally(&mut self, part: usize, decision: &Decision) -> Result<(), Failure> {
         let partition = id(part);
+        // The buffer refusing to move its cursors (one in forty, under faults): the member
+        // then lays the partition out afresh with the decision's layout, and what cannot be
+        // reused is fetched again.
+        let reuse_fails = self.faults && self.rng.chance(40);
+        let catchup_moved_first = self.rng.chance(2);
+        if reuse_fails && matches!(decision.local_step(), LocalStep::Reuse { .. }) {
+            self.stats.reuse_fallbacks += 1;
+        }
         let buffer = self.buffer()?;
         match decision.local_step() {
+            LocalStep::Reuse {
+                catchup_committed, ..
+            } if reuse_fails => {
+                if catchup_moved_first {
+                    buffer
+                        .record_resumed(Lane::Catchup, &self.topic, partition, catchup_committed)
+                        .map_err(|e| err("reuse", e))?;
+                }
+                buffer
+                    .reset_partition(&self.topic, partition, decision.layout.clone())
+                    .map_err(|e| err("layout after a failed reuse", e))?;
+            }
             LocalStep::Reuse {
                 catchup_committed,
                 live_committed,
@@ -702,6 +779,7 @@ impl Sim {
         runtime.queued = Default::default();
         runtime.replay_end = state.layout.catchup_ranges.first().map_or(0, |r| r.end);
         runtime.live_resumed = state.live.committed_next;
+        runtime.rebuilt.clear();
         if self.latest {
             // As the live fetcher sets it up, with the high watermark it reads (a new leader
             // may report a lower one for a while).
@@ -966,6 +1044,8 @@ impl Sim {
             }
         }
         for (part, next) in std::mem::take(&mut self.rebuilt) {
+            let low = self.parts[part].log.low;
+            self.parts[part].rebuilt.push((next, low));
             if let Some(index) = self.parts[part].index.as_mut() {
                 index.rebuilt_to(next);
             }
@@ -982,14 +1062,22 @@ impl Sim {
     /// Polls the consumer of `members` (indices of fetchers of one lane) and feeds the round
     /// to their lanes through the production [`Round`]: the group member's errors name no
     /// partition and it ignores ends of partition; the catch-up consumer's errors name their
-    /// partition, except those of its main queue. A rebalance inside one of the group
-    /// member's polls may revoke a partition and assign it again: the round then ends, and
-    /// what was polled before reaches only the lanes of the assignments it was polled under
-    /// (records are keyed by partition and generation, as the live fetcher keys them).
-    /// Returns the members after the round.
+    /// partition, except those of its main queue. An error the catch-up consumer took from a
+    /// partition's queue ends that queue's turn, not the round, and the batch call may have
+    /// taken more of the queue after it (pushed after it, as the fetcher pushes them); an
+    /// error of its main queue ends nothing (the partitions' queues go on), and the group
+    /// member's errors end the round. A rebalance inside one of the group member's polls may
+    /// revoke a partition and assign it again: the round then ends, and what was polled
+    /// before reaches only the lanes of the assignments it was polled under (records are
+    /// keyed by partition and generation, as the live fetcher keys them). Returns the members
+    /// after the round.
     fn poll_round(&mut self, lane: Lane, members: Vec<usize>) -> Result<Vec<usize>, Failure> {
         let mut round = Round::new();
         let mut members = members;
+        // Catch-up members whose queue's turn an error ended, and the entries left of the run
+        // the batch call was handing out when it took the error.
+        let mut turn_over: Vec<usize> = Vec::new();
+        let mut rest_of_run: Option<(usize, u64)> = None;
         for _ in 0..self.rng.below(40) {
             let group_member = lane == Lane::Live && !self.fetchers[members[0]].zombie;
             if group_member && self.faults && !round.is_empty() && self.rng.chance(10) {
@@ -1001,11 +1089,30 @@ impl Sim {
                     .collect();
                 break;
             }
-            let member = members[self.rng.below(members.len() as u64) as usize];
+            let member = match rest_of_run {
+                Some((member, left)) if left > 0 => {
+                    rest_of_run = Some((member, left - 1));
+                    self.stats.taken_after_an_error += 1;
+                    member
+                }
+                _ => {
+                    rest_of_run = None;
+                    let open: Vec<usize> = members
+                        .iter()
+                        .copied()
+                        .filter(|member| !turn_over.contains(member))
+                        .collect();
+                    if open.is_empty() {
+                        break;
+                    }
+                    open[self.rng.below(open.len() as u64) as usize]
+                }
+            };
             let fetcher = &mut self.fetchers[member];
             let key = (fetcher.part, fetcher.generation);
             let log = &self.parts[key.0].log;
             let Some((polled, named)) = fetcher.client.poll(log, &mut self.rng) else {
+                rest_of_run = None; // the queue is empty: the run ends here
                 continue;
             };
             let kind = match polled {
@@ -1027,8 +1134,16 @@ impl Sim {
                 }
                 continue;
             }
+            // The group member's errors end its round. The catch-up consumer's main queue is
+            // polled apart from its partitions' queues (first, each round), which go on after
+            // an error of it.
+            let ends_round = lane == Lane::Live;
             let Some(error) = error else {
-                break; // a transient error from a queue that names no partition
+                // A transient error from a queue that names no partition: nothing to feed.
+                if ends_round {
+                    break;
+                }
+                continue;
             };
             if named.is_some() && kind == PollErrorKind::Transient {
                 self.stats.transient_errors_in_runs += 1;
@@ -1040,7 +1155,14 @@ impl Sim {
                 self.stats.unnamed_errors += 1;
             }
             round.push(keyed.then_some(key), error);
-            break;
+            if !keyed {
+                if ends_round {
+                    break;
+                }
+                continue;
+            }
+            turn_over.push(member);
+            rest_of_run = Some((member, self.rng.below(4)));
         }
         round.feed(
             self.fetchers
@@ -1369,16 +1491,25 @@ impl Sim {
             // process; after a crash, only of a newer one the live lane hands out again
             // (see `KeyIndex::for_assignment`) or one retention deleted.
             let newer_here = state.live_handed_here.get(key).copied();
-            // (Unless retention deleted it before its key could be read again: see
-            // docs/design.md, "Latest: the key index".)
             let newer_before = state
                 .live_handed
                 .get(key)
                 .copied()
-                .filter(|&newer| newer < state.live_resumed && newer >= state.log.low);
+                .filter(|&newer| newer < state.live_resumed);
+            // Unless retention deleted the newer one before the rebuild read its key again (in
+            // this process too, at a reassignment): the buffer may still hold an older one
+            // (docs/design.md, "Latest: the key index").
+            let deleted_before_read = |newer: i64| {
+                state
+                    .rebuilt
+                    .iter()
+                    .find(|&&(next, _)| next > newer)
+                    .is_some_and(|&(_, low)| low > newer)
+            };
             if let Some(newer) = newer_here
                 .into_iter()
                 .chain(newer_before)
+                .filter(|&newer| !deleted_before_read(newer))
                 .find(|&newer| newer > offset && newer >= state.replay_end)
                 .filter(|_| lane == Lane::Catchup)
             {

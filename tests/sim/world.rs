@@ -246,7 +246,7 @@ impl Client {
             (Some(_), true) => fetching_at.filter(|_| !rng.chance(200)),
         };
         if let Some(at) = named {
-            self.app_pos = Some(self.app_pos.map_or(at + 1, |pos| pos.max(at + 1)));
+            self.hand_out(at + 1);
         }
         if matches!(polled, Some(Polled::Message(_) | Polled::EndOfPartition(_))) {
             // librdkafka resets the position when the old fetch stops, on the partition's op
@@ -255,6 +255,16 @@ impl Client {
             self.stale = None;
         }
         polled.map(|polled| (polled, named))
+    }
+
+    /// Moves the application position past an entry handed out: one at a time, to it
+    /// (`rd_kafka_fetch_op_app_prepare`); in runs, only forward (`rd_kafka_q_serve_rkmessages`
+    /// takes the highest of the run's entries, an end of partition or an error included).
+    fn hand_out(&mut self, next: i64) {
+        self.app_pos = Some(match self.app_pos {
+            Some(pos) if self.runs => pos.max(next),
+            _ => next,
+        });
     }
 
     pub(super) fn poll_inner(&mut self, log: &Log, rng: &mut Rng) -> Option<Polled> {
@@ -302,13 +312,13 @@ impl Client {
             match log.entries[pos as usize] {
                 Entry::Record => {
                     self.fetch_pos = Some(pos + 1);
-                    self.app_pos = Some(pos + 1);
+                    self.hand_out(pos + 1);
                     return Some(Polled::Message(pos));
                 }
                 Entry::Compacted => pos += 1,
                 Entry::Marker => {
                     pos += 1;
-                    self.app_pos = Some(pos);
+                    self.hand_out(pos);
                 }
             }
         }

@@ -93,11 +93,13 @@ impl LiveState {
         let mut decided = Vec::new();
         let watermarks = read_watermarks(consumer, partitions);
         for ((topic, partition), watermarks) in partitions.iter().zip(watermarks) {
-            let split = committed
-                .find_partition(topic, *partition)
-                .is_some_and(|e| SplitToken::decode(e.metadata()).is_some());
             let key = (topic.clone(), *partition);
-            if (side_entries.is_none() && split) || undecided.contains(&key) {
+            let offset = committed.find_partition(topic, *partition);
+            if crate::plan::waits_unreconciled(
+                offset.as_ref().map(|entry| entry.metadata()),
+                side_entries.is_some(),
+                undecided.contains(&key),
+            ) {
                 failed.push(key);
                 continue;
             }
@@ -381,7 +383,7 @@ impl LiveState {
             fresh_secret,
         });
         tracing::info!(topic, partition, ?decision, "reconciled");
-        if side_entries.is_none() && !matches!(decision.side, SideWrite::Keep) {
+        if decision.waits_for_side_log(side_entries.is_some()) {
             return Err(KafkaError::side(
                 self.side_log.topic(),
                 "unreadable, and this partition's decision writes to it".into(),
