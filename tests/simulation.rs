@@ -72,7 +72,8 @@ fn the_consumer_never_loses_a_record() {
          the group's offsets, {} partitions waiting for what could not be read, {} reuses refused and laid out afresh, {} partitions assigned \
          again within a poll round, {} histories with a memory tier ({} crashes losing what it \
          held, {} bytes spilled to sled), {} histories in mode latest ({} records superseded, {} \
-         assignments waiting for their keys to be read again): no loss, no stall",
+         assignments waiting for their keys to be read again), {} reads waiting for commits: no \
+         loss, no stall",
         stats.partitions,
         stats.steps,
         stats.splits,
@@ -99,6 +100,7 @@ fn the_consumer_never_loses_a_record() {
         stats.latest,
         stats.superseded,
         stats.rebuilds,
+        stats.commit_waits,
     );
     assert!(stats.steps > 0);
     if count >= 1000 {
@@ -128,6 +130,7 @@ fn the_consumer_never_loses_a_record() {
                 && stats.spilled_bytes > 0
                 && stats.latest > 0
                 && stats.superseded > 0
+                && stats.commit_waits > 0
                 && stats.rebuilds > 0,
             "{stats:?}"
         );

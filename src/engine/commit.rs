@@ -49,8 +49,9 @@ impl Shared {
         let spilled = self.buffer.spilled_bytes();
         let reported = self.spilled_reported.swap(spilled, Ordering::Relaxed);
         telemetry::spilled(&self.group, spilled.saturating_sub(reported));
-        partitions
-            .iter()
+        let mut woken = false;
+        let pending = partitions
+            .iter_mut()
             .filter(|(key, _)| only.is_none_or(|only| only.contains(key)))
             .filter_map(|(key, runtime)| {
                 let catchup_processed = runtime.acks[0].committable();
@@ -62,15 +63,28 @@ impl Shared {
                     catchup_processed,
                     live_processed: runtime.acks[1].committable(),
                 });
-                (plan != CommitPlan::Nothing).then(|| PendingCommit {
+                let awaited = runtime.awaiting_commit() > 0;
+                let Some(acked) = crate::plan::commit_planned(runtime.acks.each_mut(), &plan)
+                else {
+                    // Nothing acknowledged waits for a commit of this partition any more.
+                    woken |= awaited;
+                    return None;
+                };
+                Some(PendingCommit {
                     partition: key.clone(),
                     generation: runtime.generation,
                     token: runtime.token,
                     plan,
                     catchup_processed,
+                    acked,
                 })
             })
-            .collect()
+            .collect();
+        if woken {
+            // A reader holding back for commits may read this partition again.
+            self.notify.notify_waiters();
+        }
+        pending
     }
 
     /// Offsets past the last delivered record that hold no record (transaction markers,
@@ -110,6 +124,9 @@ impl Shared {
         if runtime.generation != commit.generation {
             return Ok(());
         }
+        crate::plan::commit_landed(runtime.acks.each_mut(), commit.acked);
+        // A reader holding back for commits (`plan::may_read`) may go on.
+        self.notify.notify_waiters();
         match &commit.plan {
             CommitPlan::Nothing => {}
             CommitPlan::Plain { offset } => {

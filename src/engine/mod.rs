@@ -28,7 +28,8 @@ use tokio::sync::{Notify, broadcast};
 
 use crate::fetch::LanePartition;
 use crate::plan::{
-    AckTracker, CommitPlan, KeyIndex, Progress, SideEntry, SplitToken, Verdict, plan_commit,
+    AckTracker, CommitPlan, KeyIndex, Progress, SideEntry, SplitToken, Verdict, may_read,
+    plan_commit, reader_waits_for_commits,
 };
 use crate::store::{Buffer, Lane, LayoutId, PartitionLayout, PartitionState, StoreError};
 use types::{AckToken, CatchupConfig, Delivery, DeliveryLane, Event, Mode};
@@ -157,6 +158,11 @@ impl PartitionRuntime {
         }
     }
 
+    /// Bytes acknowledged, both lanes, whose commit has not landed.
+    pub(super) fn awaiting_commit(&self) -> u64 {
+        self.acks.iter().map(AckTracker::awaiting_commit).sum()
+    }
+
     /// Bytes of `lane` fetched and not handed to the application yet.
     pub fn undelivered(&self, lane: Lane) -> u64 {
         let lane = lane_index(lane);
@@ -190,6 +196,9 @@ pub(crate) struct PendingCommit {
     pub token: Option<SplitToken>,
     pub plan: CommitPlan,
     pub catchup_processed: i64,
+    /// Per lane, the bytes acknowledged when the commit was planned
+    /// ([`AckTracker::acked_bytes`]): once it is in Kafka they wait for no commit.
+    pub acked: [u64; 2],
 }
 
 /// Everything the threads and the reader share.
@@ -223,6 +232,9 @@ pub(crate) struct Shared {
     /// Bytes acknowledged since the last commit: the buffer deletes records only once their
     /// commit is in Kafka, so the live thread commits early when this grows large.
     processed_since_commit: AtomicU64,
+    /// The reader holds back until a commit lands (`plan::reader_waits_for_commits`): said
+    /// once when it starts and once when it ends, and a commit is due sooner meanwhile.
+    waiting_for_commits: std::sync::atomic::AtomicBool,
     /// What the buffer had spilled when the metric was last told (it is told the difference:
     /// another consumer of the same group in this process counts into the same series).
     spilled_reported: AtomicU64,
@@ -270,6 +282,7 @@ impl Shared {
             live_appends: AtomicU64::new(0),
             processed_since_commit: AtomicU64::new(0),
             spilled_reported: AtomicU64::new(0),
+            waiting_for_commits: std::sync::atomic::AtomicBool::new(false),
             assigning: std::sync::atomic::AtomicUsize::new(0),
             revocations: AtomicU64::new(0),
             assignments: AtomicU64::new(0),

@@ -33,12 +33,15 @@ impl Shared {
             if count == 0 {
                 return Ok(());
             }
+            let awaiting = self.awaiting_commits(&partitions);
+            let budget = self.config.buffer_budget_bytes;
             let first = self.next_start.fetch_add(1, Ordering::Relaxed) as usize % count;
             partitions
                 .iter()
                 .cycle()
                 .skip(first)
                 .take(count)
+                .filter(|(_, runtime)| may_read(runtime.awaiting_commit(), awaiting, budget))
                 .map(|(key, runtime)| {
                     (
                         key.clone(),
@@ -48,6 +51,9 @@ impl Shared {
                 })
                 .collect()
         };
+        if starts.is_empty() {
+            return Ok(()); // every partition waits for its commits
+        }
         let per_partition = (max / starts.len()).max(MIN_READ);
         let mut filled = 0;
         let mut catchup_taken = false;
@@ -124,6 +130,35 @@ impl Shared {
             self.catchup_taken.taken();
         }
         Ok(())
+    }
+
+    /// What the application acknowledged of `partitions` and waits for a commit; whether the
+    /// reader holds back for it (`plan::reader_waits_for_commits`) is noted for the live
+    /// thread, which commits sooner meanwhile, and logged when it starts and ends.
+    fn awaiting_commits(&self, partitions: &BTreeMap<PartitionId, PartitionRuntime>) -> u64 {
+        let awaiting: u64 = partitions
+            .values()
+            .map(PartitionRuntime::awaiting_commit)
+            .sum();
+        let waits = reader_waits_for_commits(awaiting, self.config.buffer_budget_bytes);
+        if self.waiting_for_commits.swap(waits, Ordering::Relaxed) != waits {
+            if waits {
+                tracing::warn!(
+                    awaiting_bytes = awaiting,
+                    "records acknowledged wait for commits that have not landed: partitions \
+                     with records waiting are not read until theirs land (the buffer keeps \
+                     those records until then)"
+                );
+            } else {
+                tracing::info!("commits landed: every partition is read again");
+            }
+        }
+        awaiting
+    }
+
+    /// Whether the reader holds back for commits that have not landed (as of its last look).
+    pub fn reader_waits_for_commits(&self) -> bool {
+        self.waiting_for_commits.load(Ordering::Relaxed)
     }
 
     /// Where `runtime`'s reads start: one position in `Ordered` and `Off`, one per lane of

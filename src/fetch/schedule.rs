@@ -1,5 +1,6 @@
 //! When the group member's periodic work is due, with `now` passed in: commits (every
-//! interval, sooner once much was processed), the pruning of records nobody owns (every 10 s
+//! interval, sooner once much was processed, or while the reader holds back for commits that
+//! have not landed), the pruning of records nobody owns (every 10 s
 //! and after every assignment), retries of partitions that could not be reconciled (1 s,
 //! doubling to 30 s while they keep failing), probes of brokers that stopped answering
 //! (every 2 s), and giving the allocator's freed memory back (looked at every 250 ms, done
@@ -13,6 +14,11 @@ use std::time::{Duration, Instant};
 /// every 20 ms; spaced by 100 ms, processed records outgrew the memory tier and were
 /// written to disk before their commit.
 pub const MIN_COMMIT_SPACING: Duration = Duration::from_millis(20);
+/// While the reader holds back for commits that have not landed, a commit is tried this
+/// often (and no sooner after the last one than it took): it resumes the reader once Kafka
+/// takes commits again, without waiting out the interval, and does not send a failing
+/// broker 50 requests a second.
+pub const WAITING_READER_COMMIT_SPACING: Duration = Duration::from_millis(100);
 /// How often the reconciliation of a partition that failed is tried again.
 pub const RECONCILE_RETRY: Duration = Duration::from_secs(1);
 /// The longest wait between two reconciliation attempts that keep failing.
@@ -55,6 +61,9 @@ pub struct Facts {
     pub damaged: bool,
     /// The brokers do not answer, or refuse the credentials.
     pub troubled: bool,
+    /// The reader holds back for commits that have not landed
+    /// (`plan::reader_waits_for_commits`).
+    pub reader_waits: bool,
 }
 
 /// The live thread's timers.
@@ -100,7 +109,9 @@ impl Schedule {
                 self.commit_interval,
                 facts.processed,
                 self.budget_bytes,
-            ),
+            ) || (facts.reader_waits
+                && since(self.last_commit)
+                    >= WAITING_READER_COMMIT_SPACING.max(self.last_commit_took)),
             prune: since(self.last_prune) >= PRUNE_EVERY
                 || facts.assignments != self.pruned_at_assignment,
             retry: facts.damaged || since(self.last_retry) >= self.retry_every,
@@ -278,6 +289,24 @@ mod tests {
         assert!(commit_due(ms(300), ms(300), SECOND, 8 << 20, budget));
         // A budget too small to divide commits every interval, not every 100 ms for nothing.
         assert!(!commit_due(ms(500), ms(1), SECOND, 0, 31));
+    }
+
+    #[test]
+    fn a_reader_holding_back_for_commits_brings_them_forward() {
+        let start = Instant::now();
+        let mut schedule = Schedule::new(start, SECOND, 256 << 20);
+        let waiting = Facts {
+            reader_waits: true,
+            ..Facts::default()
+        };
+        let after = |ms: u64| start + Duration::from_millis(ms);
+        assert!(!schedule.due(after(99), waiting).commit);
+        assert!(schedule.due(after(100), waiting).commit, "every 100 ms");
+        assert!(!schedule.due(after(100), Facts::default()).commit);
+        // A commit that took 400 ms is tried again 400 ms after it ended.
+        schedule.committed(after(100), after(500));
+        assert!(!schedule.due(after(899), waiting).commit);
+        assert!(schedule.due(after(900), waiting).commit);
     }
 
     #[test]

@@ -3,6 +3,8 @@
 
 use std::collections::VecDeque;
 
+use super::CommitPlan;
+
 /// One delivery not yet known processed: its offset, whether it is acked, its bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Outstanding {
@@ -22,6 +24,12 @@ pub struct AckTracker {
     /// Where the next delivery's range starts (the offset after the last delivered, or after
     /// a gap the reader skipped).
     delivered_next: i64,
+    /// Bytes acknowledged so far, in all.
+    acked_bytes: u64,
+    /// Of `acked_bytes`, those no longer waiting for a commit ([`commit_landed`]).
+    ///
+    /// [`commit_landed`]: Self::commit_landed
+    landed_bytes: u64,
 }
 
 impl AckTracker {
@@ -31,6 +39,8 @@ impl AckTracker {
             committable: start,
             outstanding: VecDeque::new(),
             delivered_next: start,
+            acked_bytes: 0,
+            landed_bytes: 0,
         }
     }
 
@@ -68,6 +78,7 @@ impl AckTracker {
             let bytes = first.bytes;
             self.outstanding.pop_front();
             self.advance();
+            self.acked_bytes += bytes as u64;
             return bytes;
         }
         let bytes = match self
@@ -84,6 +95,7 @@ impl AckTracker {
             Err(_) => 0,
         };
         self.advance();
+        self.acked_bytes += bytes as u64;
         bytes
     }
 
@@ -112,7 +124,77 @@ impl AckTracker {
     pub fn delivered_next(&self) -> i64 {
         self.delivered_next
     }
+
+    /// Bytes acknowledged so far, in all: what a commit planned now covers, to be handed to
+    /// [`commit_landed`](Self::commit_landed) once it is in Kafka.
+    pub fn acked_bytes(&self) -> u64 {
+        self.acked_bytes
+    }
+
+    /// A commit planned when [`acked_bytes`](Self::acked_bytes) was `covered` is in Kafka,
+    /// or its plan had nothing to write: those bytes wait for no commit any more. Also the
+    /// acknowledgements the commit could not cover (behind an unacknowledged delivery, a
+    /// live lane whose side entry is not written yet): they wait for the application or the
+    /// partition's state, which no further commit of the same plan changes.
+    pub fn commit_landed(&mut self, covered: u64) {
+        self.landed_bytes = self.landed_bytes.max(covered.min(self.acked_bytes));
+    }
+
+    /// Bytes acknowledged whose commit has not landed: what the buffer keeps only until it
+    /// does (see [`reader_waits_for_commits`]).
+    pub fn awaiting_commit(&self) -> u64 {
+        self.acked_bytes - self.landed_bytes
+    }
 }
+
+/// Whether the reader holds back because `awaiting_commit` bytes the application
+/// acknowledged (all partitions) wait for commits that have not landed, under a byte budget
+/// of `budget_bytes`: from an eighth of it on, and never below [`COMMIT_WAIT_FLOOR`]. A
+/// commit is due every 32nd of the budget, so this is reached only when commits fail, or
+/// take longer than the reader needs for an eighth of the budget (a broker that stops
+/// answering, a coordinator that moves); the buffer keeps those records until their commit
+/// lands, and without the hold a fast reader had half the budget of them in memory within a
+/// second (peak RSS above 256 MiB with the default budget). Unacknowledged deliveries never
+/// count: an application that acknowledges a batch once it has all of it would wait for
+/// good. While it holds back, the reader reads only the partitions [`may_read`] lets it.
+pub fn reader_waits_for_commits(awaiting_commit: u64, budget_bytes: u64) -> bool {
+    awaiting_commit >= (budget_bytes / 8).max(COMMIT_WAIT_FLOOR)
+}
+
+/// Whether the reader may read a partition of which `partition_awaiting` acknowledged bytes
+/// wait for a commit, while `total_awaiting` do of all partitions: always, unless the reader
+/// holds back ([`reader_waits_for_commits`]), and then only if nothing of this partition
+/// waits. A partition whose commits land goes on (one read per commit that lands, while
+/// another's commits fail for good: a side topic it may not write, say); one whose commits
+/// do not waits with them.
+pub fn may_read(partition_awaiting: u64, total_awaiting: u64, budget_bytes: u64) -> bool {
+    partition_awaiting == 0 || !reader_waits_for_commits(total_awaiting, budget_bytes)
+}
+
+/// A partition's commit is planned as `plan`, its lanes (catch-up, live) `lanes`: the bytes
+/// each lane had acknowledged, which wait for no commit once this one lands
+/// ([`commit_landed`]). A plan that writes nothing lands at once (`None`): nothing
+/// acknowledged waits for a commit of it.
+pub fn commit_planned(lanes: [&mut AckTracker; 2], plan: &CommitPlan) -> Option<[u64; 2]> {
+    let acked = lanes.each_ref().map(|lane| lane.acked_bytes());
+    if *plan == CommitPlan::Nothing {
+        commit_landed(lanes, acked);
+        return None;
+    }
+    Some(acked)
+}
+
+/// A commit that [`commit_planned`] returned `covered` for is in Kafka.
+pub fn commit_landed(lanes: [&mut AckTracker; 2], covered: [u64; 2]) {
+    for (lane, covered) in lanes.into_iter().zip(covered) {
+        lane.commit_landed(covered);
+    }
+}
+
+/// What may wait for commits whatever the budget: with a tiny budget an eighth of it would
+/// hold the reader at every commit's round trip (commits are at most every 20 ms), where it
+/// only has to stop running away from commits that do not land.
+pub const COMMIT_WAIT_FLOOR: u64 = 1 << 20;
 
 #[cfg(test)]
 mod tests {
@@ -139,6 +221,108 @@ mod tests {
         );
         assert_eq!(acks.ack(72), 0, "a second ack frees nothing");
         assert_eq!(acks.unacked(), 0);
+    }
+
+    #[test]
+    fn acknowledged_bytes_wait_for_the_commit_planned_after_them() {
+        let mut acks = AckTracker::new(0);
+        for offset in 0..4 {
+            acks.delivered(offset, 10);
+        }
+        acks.ack(0);
+        acks.ack(2);
+        assert_eq!(acks.awaiting_commit(), 20, "out of order counts too");
+        let planned = acks.acked_bytes();
+        acks.ack(1);
+        acks.commit_landed(planned);
+        assert_eq!(
+            acks.awaiting_commit(),
+            10,
+            "acked after the plan: still waits"
+        );
+        acks.commit_landed(planned);
+        acks.commit_landed(0);
+        assert_eq!(
+            acks.awaiting_commit(),
+            10,
+            "an older commit lands nothing more"
+        );
+        acks.commit_landed(u64::MAX);
+        assert_eq!(
+            acks.awaiting_commit(),
+            0,
+            "never more than was acknowledged"
+        );
+        acks.ack(3);
+        assert_eq!(acks.awaiting_commit(), 10);
+        acks.ack(3);
+        assert_eq!(acks.awaiting_commit(), 10, "a second ack adds nothing");
+    }
+
+    #[test]
+    fn the_reader_waits_from_an_eighth_of_the_budget_awaiting_commits_or_the_floor() {
+        // (awaiting commit, budget) → the reader waits
+        let table = [
+            (0, 256 << 20, false),
+            (8 << 20, 256 << 20, false),
+            ((32 << 20) - 1, 256 << 20, false),
+            (32 << 20, 256 << 20, true),
+            // Small budgets: the floor.
+            (0, 0, false),
+            (64 << 10, 0, false),
+            ((1 << 20) - 1, 64 << 10, false),
+            (1 << 20, 64 << 10, true),
+            (1 << 20, 8 << 20, true),
+        ];
+        for (awaiting, budget, waits) in table {
+            assert_eq!(
+                reader_waits_for_commits(awaiting, budget),
+                waits,
+                "{awaiting} bytes awaiting, budget {budget}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_partition_with_nothing_awaiting_is_read_while_the_reader_holds_back() {
+        const LIMIT: u64 = 32 << 20;
+        const BUDGET: u64 = 8 * LIMIT;
+        // (this partition's awaiting, all partitions', budget) → may read
+        let table = [
+            (0, 0, BUDGET, true),
+            (LIMIT - 1, LIMIT - 1, BUDGET, true),
+            (1, LIMIT, BUDGET, false),
+            (0, LIMIT, BUDGET, true),
+            (LIMIT, LIMIT, BUDGET, false),
+            (1, 10 * LIMIT, BUDGET, false),
+        ];
+        for (partition, total, budget, may) in table {
+            assert_eq!(
+                may_read(partition, total, budget),
+                may,
+                "{partition} of {total} awaiting, budget {budget}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_plan_that_writes_nothing_lands_at_once_and_a_commit_lands_what_it_covered() {
+        let mut lanes = [AckTracker::new(0), AckTracker::new(100)];
+        lanes[0].delivered(0, 10);
+        lanes[1].delivered(100, 20);
+        lanes[0].ack(0);
+        lanes[1].ack(100);
+        let plan = CommitPlan::Plain { offset: 101 };
+        let covered = commit_planned(lanes.each_mut(), &plan);
+        assert_eq!(covered, Some([10, 20]));
+        lanes[1].delivered(101, 5);
+        lanes[1].ack(101);
+        commit_landed(lanes.each_mut(), covered.unwrap_or_default());
+        let awaiting = lanes.each_ref().map(AckTracker::awaiting_commit);
+        assert_eq!(awaiting, [0, 5], "acknowledged after the plan: waits");
+        assert_eq!(commit_planned(lanes.each_mut(), &CommitPlan::Nothing), None);
+        let awaiting = lanes.each_ref().map(AckTracker::awaiting_commit);
+        assert_eq!(awaiting, [0, 0]);
     }
 
     #[test]

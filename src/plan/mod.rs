@@ -21,7 +21,10 @@ mod subscription;
 mod token;
 mod unowned;
 
-pub use acks::AckTracker;
+pub use acks::{
+    AckTracker, COMMIT_WAIT_FLOOR, commit_landed, commit_planned, may_read,
+    reader_waits_for_commits,
+};
 pub use assign::{LocalStep, waits_unreconciled};
 pub use client_outage::{ClientOutage, OWN_PROBE_EVERY, REBOOTSTRAP_AFTER};
 pub use commit::{CommitPlan, CommitWrites, Progress, plan_commit};

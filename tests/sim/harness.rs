@@ -37,12 +37,14 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use catchup::fetch::{
-    AfterOutOfRange, AppendResult, Hold, LanePartition, PollErrorKind, Polled as LanePolled, Round,
+    AfterOutOfRange, AppendResult, Facts, Hold, LanePartition, PollErrorKind, Polled as LanePolled,
+    Round, Schedule,
 };
 use catchup::plan::{
     AckTracker, CommitCycle, CommitPlan, Committed, Decision, Inputs, KeyIndex, LocalStep,
     MainLogCommit, OffsetReset, PlanEvent, Progress, SideEntry, SideValue, SideWrite, SplitSecret,
-    SplitToken, incarnation_unknown, plan_commit, reconcile, side_key, waits_unreconciled,
+    SplitToken, commit_landed, commit_planned, incarnation_unknown, may_read, plan_commit,
+    reader_waits_for_commits, reconcile, side_key, waits_unreconciled,
 };
 #[path = "world.rs"]
 mod world;
@@ -290,6 +292,8 @@ pub struct Stats {
     pub superseded: u64,
     /// `Latest`: assignments whose catch-up lane waited for the keys to be read again.
     pub rebuilds: u64,
+    /// Reads that handed out nothing because what was acknowledged waited for commits.
+    pub commit_waits: u64,
 }
 
 impl std::ops::AddAssign for Stats {
@@ -319,6 +323,7 @@ impl std::ops::AddAssign for Stats {
         self.spilled_bytes += other.spilled_bytes;
         self.latest += other.latest;
         self.superseded += other.superseded;
+        self.commit_waits += other.commit_waits;
         self.rebuilds += other.rebuilds;
     }
 }
@@ -358,6 +363,12 @@ pub struct Sim {
     spilled_from: u64,
     /// Simulated time: a step takes `STEP_TIME`.
     now: Instant,
+    /// When the group member commits (the production schedule), with what was acknowledged
+    /// in all when the last commit began, and whether the reader held back for commits at
+    /// its last read.
+    schedule: Schedule,
+    acked_at_commit: u64,
+    reader_waits: bool,
 }
 
 /// How a cycle's writes went: the parts whose main-log write was refused, and the indices
@@ -368,6 +379,13 @@ type CycleSent = (Vec<usize>, Vec<usize>);
 const STEP_TIME: Duration = Duration::from_millis(50);
 /// The most partitions a history assigns.
 const MAX_PARTITIONS: u64 = 3;
+/// What a record counts for the readers (`AckTracker`), and their byte budget: a commit is
+/// due once 8 records were processed (`fetch::Schedule`), and the reader holds back once 32
+/// acknowledged wait for commits (`plan::reader_waits_for_commits`).
+const RECORD_BYTES: usize = 64 << 10;
+const READER_BUDGET: u64 = 16 << 20;
+/// The group member's commit interval.
+const COMMIT_INTERVAL: Duration = Duration::from_secs(1);
 
 fn lane_index(lane: Lane) -> usize {
     match lane {
@@ -401,6 +419,7 @@ impl Sim {
         buffer: Option<Buffer>,
     ) -> Result<Self, Failure> {
         let mut rng = Rng::with_choices(seed, choices);
+        let now = Instant::now();
         let buffer = match buffer {
             Some(buffer) => buffer,
             None => Buffer::open(&dir, BufferOptions::default()).map_err(|e| err("open", e))?,
@@ -451,7 +470,10 @@ impl Sim {
                 ..Stats::default()
             },
             spilled_from,
-            now: Instant::now(),
+            now,
+            schedule: Schedule::new(now, COMMIT_INTERVAL, READER_BUDGET),
+            acked_at_commit: 0,
+            reader_waits: false,
         };
         sim.assign_all()?;
         Ok(sim)
@@ -987,11 +1009,21 @@ impl Sim {
                 let (part, lane) = (self.random_part(), self.random_lane());
                 self.read(part, lane)?;
             }
-            85..=94 => {
+            _ => {
                 let (part, lane) = (self.random_part(), self.random_lane());
                 self.ack(part, lane);
             }
-            _ => self.commit_all()?,
+        }
+        // The group member commits when its schedule says so: every interval, sooner once
+        // much was processed, and while the reader holds back for commits.
+        let facts = Facts {
+            processed: self.acked_bytes().saturating_sub(self.acked_at_commit),
+            reader_waits: self.reader_waits,
+            ..Facts::default()
+        };
+        if self.schedule.due(self.now, facts).commit {
+            self.commit_all()?;
+            self.schedule.committed(self.now, self.now);
         }
         if !self.faults {
             // Drain: keep everything moving.
@@ -1359,7 +1391,22 @@ impl Sim {
                 .index
                 .as_ref()
                 .is_some_and(|index| !index.catchup_may_deliver());
-        if !waits {
+        // As the engine's fill: while what was acknowledged waits for commits, a partition
+        // with records waiting is not read.
+        let awaiting_of = |part: &Part| -> u64 {
+            part.readers
+                .iter()
+                .map(|reader| reader.acks.awaiting_commit())
+                .sum()
+        };
+        let awaiting: u64 = (0..self.parts.len())
+            .filter(|part| !self.unreconciled.contains(part))
+            .map(|part| awaiting_of(&self.parts[part]))
+            .sum();
+        self.reader_waits = reader_waits_for_commits(awaiting, READER_BUDGET);
+        let readable = may_read(awaiting_of(&self.parts[part]), awaiting, READER_BUDGET);
+        self.stats.commit_waits += u64::from(!readable);
+        if !waits && readable {
             self.fill(part, lane)?;
         }
         if self.latest {
@@ -1410,7 +1457,7 @@ impl Sim {
             }
             let state = &mut self.parts[part];
             let reader = &mut state.readers[lane_index(lane)];
-            reader.acks.delivered(offset, 1);
+            reader.acks.delivered(offset, RECORD_BYTES);
             let verdict = state.index.as_mut().map_or(Verdict::Deliver, |index| {
                 index.verdict(record.key.as_deref(), offset)
             });
@@ -1546,7 +1593,7 @@ impl Sim {
         state.last_ordered = Some(offset);
         reader.last_delivered = Some(offset);
         if !latest {
-            reader.acks.delivered(offset, 1);
+            reader.acks.delivered(offset, RECORD_BYTES);
         }
         reader.unacked.push(offset);
         state.delivered.insert(offset);
@@ -1572,8 +1619,19 @@ impl Sim {
     }
 
     fn commit_all(&mut self) -> Result<(), Failure> {
+        // What was processed so far is covered now: the early-commit count restarts.
+        self.acked_at_commit = self.acked_bytes();
         let all: Vec<usize> = (0..self.parts.len()).collect();
         self.commit(&all)
+    }
+
+    /// Bytes acknowledged in all, as the readers of the partitions' runtimes count them.
+    fn acked_bytes(&self) -> u64 {
+        self.parts
+            .iter()
+            .flat_map(|part| &part.readers)
+            .map(|reader| reader.acks.acked_bytes())
+            .sum()
     }
 
     /// Commits what the readers of `parts` processed, as the group member does: each
@@ -1584,11 +1642,11 @@ impl Sim {
     /// the side-log writes.
     fn commit(&mut self, parts: &[usize]) -> Result<(), Failure> {
         // A partition waiting for its reconciliation has no runtime to commit.
-        let plans: Vec<(usize, CommitPlan, i64)> = parts
+        let plans: Vec<(usize, CommitPlan, i64, [u64; 2])> = parts
             .iter()
             .filter(|part| !self.unreconciled.contains(part))
-            .map(|&part| {
-                let state = &self.parts[part];
+            .filter_map(|&part| {
+                let state = &mut self.parts[part];
                 let catchup_processed = state.readers[0].acks.committable();
                 let plan = plan_commit(&Progress {
                     token: state.token,
@@ -1598,24 +1656,30 @@ impl Sim {
                     catchup_processed,
                     live_processed: state.readers[1].acks.committable(),
                 });
-                (part, plan, catchup_processed)
+                // As the engine's `pending_commits`: what was acknowledged waits for this
+                // plan's commit, or for none when it writes nothing.
+                let lanes = state.readers.each_mut().map(|reader| &mut reader.acks);
+                let acked = commit_planned(lanes, &plan)?;
+                Some((part, plan, catchup_processed, acked))
             })
             .collect();
         let cycle = CommitCycle::new(
             plans
                 .iter()
-                .map(|(part, plan, _)| (*part, plan.writes(self.parts[*part].token.as_ref())))
+                .map(|(part, plan, ..)| (*part, plan.writes(self.parts[*part].token.as_ref())))
                 .collect(),
         );
         let tokens: Vec<Option<SplitToken>> = plans
             .iter()
-            .map(|(part, _, _)| self.parts[*part].token)
+            .map(|(part, ..)| self.parts[*part].token)
             .collect();
         let Some((refused, side_failed)) = self.send_cycle(&cycle, &tokens)? else {
             return self.crash();
         };
         for index in cycle.applied(&refused, &side_failed) {
-            let (part, plan, catchup_processed) = &plans[index];
+            let (part, plan, catchup_processed, acked) = &plans[index];
+            let lanes = self.parts[*part].readers.each_mut();
+            commit_landed(lanes.map(|reader| &mut reader.acks), *acked);
             self.applied(*part, plan, *catchup_processed)?;
         }
         Ok(())

@@ -436,6 +436,7 @@ fn run(
                 assignments: shared.assignments.load(Ordering::Relaxed),
                 damaged: !damaged.is_empty(),
                 troubled: shared.health.in_doubt() || shared.health.is_refusing(),
+                reader_waits: shared.reader_waits_for_commits(),
             },
         );
         if due.commit {
