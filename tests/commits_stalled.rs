@@ -19,10 +19,14 @@ mod support;
 const RECORDS: i64 = 3_000;
 /// Each record's value: about a kibibyte.
 const VALUE_BYTES: usize = 1_024;
-/// An eighth of it (1 MiB, about 1,000 records) may wait for commits.
-const BUDGET: u64 = 8 << 20;
+/// Small, so that the reader's read-ahead (an eighth of it) is small beside what may wait for
+/// commits: the floor, 1 MiB (about 1,000 records).
+const BUDGET: u64 = 512 << 10;
 /// Far more than the records an eighth of the budget holds, with the reader's read-ahead.
 const AT_MOST_WHILE_FAILING: i64 = 2_000;
+/// Fewer than may wait for commits (1 MiB of records of 1 KiB and their keys): the reader
+/// must not hold back before it.
+const AT_LEAST_WHILE_FAILING: i64 = 950;
 /// No record within it, while records are there to take: the reader waits.
 const QUIET: Duration = Duration::from_secs(3);
 const WAIT: Duration = Duration::from_secs(60);
@@ -69,6 +73,10 @@ async fn the_reader_waits_for_commits_that_do_not_land_and_goes_on_when_they_do(
             "{next} records handed out and acknowledged while no commit landed"
         );
     }
+    assert!(
+        next >= AT_LEAST_WHILE_FAILING,
+        "the reader held back after {next} records, before 1 MiB waited"
+    );
     let committed = kafka.committed(group, topic, 1)[0].unwrap_or(0);
     eprintln!("{next} records handed out, {committed} committed, when the reader held back");
     assert!(

@@ -468,9 +468,12 @@ impl CatchupConsumer {
                 .live_appends
                 .load(std::sync::atomic::Ordering::Relaxed);
             if live_appends != reader.live_appends_seen && reader.queues[1].is_empty() {
-                reader.live_appends_seen = live_appends;
                 self.shared
                     .fill(&mut reader.queues, READ_AHEAD, &[Lane::Live])?;
+                // A fill that held back for commits has the new live records still to read.
+                if !reader.queues[1].is_empty() || !self.shared.reader_waits_for_commits() {
+                    reader.live_appends_seen = live_appends;
+                }
             }
             if let Some(delivery) = reader.pop(1) {
                 return Ok(Some(delivery));

@@ -82,6 +82,7 @@ impl Shared {
             .collect();
         if woken {
             // A reader holding back for commits may read this partition again.
+            self.awaiting_commits(&partitions);
             self.notify.notify_waiters();
         }
         pending
@@ -118,15 +119,19 @@ impl Shared {
     pub fn commit_applied(&self, commit: &PendingCommit) -> Result<(), StoreError> {
         let (topic, partition) = &commit.partition;
         let mut partitions = self.partitions();
+        let Some(runtime) = partitions
+            .get_mut(&commit.partition)
+            .filter(|runtime| runtime.generation == commit.generation)
+        else {
+            return Ok(());
+        };
+        crate::plan::commit_landed(runtime.acks.each_mut(), commit.acked);
+        // A reader holding back for commits (`plan::may_read`) may go on.
+        self.awaiting_commits(&partitions);
+        self.notify.notify_waiters();
         let Some(runtime) = partitions.get_mut(&commit.partition) else {
             return Ok(());
         };
-        if runtime.generation != commit.generation {
-            return Ok(());
-        }
-        crate::plan::commit_landed(runtime.acks.each_mut(), commit.acked);
-        // A reader holding back for commits (`plan::may_read`) may go on.
-        self.notify.notify_waiters();
         match &commit.plan {
             CommitPlan::Nothing => {}
             CommitPlan::Plain { offset } => {

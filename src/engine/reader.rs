@@ -41,7 +41,7 @@ impl Shared {
                 .cycle()
                 .skip(first)
                 .take(count)
-                .filter(|(_, runtime)| may_read(runtime.awaiting_commit(), awaiting, budget))
+                .filter(|(_, runtime)| may_read(runtime.awaiting_commit(), awaiting, count, budget))
                 .map(|(key, runtime)| {
                     (
                         key.clone(),
@@ -134,8 +134,13 @@ impl Shared {
 
     /// What the application acknowledged of `partitions` and waits for a commit; whether the
     /// reader holds back for it (`plan::reader_waits_for_commits`) is noted for the live
-    /// thread, which commits sooner meanwhile, and logged when it starts and ends.
-    fn awaiting_commits(&self, partitions: &BTreeMap<PartitionId, PartitionRuntime>) -> u64 {
+    /// thread, which commits sooner meanwhile, and logged when it starts and ends. Looked at
+    /// by every fill and wherever a commit clears what waited (a reader that stopped asking
+    /// must not keep the live thread committing sooner).
+    pub(super) fn awaiting_commits(
+        &self,
+        partitions: &BTreeMap<PartitionId, PartitionRuntime>,
+    ) -> u64 {
         let awaiting: u64 = partitions
             .values()
             .map(PartitionRuntime::awaiting_commit)

@@ -97,8 +97,8 @@ pub struct CatchupConfig {
     /// catch-up lane reads ahead of the reader about an eighth of its share (fetched and
     /// not handed out yet): the rest of its backlog waits in Kafka, not on disk. Once an
     /// eighth of it (at least 1 MiB) that the application acknowledged waits for commits
-    /// that have not landed, the reader reads no partition with acknowledged records waiting
-    /// until their commit lands (`docs/buffer.md`).
+    /// that have not landed, the reader reads no partition holding its share of that until
+    /// its commit lands (`docs/buffer.md`).
     pub buffer_budget_bytes: u64,
     /// Free space to leave on the buffer's filesystem: below it both fetchers pause every
     /// partition and write nothing until the space is back (the records wait in Kafka).

@@ -15,10 +15,13 @@ use std::time::{Duration, Instant};
 /// written to disk before their commit.
 pub const MIN_COMMIT_SPACING: Duration = Duration::from_millis(20);
 /// While the reader holds back for commits that have not landed, a commit is tried this
-/// often (and no sooner after the last one than it took): it resumes the reader once Kafka
-/// takes commits again, without waiting out the interval, and does not send a failing
-/// broker 50 requests a second.
+/// soon after the last (and no sooner than the last one took), the wait doubling with each
+/// such commit up to [`WAITING_READER_COMMIT_SPACING_MAX`]: it resumes the reader soon after
+/// Kafka takes commits again, without waiting out the interval, and a partition whose commits
+/// fail for good is not retried ten times a second (each failure is an `Event::Error`).
 pub const WAITING_READER_COMMIT_SPACING: Duration = Duration::from_millis(100);
+/// The longest wait between commits brought forward for a reader holding back.
+pub const WAITING_READER_COMMIT_SPACING_MAX: Duration = Duration::from_secs(2);
 /// How often the reconciliation of a partition that failed is tried again.
 pub const RECONCILE_RETRY: Duration = Duration::from_secs(1);
 /// The longest wait between two reconciliation attempts that keep failing.
@@ -73,6 +76,8 @@ pub struct Schedule {
     budget_bytes: u64,
     last_commit: Instant,
     last_commit_took: Duration,
+    /// Commits in a row made while the reader held back for commits.
+    waiting_commits: u32,
     last_retry: Instant,
     retry_every: Duration,
     last_prune: Instant,
@@ -90,6 +95,7 @@ impl Schedule {
             budget_bytes,
             last_commit: now,
             last_commit_took: Duration::ZERO,
+            waiting_commits: 0,
             last_retry: now,
             retry_every: RECONCILE_RETRY,
             last_prune: now,
@@ -110,8 +116,7 @@ impl Schedule {
                 facts.processed,
                 self.budget_bytes,
             ) || (facts.reader_waits
-                && since(self.last_commit)
-                    >= WAITING_READER_COMMIT_SPACING.max(self.last_commit_took)),
+                && since(self.last_commit) >= self.waiting_reader_spacing()),
             prune: since(self.last_prune) >= PRUNE_EVERY
                 || facts.assignments != self.pruned_at_assignment,
             retry: facts.damaged || since(self.last_retry) >= self.retry_every,
@@ -120,10 +125,24 @@ impl Schedule {
         }
     }
 
-    /// A commit that began at `started` ended at `now`.
-    pub fn committed(&mut self, started: Instant, now: Instant) {
+    /// A commit that began at `started` ended at `now`; `reader_waited`: the reader held
+    /// back for commits when it was decided ([`Facts::reader_waits`]).
+    pub fn committed(&mut self, started: Instant, now: Instant, reader_waited: bool) {
         self.last_commit = now;
         self.last_commit_took = now.saturating_duration_since(started);
+        self.waiting_commits = if reader_waited {
+            self.waiting_commits.saturating_add(1)
+        } else {
+            0
+        };
+    }
+
+    /// How long after the last commit the next is brought forward for a reader holding back.
+    fn waiting_reader_spacing(&self) -> Duration {
+        let doubled = WAITING_READER_COMMIT_SPACING
+            .saturating_mul(1 << self.waiting_commits.min(16))
+            .min(WAITING_READER_COMMIT_SPACING_MAX);
+        doubled.max(self.last_commit_took)
     }
 
     /// Pruned at `now`, with `assignments` so far.
@@ -294,19 +313,39 @@ mod tests {
     #[test]
     fn a_reader_holding_back_for_commits_brings_them_forward() {
         let start = Instant::now();
-        let mut schedule = Schedule::new(start, SECOND, 256 << 20);
+        // An interval longer than every wait below.
+        let mut schedule = Schedule::new(start, 60 * SECOND, 256 << 20);
         let waiting = Facts {
             reader_waits: true,
             ..Facts::default()
         };
         let after = |ms: u64| start + Duration::from_millis(ms);
         assert!(!schedule.due(after(99), waiting).commit);
-        assert!(schedule.due(after(100), waiting).commit, "every 100 ms");
+        assert!(
+            schedule.due(after(100), waiting).commit,
+            "100 ms after the last"
+        );
         assert!(!schedule.due(after(100), Facts::default()).commit);
-        // A commit that took 400 ms is tried again 400 ms after it ended.
-        schedule.committed(after(100), after(500));
-        assert!(!schedule.due(after(899), waiting).commit);
-        assert!(schedule.due(after(900), waiting).commit);
+        // Commits made while it holds back are spaced twice as far each time: 200 ms, then
+        // 400 ms, ... up to 2 s.
+        schedule.committed(after(100), after(100), true);
+        assert!(!schedule.due(after(299), waiting).commit);
+        assert!(schedule.due(after(300), waiting).commit);
+        schedule.committed(after(300), after(300), true);
+        assert!(!schedule.due(after(699), waiting).commit);
+        assert!(schedule.due(after(700), waiting).commit);
+        let mut at = 700;
+        for _ in 0..10 {
+            schedule.committed(after(at), after(at), true);
+            at += 2_000;
+        }
+        assert!(!schedule.due(after(at - 1), waiting).commit);
+        assert!(schedule.due(after(at), waiting).commit, "at most 2 s apart");
+        // A commit made while it did not hold back starts over; one that took 400 ms is
+        // tried again 400 ms after it ended.
+        schedule.committed(after(at), after(at + 400), false);
+        assert!(!schedule.due(after(at + 799), waiting).commit);
+        assert!(schedule.due(after(at + 800), waiting).commit);
     }
 
     #[test]
@@ -326,7 +365,7 @@ mod tests {
         schedule.trimmed(at(1));
         assert!(!schedule.due(at(1) + TRIM_EVERY / 2, quiet).trim);
         assert!(schedule.due(at(1) + TRIM_EVERY, quiet).trim, "every 250 ms");
-        schedule.committed(at(1), at(1));
+        schedule.committed(at(1), at(1), false);
         assert!(!schedule.due(at(1), quiet).commit);
 
         // A new assignment prunes at once; then every 10 s.

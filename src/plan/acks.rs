@@ -158,17 +158,30 @@ impl AckTracker {
 /// count: an application that acknowledges a batch once it has all of it would wait for
 /// good. While it holds back, the reader reads only the partitions [`may_read`] lets it.
 pub fn reader_waits_for_commits(awaiting_commit: u64, budget_bytes: u64) -> bool {
-    awaiting_commit >= (budget_bytes / 8).max(COMMIT_WAIT_FLOOR)
+    awaiting_commit >= commit_wait_limit(budget_bytes)
+}
+
+/// What may wait for commits under a byte budget of `budget_bytes`.
+fn commit_wait_limit(budget_bytes: u64) -> u64 {
+    (budget_bytes / 8).max(COMMIT_WAIT_FLOOR)
 }
 
 /// Whether the reader may read a partition of which `partition_awaiting` acknowledged bytes
-/// wait for a commit, while `total_awaiting` do of all partitions: always, unless the reader
-/// holds back ([`reader_waits_for_commits`]), and then only if nothing of this partition
-/// waits. A partition whose commits land goes on (one read per commit that lands, while
-/// another's commits fail for good: a side topic it may not write, say); one whose commits
-/// do not waits with them.
-pub fn may_read(partition_awaiting: u64, total_awaiting: u64, budget_bytes: u64) -> bool {
-    partition_awaiting == 0 || !reader_waits_for_commits(total_awaiting, budget_bytes)
+/// wait for a commit, while `total_awaiting` do of all `partitions`: always, unless the
+/// reader holds back ([`reader_waits_for_commits`]), and then only below the partition's
+/// even share of what may wait. A partition whose commits fail (a side topic it may not
+/// write, say) waits once it holds its share; the others go on, each up to its share per
+/// commit of theirs that lands — where waiting until nothing of theirs waited gave them one
+/// read per commit. What waits stays within the limit and one read per partition.
+pub fn may_read(
+    partition_awaiting: u64,
+    total_awaiting: u64,
+    partitions: usize,
+    budget_bytes: u64,
+) -> bool {
+    let limit = commit_wait_limit(budget_bytes);
+    let share = limit / partitions.max(1) as u64;
+    total_awaiting < limit || partition_awaiting == 0 || partition_awaiting < share
 }
 
 /// A partition's commit is planned as `plan`, its lanes (catch-up, live) `lanes`: the bytes
@@ -284,23 +297,29 @@ mod tests {
     }
 
     #[test]
-    fn a_partition_with_nothing_awaiting_is_read_while_the_reader_holds_back() {
+    fn a_partition_below_its_share_is_read_while_the_reader_holds_back() {
         const LIMIT: u64 = 32 << 20;
         const BUDGET: u64 = 8 * LIMIT;
-        // (this partition's awaiting, all partitions', budget) → may read
+        // (this partition's awaiting, all partitions', partitions) → may read
         let table = [
-            (0, 0, BUDGET, true),
-            (LIMIT - 1, LIMIT - 1, BUDGET, true),
-            (1, LIMIT, BUDGET, false),
-            (0, LIMIT, BUDGET, true),
-            (LIMIT, LIMIT, BUDGET, false),
-            (1, 10 * LIMIT, BUDGET, false),
+            (0, 0, 8, true),
+            (LIMIT - 1, LIMIT - 1, 1, true),
+            (LIMIT, LIMIT, 1, false),
+            // Eight partitions: a share of 4 MiB each.
+            (0, LIMIT, 8, true),
+            ((4 << 20) - 1, LIMIT, 8, true),
+            (4 << 20, LIMIT, 8, false),
+            (LIMIT, LIMIT, 8, false),
+            ((4 << 20) - 1, 10 * LIMIT, 8, true),
+            // More partitions than bytes in the limit: only those with nothing waiting.
+            (0, LIMIT, usize::MAX, true),
+            (1, LIMIT, usize::MAX, false),
         ];
-        for (partition, total, budget, may) in table {
+        for (partition, total, partitions, may) in table {
             assert_eq!(
-                may_read(partition, total, budget),
+                may_read(partition, total, partitions, BUDGET),
                 may,
-                "{partition} of {total} awaiting, budget {budget}"
+                "{partition} of {total} awaiting over {partitions} partitions"
             );
         }
     }

@@ -1023,7 +1023,11 @@ impl Sim {
         };
         if self.schedule.due(self.now, facts).commit {
             self.commit_all()?;
-            self.schedule.committed(self.now, self.now);
+            // A commit takes up to a few steps' time, which spaces the next one.
+            let took = STEP_TIME * self.rng.below(3) as u32;
+            let started = self.now.checked_sub(took).unwrap_or(self.now);
+            self.schedule
+                .committed(started, self.now, facts.reader_waits);
         }
         if !self.faults {
             // Drain: keep everything moving.
@@ -1399,12 +1403,16 @@ impl Sim {
                 .map(|reader| reader.acks.awaiting_commit())
                 .sum()
         };
-        let awaiting: u64 = (0..self.parts.len())
+        let runtimes: Vec<usize> = (0..self.parts.len())
             .filter(|part| !self.unreconciled.contains(part))
-            .map(|part| awaiting_of(&self.parts[part]))
+            .collect();
+        let awaiting: u64 = runtimes
+            .iter()
+            .map(|&part| awaiting_of(&self.parts[part]))
             .sum();
         self.reader_waits = reader_waits_for_commits(awaiting, READER_BUDGET);
-        let readable = may_read(awaiting_of(&self.parts[part]), awaiting, READER_BUDGET);
+        let own = awaiting_of(&self.parts[part]);
+        let readable = may_read(own, awaiting, runtimes.len(), READER_BUDGET);
         self.stats.commit_waits += u64::from(!readable);
         if !waits && readable {
             self.fill(part, lane)?;

@@ -429,6 +429,7 @@ fn run(
             }
         }
         let damaged = shared.take_damaged();
+        let reader_waits = shared.reader_waits_for_commits();
         let due = schedule.due(
             Instant::now(),
             Facts {
@@ -436,13 +437,13 @@ fn run(
                 assignments: shared.assignments.load(Ordering::Relaxed),
                 damaged: !damaged.is_empty(),
                 troubled: shared.health.in_doubt() || shared.health.is_refusing(),
-                reader_waits: shared.reader_waits_for_commits(),
+                reader_waits,
             },
         );
         if due.commit {
             let started = Instant::now();
             let _ = state.commit(&consumer, None);
-            schedule.committed(started, Instant::now());
+            schedule.committed(started, Instant::now(), reader_waits);
             state.report_progress(&consumer);
         }
         if due.trim {
