@@ -10,7 +10,6 @@
 use std::time::Duration;
 
 use catchup::{CatchupConsumer, Mode};
-use rdkafka::mocking::{MockCluster, MockCoordinator};
 use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 
 mod support;
@@ -35,19 +34,11 @@ const INTERVAL: Duration = Duration::from_secs(30);
 /// Once commits land, the reader goes on within it (commits are tried every 100 ms while it
 /// holds back).
 const RESUMES_WITHIN: Duration = Duration::from_secs(10);
-/// The default side topic (the mock cluster cannot create topics through the admin API).
-const SIDE_TOPIC: &str = "__catchup_side";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_reader_waits_for_commits_that_do_not_land_and_goes_on_when_they_do() {
-    let cluster = MockCluster::new(1).expect("mock cluster");
     let (topic, group) = ("orders", "stalled-commits-group");
-    cluster.create_topic(topic, 1, 1).expect("mock topic");
-    cluster.create_topic(SIDE_TOPIC, 1, 1).expect("side topic");
-    cluster
-        .coordinator(MockCoordinator::Group(group.into()), 1)
-        .expect("coordinator");
-    let kafka = support::Kafka::connect_to(&cluster.bootstrap_servers());
+    let (cluster, kafka) = support::mock_cluster(topic, group);
     kafka
         .produce_values(topic, 1, RECORDS, |_, offset| value(offset))
         .await;

@@ -11,7 +11,6 @@
 use std::time::Duration;
 
 use catchup::{CatchupConsumer, Event, Mode};
-use rdkafka::mocking::{MockCluster, MockCoordinator};
 
 mod support;
 
@@ -19,19 +18,11 @@ const RECORDS: usize = 10;
 /// Longer than the probe's 1 s, far shorter than a commit's 30 s.
 const SLOW: Duration = Duration::from_millis(2500);
 const WAIT: Duration = Duration::from_secs(60);
-/// The default side topic (the mock cluster cannot create topics through the admin API).
-const SIDE_TOPIC: &str = "__catchup_side";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_that_gets_through_ends_the_announced_outage() {
-    let cluster = MockCluster::new(1).expect("mock cluster");
     let (topic, group) = ("orders", "slow-broker-group");
-    cluster.create_topic(topic, 1, 1).expect("mock topic");
-    cluster.create_topic(SIDE_TOPIC, 1, 1).expect("side topic");
-    cluster
-        .coordinator(MockCoordinator::Group(group.into()), 1)
-        .expect("coordinator");
-    let kafka = support::Kafka::connect_to(&cluster.bootstrap_servers());
+    let (cluster, kafka) = support::mock_cluster(topic, group);
     kafka.produce(topic, 1, RECORDS).await;
 
     let dir = tempfile::tempdir().expect("tempdir");

@@ -115,6 +115,14 @@ impl Shared {
         }
     }
 
+    /// After a commit cycle's commits were recorded: whether the reader still holds back for
+    /// commits is looked at again (a reader that stopped asking must not keep the live thread
+    /// committing sooner), and a reader holding back (`plan::may_read`) may go on.
+    pub fn commits_landed(&self) {
+        self.awaiting_commits(&self.partitions());
+        self.notify.notify_waiters();
+    }
+
     /// Records a commit that Kafka now holds, and lets the buffer delete what it covers.
     pub fn commit_applied(&self, commit: &PendingCommit) -> Result<(), StoreError> {
         let (topic, partition) = &commit.partition;
@@ -125,13 +133,8 @@ impl Shared {
         else {
             return Ok(());
         };
+        // A reader holding back for it is told by `commits_landed`, once per cycle.
         crate::plan::commit_landed(runtime.acks.each_mut(), commit.acked);
-        // A reader holding back for commits (`plan::may_read`) may go on.
-        self.awaiting_commits(&partitions);
-        self.notify.notify_waiters();
-        let Some(runtime) = partitions.get_mut(&commit.partition) else {
-            return Ok(());
-        };
         match &commit.plan {
             CommitPlan::Nothing => {}
             CommitPlan::Plain { offset } => {

@@ -623,6 +623,31 @@ pub async fn take_unacked_until_event(
     }
 }
 
+/// The default side topic (the mock cluster cannot create topics through the admin API).
+pub const MOCK_SIDE_TOPIC: &str = "__catchup_side";
+
+/// librdkafka's mock cluster of one broker holding `topic` (one partition) and the default side
+/// topic, the broker coordinating `group`; with a client of it.
+pub fn mock_cluster(
+    topic: &str,
+    group: &str,
+) -> (
+    rdkafka::mocking::MockCluster<'static, rdkafka::producer::DefaultProducerContext>,
+    Kafka,
+) {
+    use rdkafka::mocking::{MockCluster, MockCoordinator};
+    let cluster = MockCluster::new(1).expect("mock cluster");
+    cluster.create_topic(topic, 1, 1).expect("mock topic");
+    cluster
+        .create_topic(MOCK_SIDE_TOPIC, 1, 1)
+        .expect("side topic");
+    cluster
+        .coordinator(MockCoordinator::Group(group.into()), 1)
+        .expect("coordinator");
+    let kafka = Kafka::connect_to(&cluster.bootstrap_servers());
+    (cluster, kafka)
+}
+
 /// Test settings: `mode`, `min_lag`, frequent commits, the buffer in `dir`.
 pub fn test_config(
     dir: &std::path::Path,

@@ -81,7 +81,8 @@ impl LiveState {
             });
         }
         let (refused, side_failed) = (&sent.refused, &sent.side_failed);
-        for index in cycle.applied(refused, side_failed) {
+        let applied = cycle.applied(refused, side_failed);
+        for &index in &applied {
             if let Err(err) = self.shared.commit_applied(&pending[index]) {
                 if err.is_io_failure() {
                     self.shared.write_failed(&err);
@@ -90,6 +91,9 @@ impl LiveState {
                     message: err.to_string(),
                 });
             }
+        }
+        if !applied.is_empty() {
+            self.shared.commits_landed();
         }
         sent.errors.into_iter().next().map_or(Ok(()), Err)
     }
