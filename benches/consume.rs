@@ -220,9 +220,12 @@ impl Spread {
         }
     }
 
-    /// As a share in per cent, with its range when there was more than one run.
+    /// As a share in per cent, with its range when there was more than one run; a dash when
+    /// the reader it is a share of did not run (`CATCHUP_BENCH_READERS` left it out).
     fn percent(&self) -> String {
-        if self.runs > 1 {
+        if self.median.is_nan() {
+            "–".to_owned()
+        } else if self.runs > 1 {
             format!(
                 "{:.0} % ({:.0}–{:.0})",
                 100.0 * self.median,

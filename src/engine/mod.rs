@@ -28,8 +28,8 @@ use tokio::sync::{Notify, broadcast};
 
 use crate::fetch::LanePartition;
 use crate::plan::{
-    AckTracker, CommitPlan, KeyIndex, Progress, SideEntry, SplitToken, Verdict, may_read,
-    plan_commit, reader_waits_for_commits,
+    AckTracker, CommitPlan, HoldNotice, KeyIndex, Progress, SideEntry, SplitToken, Verdict,
+    may_read, plan_commit, reader_waits_for_commits,
 };
 use crate::store::{Buffer, Lane, LayoutId, PartitionLayout, PartitionState, StoreError};
 use types::{AckToken, CatchupConfig, Delivery, DeliveryLane, Event, Mode};
@@ -232,9 +232,12 @@ pub(crate) struct Shared {
     /// Bytes acknowledged since the last commit: the buffer deletes records only once their
     /// commit is in Kafka, so the live thread commits early when this grows large.
     processed_since_commit: AtomicU64,
-    /// The reader holds back until a commit lands (`plan::reader_waits_for_commits`): said
-    /// once when it starts and once when it ends, and a commit is due sooner meanwhile.
+    /// The reader holds back until a commit lands (`plan::reader_waits_for_commits`): a
+    /// commit is due sooner meanwhile.
     waiting_for_commits: std::sync::atomic::AtomicBool,
+    /// What the log said of the reader's hold (`plan::HoldLog`). Looked at under the
+    /// partitions' lock, so never contended.
+    hold_log: Mutex<crate::plan::HoldLog>,
     /// What the buffer had spilled when the metric was last told (it is told the difference:
     /// another consumer of the same group in this process counts into the same series).
     spilled_reported: AtomicU64,
@@ -283,6 +286,7 @@ impl Shared {
             processed_since_commit: AtomicU64::new(0),
             spilled_reported: AtomicU64::new(0),
             waiting_for_commits: std::sync::atomic::AtomicBool::new(false),
+            hold_log: Mutex::new(crate::plan::HoldLog::default()),
             assigning: std::sync::atomic::AtomicUsize::new(0),
             revocations: AtomicU64::new(0),
             assignments: AtomicU64::new(0),

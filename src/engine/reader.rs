@@ -134,9 +134,10 @@ impl Shared {
 
     /// What the application acknowledged of `partitions` and waits for a commit; whether the
     /// reader holds back for it (`plan::reader_waits_for_commits`) is noted for the live
-    /// thread, which commits sooner meanwhile, and logged when it starts and ends. Looked at
-    /// by every fill and wherever a commit clears what waited (a reader that stopped asking
-    /// must not keep the live thread committing sooner).
+    /// thread, which commits sooner meanwhile, and logged once the hold lasts
+    /// (`plan::HoldLog`). Looked at by every fill and wherever a commit clears what waited (a
+    /// reader that stopped asking must not keep the live thread committing sooner); the
+    /// callers hold the partitions' lock.
     pub(super) fn awaiting_commits(
         &self,
         partitions: &BTreeMap<PartitionId, PartitionRuntime>,
@@ -146,16 +147,33 @@ impl Shared {
             .map(PartitionRuntime::awaiting_commit)
             .sum();
         let waits = reader_waits_for_commits(awaiting, self.config.buffer_budget_bytes);
-        if self.waiting_for_commits.swap(waits, Ordering::Relaxed) != waits {
-            if waits {
-                tracing::warn!(
+        let was_waiting = self.waiting_for_commits.swap(waits, Ordering::Relaxed);
+        if waits || was_waiting {
+            let notice = self
+                .hold_log
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .look(waits, std::time::Instant::now());
+            match notice {
+                HoldNotice::Quiet if waits != was_waiting => {
+                    tracing::debug!(
+                        awaiting_bytes = awaiting,
+                        waits,
+                        "reader's hold for commits"
+                    );
+                }
+                HoldNotice::Quiet => {}
+                HoldNotice::Warn { held } => tracing::warn!(
                     awaiting_bytes = awaiting,
+                    held_ms = held.as_millis() as u64,
                     "records acknowledged wait for commits that have not landed: partitions \
                      with records waiting are not read until theirs land (the buffer keeps \
                      those records until then)"
-                );
-            } else {
-                tracing::info!("commits landed: every partition is read again");
+                ),
+                HoldNotice::Ended { held } => tracing::info!(
+                    held_ms = held.as_millis() as u64,
+                    "commits landed: every partition is read again"
+                ),
             }
         }
         awaiting
