@@ -72,8 +72,8 @@ fn the_consumer_never_loses_a_record() {
          the group's offsets, {} partitions waiting for what could not be read, {} reuses refused and laid out afresh, {} partitions assigned \
          again within a poll round, {} histories with a memory tier ({} crashes losing what it \
          held, {} bytes spilled to sled), {} histories in mode latest ({} records superseded, {} \
-         assignments waiting for their keys to be read again), {} reads waiting for commits: no \
-         loss, no stall",
+         assignments waiting for their keys to be read again), {} reads waiting for commits, {} \
+         drains with one partition's every commit failing: no loss, no stall",
         stats.partitions,
         stats.steps,
         stats.splits,
@@ -101,6 +101,7 @@ fn the_consumer_never_loses_a_record() {
         stats.superseded,
         stats.rebuilds,
         stats.commit_waits,
+        stats.failing_partition_drains,
     );
     assert!(stats.steps > 0);
     if count >= 1000 {
@@ -131,6 +132,7 @@ fn the_consumer_never_loses_a_record() {
                 && stats.latest > 0
                 && stats.superseded > 0
                 && stats.commit_waits > 0
+                && stats.failing_partition_drains > 0
                 && stats.rebuilds > 0,
             "{stats:?}"
         );

@@ -294,6 +294,9 @@ pub struct Stats {
     pub rebuilds: u64,
     /// Reads that handed out nothing because what was acknowledged waited for commits.
     pub commit_waits: u64,
+    /// Histories whose drain began with one partition's every commit failing, until the
+    /// others were all delivered and committed.
+    pub failing_partition_drains: u64,
 }
 
 impl std::ops::AddAssign for Stats {
@@ -324,6 +327,7 @@ impl std::ops::AddAssign for Stats {
         self.latest += other.latest;
         self.superseded += other.superseded;
         self.commit_waits += other.commit_waits;
+        self.failing_partition_drains += other.failing_partition_drains;
         self.rebuilds += other.rebuilds;
     }
 }
@@ -369,6 +373,9 @@ pub struct Sim {
     schedule: Schedule,
     acked_at_commit: u64,
     reader_waits: bool,
+    /// A partition whose every commit fails (its main-log writes refused, its side-log writes
+    /// failing), as one with a side topic it may not write or an offset Kafka refuses.
+    commits_fail_for: Option<usize>,
 }
 
 /// How a cycle's writes went: the parts whose main-log write was refused, and the indices
@@ -474,6 +481,7 @@ impl Sim {
             schedule: Schedule::new(now, COMMIT_INTERVAL, READER_BUDGET),
             acked_at_commit: 0,
             reader_waits: false,
+            commits_fail_for: None,
         };
         sim.assign_all()?;
         Ok(sim)
@@ -908,6 +916,9 @@ impl Sim {
         for fetcher in &mut self.fetchers {
             fetcher.client.faults = false;
         }
+        if self.parts.len() > 1 && self.rng.chance(333) {
+            self.drain_while_one_partition_fails()?;
+        }
         for _ in 0..5000 {
             if self.settled()? {
                 return self.final_check();
@@ -915,6 +926,33 @@ impl Sim {
             self.step()?;
         }
         Err(format!("stalled: {}", self.describe()?))
+    }
+
+    /// Drains with one partition's every commit failing: the others must be delivered and
+    /// committed all the same (the reader holds back only the partitions with their share of
+    /// what may wait for commits, `plan::may_read`), then its commits land again.
+    fn drain_while_one_partition_fails(&mut self) -> Result<(), Failure> {
+        let failing = self.random_part();
+        self.commits_fail_for = Some(failing);
+        self.stats.failing_partition_drains += 1;
+        let others: Vec<usize> = (0..self.parts.len()).filter(|&p| p != failing).collect();
+        for _ in 0..5000 {
+            if others
+                .iter()
+                .map(|&part| self.part_settled(part))
+                .collect::<Result<Vec<bool>, Failure>>()?
+                .into_iter()
+                .all(|settled| settled)
+            {
+                self.commits_fail_for = None;
+                return Ok(());
+            }
+            self.step()?;
+        }
+        Err(format!(
+            "STALL: partition {failing}'s failing commits stopped the others: {}",
+            self.describe()?
+        ))
     }
 
     fn describe(&self) -> Result<String, Failure> {
@@ -1711,6 +1749,10 @@ impl Sim {
         let request_failed = self.faults && self.rng.chance(20);
         let mut refused = Vec::new();
         for (part, main) in &mains {
+            if self.commits_fail_for == Some(*part) {
+                refused.push(*part);
+                continue;
+            }
             if request_failed || (self.faults && self.rng.chance(30)) {
                 self.stats.commit_refusals += 1;
                 refused.push(*part);
@@ -1734,6 +1776,10 @@ impl Sim {
         }
         let mut side_failed = Vec::new();
         for (index, part, side) in sides {
+            if self.commits_fail_for == Some(part) {
+                side_failed.push(index);
+                continue;
+            }
             let failed = self.faults && self.rng.chance(30);
             if failed {
                 side_failed.push(index);
@@ -1811,14 +1857,18 @@ impl Sim {
     /// Kafka claims every offset of every partition processed.
     fn settled(&mut self) -> Result<bool, Failure> {
         for part in 0..self.parts.len() {
-            let decision = self.decide(part, None);
-            if !decision.layout.catchup_ranges.is_empty()
-                || decision.layout.live_from < self.parts[part].log.high()
-            {
+            if !self.part_settled(part)? {
                 return Ok(false);
             }
         }
         Ok(true)
+    }
+
+    /// Whether Kafka holds `part` as processed to its log end.
+    fn part_settled(&mut self, part: usize) -> Result<bool, Failure> {
+        let decision = self.decide(part, None);
+        Ok(decision.layout.catchup_ranges.is_empty()
+            && decision.layout.live_from >= self.parts[part].log.high())
     }
 
     /// Once settled, every record of every log at or after its start is delivered.
