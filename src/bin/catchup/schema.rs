@@ -94,7 +94,8 @@ impl<'a> RecordLine<'a> {
     }
 
     /// Writes the line (no newline) to `out`: what the `Serialize` impl writes, byte for
-    /// byte, with text that needs no escape copied as it is.
+    /// byte, with text that needs no escape copied as it is and numbers written by `itoa`
+    /// (`write!` went through the formatting machinery piece by piece).
     pub fn write_to<W: std::io::Write>(&self, out: &mut W) -> std::io::Result<()> {
         let record = &self.record;
         let (timestamp, timestamp_type) = match record.timestamp {
@@ -102,29 +103,41 @@ impl<'a> RecordLine<'a> {
             Timestamp::CreateTime(ms) => (Some(ms), "create_time"),
             Timestamp::LogAppendTime(ms) => (Some(ms), "log_append_time"),
         };
+        let mut numbers = itoa::Buffer::new();
         out.write_all(b"{")?;
         if let Some(processed) = self.processed {
-            write!(out, "\"assignment\":{},", processed.assignment)?;
+            out.write_all(b"\"assignment\":")?;
+            out.write_all(numbers.format(processed.assignment).as_bytes())?;
+            out.write_all(b",")?;
         }
         out.write_all(b"\"headers\":")?;
-        serde_json::to_writer(&mut *out, &Headers(&record.headers))?;
+        if record.headers.is_empty() {
+            out.write_all(b"[]")?;
+        } else {
+            serde_json::to_writer(&mut *out, &Headers(&record.headers))?;
+        }
         out.write_all(b",")?;
         write_bytes_field(out, "key", record.key)?;
         out.write_all(b",\"lane\":")?;
         write_text(out, record.lane)?;
-        write!(
-            out,
-            ",\"offset\":{},\"partition\":{},",
-            record.offset, record.partition
-        )?;
+        out.write_all(b",\"offset\":")?;
+        out.write_all(numbers.format(record.offset).as_bytes())?;
+        out.write_all(b",\"partition\":")?;
+        out.write_all(numbers.format(record.partition).as_bytes())?;
+        out.write_all(b",")?;
         if let Some(processed) = self.processed {
-            write!(out, "\"processed_at_ms\":{},", processed.processed_at_ms)?;
+            out.write_all(b"\"processed_at_ms\":")?;
+            out.write_all(numbers.format(processed.processed_at_ms).as_bytes())?;
+            out.write_all(b",")?;
         }
+        out.write_all(b"\"timestamp\":")?;
         match timestamp {
-            Some(ms) => write!(out, "\"timestamp\":{ms},")?,
-            None => out.write_all(b"\"timestamp\":null,")?,
+            Some(ms) => out.write_all(numbers.format(ms).as_bytes())?,
+            None => out.write_all(b"null")?,
         }
-        write!(out, "\"timestamp_type\":\"{timestamp_type}\",\"topic\":")?;
+        out.write_all(b",\"timestamp_type\":\"")?;
+        out.write_all(timestamp_type.as_bytes())?;
+        out.write_all(b"\",\"topic\":")?;
         write_text(out, record.topic)?;
         out.write_all(b",")?;
         write_bytes_field(out, "value", record.value)?;
@@ -201,17 +214,27 @@ fn write_bytes_field<W: std::io::Write>(
     name: &str,
     bytes: Option<&[u8]>,
 ) -> std::io::Result<()> {
+    let field = |out: &mut W, suffix: &str| {
+        out.write_all(b"\"")?;
+        out.write_all(name.as_bytes())?;
+        out.write_all(suffix.as_bytes())?;
+        out.write_all(b"\":")
+    };
     let Some(bytes) = bytes else {
-        return write!(out, "\"{name}\":null");
+        field(out, "")?;
+        return out.write_all(b"null");
     };
     match std::str::from_utf8(bytes) {
         Ok(text) => {
-            write!(out, "\"{name}\":")?;
+            field(out, "")?;
             write_text(out, text)
         }
         Err(_) => {
+            field(out, "_b64")?;
             let encoded = base64::engine::general_purpose::STANDARD.encode(bytes);
-            write!(out, "\"{name}_b64\":\"{encoded}\"")
+            out.write_all(b"\"")?;
+            out.write_all(encoded.as_bytes())?;
+            out.write_all(b"\"")
         }
     }
 }
