@@ -295,7 +295,8 @@ pub struct Stats {
     /// Reads that handed out nothing because what was acknowledged waited for commits.
     pub commit_waits: u64,
     /// Histories whose drain began with one partition's every commit failing, until the
-    /// others were all delivered and committed.
+    /// others were all delivered and committed, and in which the reader held that partition
+    /// back (the others read on).
     pub failing_partition_drains: u64,
 }
 
@@ -374,8 +375,10 @@ pub struct Sim {
     acked_at_commit: u64,
     reader_waits: bool,
     /// A partition whose every commit fails (its main-log writes refused, its side-log writes
-    /// failing), as one with a side topic it may not write or an offset Kafka refuses.
+    /// failing), as one with a side topic it may not write or an offset Kafka refuses; and
+    /// whether the reader has held it back.
     commits_fail_for: Option<usize>,
+    failing_held: bool,
 }
 
 /// How a cycle's writes went: the parts whose main-log write was refused, and the indices
@@ -393,6 +396,11 @@ const RECORD_BYTES: usize = 64 << 10;
 const READER_BUDGET: u64 = 16 << 20;
 /// The group member's commit interval.
 const COMMIT_INTERVAL: Duration = Duration::from_secs(1);
+/// The most records a read hands out.
+const MAX_READ: usize = 50;
+/// Records added to each partition when a drain begins with one partition's commits failing:
+/// more than a partition's share of what may wait for commits (32 records in all).
+const FAILING_DRAIN_BACKLOG: usize = 60;
 
 fn lane_index(lane: Lane) -> usize {
     match lane {
@@ -482,6 +490,7 @@ impl Sim {
             acked_at_commit: 0,
             reader_waits: false,
             commits_fail_for: None,
+            failing_held: false,
         };
         sim.assign_all()?;
         Ok(sim)
@@ -674,8 +683,11 @@ impl Sim {
             return self.crash();
         }
         for index in cycle.unapplied(&refused, &side_failed) {
-            self.stats.assign_deferrals += 1;
-            self.unreconciled.insert(decided[index].0);
+            let part = decided[index].0;
+            if self.commits_fail_for != Some(part) {
+                self.stats.assign_deferrals += 1;
+            }
+            self.unreconciled.insert(part);
         }
         for index in cycle.applied(&refused, &side_failed) {
             let (part, decision) = &decided[index];
@@ -930,11 +942,20 @@ impl Sim {
 
     /// Drains with one partition's every commit failing: the others must be delivered and
     /// committed all the same (the reader holds back only the partitions with their share of
-    /// what may wait for commits, `plan::may_read`), then its commits land again.
+    /// what may wait for commits, `plan::may_read`); then its commits land again. Each
+    /// partition gets a backlog beyond that share first, so that the hold is reached (the
+    /// drain counts only if the failing partition was held back). How much waits is not
+    /// bounded here: deliveries not acknowledged never count (`reader_waits_for_commits`),
+    /// and the simulated application leaves many unacknowledged.
     fn drain_while_one_partition_fails(&mut self) -> Result<(), Failure> {
         let failing = self.random_part();
         self.commits_fail_for = Some(failing);
-        self.stats.failing_partition_drains += 1;
+        self.failing_held = false;
+        for part in &mut self.parts {
+            for _ in 0..FAILING_DRAIN_BACKLOG {
+                part.log.entries.push(Entry::Record);
+            }
+        }
         let others: Vec<usize> = (0..self.parts.len()).filter(|&p| p != failing).collect();
         for _ in 0..5000 {
             if others
@@ -945,6 +966,9 @@ impl Sim {
                 .all(|settled| settled)
             {
                 self.commits_fail_for = None;
+                if self.failing_held {
+                    self.stats.failing_partition_drains += 1;
+                }
                 return Ok(());
             }
             self.step()?;
@@ -1452,6 +1476,7 @@ impl Sim {
         let own = awaiting_of(&self.parts[part]);
         let readable = may_read(own, awaiting, runtimes.len(), READER_BUDGET);
         self.stats.commit_waits += u64::from(!readable);
+        self.failing_held |= !readable && self.commits_fail_for == Some(part);
         if !waits && readable {
             self.fill(part, lane)?;
         }
@@ -1473,7 +1498,7 @@ impl Sim {
     /// Reads the next records of `part` (of `lane` unless `Ordered`) and hands them out —
     /// in `Latest` into the lane's queue, each asked about as the engine's fill asks.
     fn fill(&mut self, part: usize, lane: Lane) -> Result<(), Failure> {
-        let max = 1 + self.rng.below(50) as usize;
+        let max = 1 + self.rng.below(MAX_READ as u64) as usize;
         let buffer = self.buffer()?;
         let (lane, batch) = if self.ordered {
             let from = self.parts[part].ordered_next;
