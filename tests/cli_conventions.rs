@@ -117,6 +117,31 @@ fn config_properties_from_the_environment_are_checked() {
     assert!(!temp.path().join("buffer").exists(), "nothing was started");
 }
 
+/// An empty `CATCHUP_CONFIG`, or one ending in a newline (as a here-document writes it), sets
+/// nothing more: the run starts (and gives up on a broker that is not there), where it exited
+/// 2 with "invalid value ''" before.
+#[test]
+fn blank_config_lines_from_the_environment_set_nothing() {
+    for config in ["", "client.rack=rack-1\n", "\nclient.rack=rack-1\n\n"] {
+        let temp = tempfile::tempdir().expect("tempdir");
+        let output = catchup()
+            .env("CATCHUP_BROKERS", "127.0.0.1:1")
+            .env("CATCHUP_GROUP", "g")
+            .env("CATCHUP_CONFIG", config)
+            .args(["run", "--topic", "t", "--discard", "--connect-timeout", "1"])
+            .arg("--buffer-dir")
+            .arg(temp.path().join("buffer"))
+            .output()
+            .expect("run");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{config:?}: {stderr}");
+        assert!(
+            stderr.contains("cannot reach the brokers"),
+            "{config:?}: {stderr}"
+        );
+    }
+}
+
 #[test]
 fn a_bad_config_file_is_usage_naming_the_line() {
     let temp = tempfile::tempdir().expect("tempdir");

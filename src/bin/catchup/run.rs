@@ -123,14 +123,15 @@ pub struct ConnectionArgs {
     #[arg(long, env = "CATCHUP_CONFIG_FILE")]
     pub config_file: Option<PathBuf>,
     /// An rdkafka property, `KEY=VALUE` (repeatable), e.g. `group.protocol=consumer`; in the
-    /// environment, one per line.
+    /// environment, one per line (blank lines are skipped: an empty `CATCHUP_CONFIG`, or one
+    /// ending in a newline, sets nothing).
     #[arg(
         long = "config",
         env = "CATCHUP_CONFIG",
         value_delimiter = '\n',
-        value_parser = parse_key_value
+        value_parser = parse_property_line
     )]
-    pub config: Vec<(String, String)>,
+    pub config: Vec<Option<(String, String)>>,
 }
 
 impl ConnectionArgs {
@@ -140,7 +141,7 @@ impl ConnectionArgs {
             Some(path) => read_config_file(path)?,
             None => Vec::new(),
         };
-        properties.extend(self.config.iter().cloned());
+        properties.extend(self.config.iter().flatten().cloned());
         let config = client_config(self.brokers.as_deref(), &self.group, &properties);
         if config.get("bootstrap.servers").is_none() {
             return Err(Failure::Usage(
@@ -196,6 +197,14 @@ impl From<ModeArg> for Mode {
             ModeArg::Latest => Mode::Latest,
         }
     }
+}
+
+/// A `--config` property, or nothing for a blank line.
+fn parse_property_line(text: &str) -> Result<Option<(String, String)>, String> {
+    if text.trim().is_empty() {
+        return Ok(None);
+    }
+    parse_key_value(text).map(Some)
 }
 
 pub fn parse_key_value(text: &str) -> Result<(String, String), String> {
