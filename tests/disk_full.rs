@@ -251,8 +251,12 @@ async fn below_the_floor_fetching_pauses_sigterm_exits_and_nothing_is_lost() {
     let space = catchup::store::free_space(fs.path())
         .expect("statvfs")
         .available;
+    // Below the floor by at most what each fetcher's last append costs on disk (about
+    // 3 MiB: 1 MiB of records, as sled writes them). Measured before every append, the
+    // buffer still wrote 7-9 MiB below it when one append's spill was not bounded by the
+    // free space and sled's unwritten buffers were not counted.
     assert!(
-        space > 8 << 20,
+        space > 10 << 20,
         "fetching paused with {space} bytes still free (the floor keeps the last 16 MiB)"
     );
     let before = processed(std::slice::from_ref(&first_sink)).len();

@@ -804,18 +804,29 @@ impl CatchupConsumer {
         // The buffer directory is free for the next consumer now, even while this handle
         // lives on (an `Arc` elsewhere) — unless a write failed: that sled handle is never
         // let go of (its flush can block for good).
-        // What the buffer holds in memory is written out for the next start — unless the disk
-        // is below its floor (or a write failed): then it is fetched again from Kafka.
-        if self.shared.may_write() {
+        // What the buffer holds in memory is written out for the next start, as far as the
+        // free space above the floor allows (the allowance of the last measurement: none
+        // below the floor) and not after a failed write: the rest is fetched again from
+        // Kafka. Not measured again here: with every partition gone the buffer would count
+        // as drained, and writing would resume below the floor.
+        if self.shared.failure().is_none() {
             let buffer = self.shared.buffer.clone();
-            let flushed = tokio::task::spawn_blocking(move || buffer.flush_memory()).await;
-            if let Ok(Err(err)) = flushed {
-                tracing::warn!(
-                    "writing the buffer's memory out at close failed ({err}); those records are fetched again from Kafka"
-                );
-                if err.is_io_failure() {
-                    self.shared.write_failed(&err);
+            let flushed =
+                tokio::task::spawn_blocking(move || buffer.flush_memory_within_allowance()).await;
+            match flushed {
+                Ok(Err(err)) => {
+                    tracing::warn!(
+                        "writing the buffer's memory out at close failed ({err}); those records are fetched again from Kafka"
+                    );
+                    if err.is_io_failure() {
+                        self.shared.write_failed(&err);
+                    }
                 }
+                Ok(Ok(left)) if left > 0 => tracing::info!(
+                    left_bytes = left,
+                    "the buffer's filesystem is near its free-space floor: {left} bytes of records in memory are not written out at close, and are fetched again from Kafka"
+                ),
+                _ => {}
             }
         }
         let result = if self.shared.failure().is_none() {

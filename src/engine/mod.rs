@@ -303,19 +303,38 @@ impl Shared {
     }
 
     /// Whether a fetcher may append now: no write has failed and the filesystem is above
-    /// the free-space floor (measured every 200 ms, at every append near the floor; a change is reported once).
+    /// the free-space floor (measured every 200 ms, at every append near the floor and once
+    /// the buffer spent the write allowance the last measurement gave it; a change is
+    /// reported once).
     pub fn may_write(&self) -> bool {
         if self.writability.failure().is_some() {
             return false;
         }
-        let measured = self.writability.check(
-            || self.buffer.free_space().map_err(|e| e.to_string()),
+        let (measured, allowance) = self.writability.check(
+            self.buffer.write_allowance_spent(),
+            |exact| {
+                if exact {
+                    if let Err(err) = self.buffer.write_out() {
+                        self.write_failed(&err);
+                    }
+                    // What the other fetcher hands sled meanwhile may show in the
+                    // filesystem already, or not: one spill at most, within its allowance.
+                    return self.buffer.free_space().map_err(|e| e.to_string());
+                }
+                let unwritten = self.buffer.unwritten_bytes();
+                let mut space = self.buffer.free_space().map_err(|e| e.to_string())?;
+                space.available = space.available.saturating_sub(unwritten);
+                Ok(space)
+            },
             || {
                 self.partitions()
                     .values()
                     .all(|runtime| Lane::ALL.iter().all(|&lane| runtime.buffered(lane) == 0))
             },
         );
+        if let Some(disk_bytes) = allowance {
+            self.buffer.set_write_allowance(disk_bytes);
+        }
         match measured {
             Measured::Unchanged => {}
             Measured::Changed(change) => {
@@ -357,7 +376,7 @@ impl Shared {
                 self.emit(Event::Error { message: reason });
             }
         }
-        !self.writability.disk_low()
+        !self.writability.disk_low() && self.writability.failure().is_none()
     }
 
     /// Stops every write after one failed with `err` (not a refusal: an I/O failure). The

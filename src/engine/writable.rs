@@ -59,40 +59,62 @@ impl Writability {
         self.failure.set(reason).is_ok()
     }
 
-    /// Measures the free space with `measure` if the last measurement is old enough (or was
-    /// near the floor).
+    /// Whether `space` lies within twice the floor, where every call measures (the fetchers
+    /// can write tens of MiB in one interval).
+    fn near(&self, space: &DiskSpace) -> bool {
+        space.available / 2 < self.floor.bytes(space.total)
+    }
+
+    /// Measures the free space with `measure` if the last measurement is old enough, was
+    /// near the floor, or `due` (the buffer spent its write allowance). `measure(exact)`
+    /// returns the free space less what the buffer wrote and the filesystem does not show
+    /// yet; `exact` asks it to wait for those writes first (near the floor, where a guess
+    /// would stop writing too early). Returns what changed, and the disk bytes the buffer
+    /// may write from now on when it measured.
     pub fn check(
         &self,
-        measure: impl FnOnce() -> Result<DiskSpace, String>,
+        due: bool,
+        mut measure: impl FnMut(bool) -> Result<DiskSpace, String>,
         drained: impl FnOnce() -> bool,
-    ) -> Measured {
+    ) -> (Measured, Option<u64>) {
         if self.floor == DiskFloor::DISABLED {
-            return Measured::Unchanged;
+            return (Measured::Unchanged, None);
         }
         let mut guard = self
             .guard
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let (disk, checked_at, near) = &mut *guard;
-        if !*near && checked_at.is_some_and(|at| at.elapsed() < CHECK_EVERY) {
-            return Measured::Unchanged;
+        if !*near && !due && checked_at.is_some_and(|at| at.elapsed() < CHECK_EVERY) {
+            return (Measured::Unchanged, None);
         }
         *checked_at = Some(Instant::now());
-        match measure() {
+        let exact = *near || due;
+        let mut measured = measure(exact);
+        // A guess that lands near the floor is measured again exactly: the guess counts what
+        // sled has not written out as taken, which would stop writing early, and a write
+        // allowance from it would resume writing on the next, exact measurement.
+        if !exact && measured.as_ref().is_ok_and(|space| self.near(space)) {
+            measured = measure(true);
+        }
+        match measured {
             Ok(space) => {
-                *near = space.available / 2 < self.floor.bytes(space.total);
+                *near = self.near(&space);
                 // Only a stopped buffer asks whether it is drained.
                 let drained = disk.is_low() && drained();
-                match disk.observe(&self.floor, space, drained) {
+                let measured = match disk.observe(&self.floor, space, drained) {
                     Some(change) => {
                         self.low.store(change.low, Ordering::Relaxed);
                         Measured::Changed(change)
                     }
                     None => Measured::Unchanged,
-                }
+                };
+                (measured, Some(disk.write_allowance(&self.floor, space)))
             }
-            Err(_) if self.unreadable_reported.swap(true, Ordering::Relaxed) => Measured::Unchanged,
-            Err(reason) => Measured::Unreadable(reason),
+            Err(_) if self.unreadable_reported.swap(true, Ordering::Relaxed) => {
+                (Measured::Unchanged, None)
+            }
+            Err(reason) => (Measured::Unreadable(reason), None),
         }
     }
 }

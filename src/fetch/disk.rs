@@ -149,6 +149,19 @@ impl DiskGuard {
         }
         None
     }
+
+    /// The disk bytes the buffer may write until the next measurement, after `observe` saw
+    /// `space`: half of what lies above the point where writing stops (the other half covers
+    /// a misjudged cost of sled's writes), none while writing is stopped. The buffer may
+    /// overdraw it by one append, so that it gets there however large its appends are.
+    pub fn write_allowance(&self, floor: &DiskFloor, space: DiskSpace) -> u64 {
+        let floor = floor.bytes(space.total);
+        if self.low {
+            return 0;
+        }
+        let stop_below = self.stop_below.unwrap_or(floor).min(floor);
+        space.available.saturating_sub(stop_below) / 2
+    }
 }
 
 #[cfg(test)]
@@ -213,6 +226,33 @@ mod tests {
                 "{available}"
             );
             assert_eq!(guard.is_low(), low, "{available}");
+        }
+    }
+
+    #[test]
+    fn the_buffer_may_write_half_of_what_lies_above_where_writing_stops() {
+        let floor = FLOOR_100_MIB;
+        let mut guard = DiskGuard::default();
+        // (free space, drained, disk bytes it may write then)
+        let table = [
+            (500 * MIB, false, 200 * MIB),
+            (101 * MIB, false, MIB / 2),
+            (100 * MIB, false, 0),
+            // Stopped: nothing, also back at the floor (it resumes one margin above).
+            (99 * MIB, false, 0),
+            (105 * MIB, false, 0),
+            // Drained below the floor: it stops one margin lower, at 80 MiB.
+            (90 * MIB, true, 5 * MIB),
+            (84 * MIB, false, 2 * MIB),
+            (110 * MIB, false, 15 * MIB),
+        ];
+        for (available, drained, allowance) in table {
+            guard.observe(&floor, space(available), drained);
+            assert_eq!(
+                guard.write_allowance(&floor, space(available)),
+                allowance,
+                "{available} drained={drained}"
+            );
         }
     }
 

@@ -34,6 +34,7 @@
 //! buffer proves it). [`Buffer::sync`] is the durability point for library users who want
 //! one; the consumer never calls it.
 
+mod allowance;
 mod codec;
 mod compact;
 mod error;
@@ -221,6 +222,8 @@ pub struct Buffer {
     spilled_bytes: std::sync::atomic::AtomicU64,
     /// Bytes it spilled since it last waited for sled's writes (`relieve_memory`).
     spilled_unflushed: std::sync::atomic::AtomicU64,
+    /// What the memory tier may still write to sled, and what sled did not write out yet.
+    allowance: allowance::WriteAllowance,
     /// A write to sled failed: sled's flush may then block for good, so the memory tier no
     /// longer waits for it.
     write_failed: std::sync::atomic::AtomicBool,

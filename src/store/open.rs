@@ -150,6 +150,7 @@ impl Buffer {
             memory_bytes: std::sync::atomic::AtomicU64::new(memory_bytes),
             spilled_bytes: std::sync::atomic::AtomicU64::new(0),
             spilled_unflushed: std::sync::atomic::AtomicU64::new(0),
+            allowance: Default::default(),
             write_failed: std::sync::atomic::AtomicBool::new(false),
             layouts: Mutex::new(HashMap::new()),
             next_layout: std::sync::atomic::AtomicU64::new(1),

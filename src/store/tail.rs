@@ -148,6 +148,14 @@ impl Tail {
         lane.pending.push_back(pending);
     }
 
+    /// The bytes of `lane`'s oldest append in memory, if any.
+    pub fn oldest_bytes(&self, lane: Lane) -> Option<u64> {
+        self.lanes[index(lane)]
+            .pending
+            .front()
+            .map(|pending| pending.bytes)
+    }
+
     /// Takes `lane`'s oldest append out of memory (to be spilled).
     pub fn pop_oldest(&mut self, lane: Lane) -> Option<Pending> {
         let lane = &mut self.lanes[index(lane)];

@@ -54,6 +54,15 @@ pub struct FetchedBatch {
     pub next: i64,
 }
 
+/// Whether a write of the memory tier is held to the write allowance (see `allowance`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Allowed {
+    /// A spill, or a clean close's write: held to the allowance (the rest stays in memory).
+    WithinAllowance,
+    /// An append written through, or a durability point: written (and counted) regardless.
+    Always,
+}
+
 /// Bytes the memory tier spills between two waits for sled's writes (see
 /// `Buffer::relieve_memory`): two segments of the default size.
 const SPILL_FLUSH_BYTES: u64 = 8 << 20;
@@ -273,7 +282,7 @@ impl Buffer {
         if allowed == 0 {
             // No memory tier: written through, the state with it (and whatever an earlier
             // allowance left in memory before it).
-            if let Err(err) = self.spill(part, tail, lane, 0) {
+            if let Err(err) = self.spill(part, tail, lane, 0, Allowed::Always) {
                 // The append did not happen: its fetcher fetches it again.
                 if tail.pop_newest(lane).is_some() {
                     self.tail_bytes.fetch_sub(held_bytes, Ordering::Relaxed);
@@ -312,14 +321,46 @@ impl Buffer {
         let unflushed = self.spilled_unflushed.fetch_add(spilled, Ordering::Relaxed) + spilled;
         // After a failed write sled's flush can block for good: no wait then (the consumer
         // stops writing anyway).
-        if unflushed >= SPILL_FLUSH_BYTES && !self.write_failed.load(Ordering::Relaxed) {
+        if unflushed >= SPILL_FLUSH_BYTES {
             self.spilled_unflushed.store(0, Ordering::Relaxed);
-            self.db()?.flush().map_err(|err| {
-                self.write_failed.store(true, Ordering::Relaxed);
-                self.sled_error(err)
-            })?;
+            self.write_out()?;
         }
         Ok(())
+    }
+
+    /// Waits for sled to write out what it was handed, so that the filesystem's free space
+    /// shows it (sled's flush). Does nothing after a failed write: sled's flush can block
+    /// for good then, and the consumer stops writing anyway.
+    pub fn write_out(&self) -> Result<(), StoreError> {
+        if self.write_failed.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let unwritten = self.allowance.unwritten();
+        self.db()?.flush().map_err(|err| {
+            self.write_failed.store(true, Ordering::Relaxed);
+            self.sled_error(err)
+        })?;
+        self.allowance.written_out(unwritten);
+        Ok(())
+    }
+
+    /// Sets how many bytes the memory tier may write to sled from now on (its spills stop
+    /// there, leaving the rest in memory), from the free space above the filesystem's floor
+    /// (see `allowance`). Without a call, there is no limit.
+    pub fn set_write_allowance(&self, disk_bytes: u64) {
+        self.allowance.set(disk_bytes);
+    }
+
+    /// Bytes sled was handed that it may not have written out yet: not in the filesystem's
+    /// free space (see [`write_out`](Self::write_out)).
+    pub fn unwritten_bytes(&self) -> u64 {
+        self.allowance.unwritten()
+    }
+
+    /// Whether a spill stopped at the write allowance since it was last set: the memory tier
+    /// holds more than it may until the next allowance.
+    pub fn write_allowance_spent(&self) -> bool {
+        self.allowance.held_back()
     }
 
     /// Spills the largest lanes' oldest appends until a quarter of the tier's bounds is free
@@ -355,8 +396,13 @@ impl Buffer {
                 break;
             };
             let mut shard = self.partition_lock(part);
-            if let Some(tail) = shard.tails.get_mut(&part) {
-                spilled += self.spill(part, tail, lane, bytes / 2)?;
+            let Some(tail) = shard.tails.get_mut(&part) else {
+                break;
+            };
+            // Nothing written: the write allowance is spent (or nothing is left to write).
+            match self.spill(part, tail, lane, bytes / 2, Allowed::WithinAllowance)? {
+                0 => break,
+                bytes => spilled += bytes,
             }
         }
         Ok(spilled)
@@ -370,9 +416,16 @@ impl Buffer {
         tail: &mut Tail,
         lane: Lane,
         keep_bytes: u64,
+        write: Allowed,
     ) -> Result<u64, StoreError> {
         let mut popped = Vec::new();
         while tail.counts(lane).1 > keep_bytes {
+            let Some(oldest) = tail.oldest_bytes(lane) else {
+                break;
+            };
+            if write == Allowed::WithinAllowance && !self.allowance.take(oldest) {
+                break;
+            }
             match tail.pop_oldest(lane) {
                 Some(pending) => popped.push(pending),
                 None => break,
@@ -382,13 +435,18 @@ impl Buffer {
             return Ok(0);
         }
         let bytes: u64 = popped.iter().map(|pending| pending.bytes).sum();
+        if write == Allowed::Always {
+            self.allowance.spend(bytes);
+        }
         let taken: u64 = popped
             .iter()
             .filter(|pending| pending.taken)
             .map(|pending| pending.bytes)
             .sum();
         let mut persisted = tail.persisted.clone();
-        match self.write_pending(part, &mut persisted, lane, &popped) {
+        let written = self.write_pending(part, &mut persisted, lane, &popped);
+        self.allowance.landed(bytes, written.is_ok());
+        match written {
             Ok(()) => {
                 tail.persisted = persisted;
                 self.tail_bytes.fetch_sub(bytes, Ordering::Relaxed);
@@ -479,13 +537,26 @@ impl Buffer {
     /// (a clean close, a durability point). A crash skips this: memory is lost, and those
     /// records are fetched again from Kafka.
     pub fn flush_memory(&self) -> Result<(), StoreError> {
+        self.write_memory(Allowed::Always)
+    }
+
+    /// Writes what the memory tier holds to sled as far as the write allowance goes (see
+    /// [`set_write_allowance`](Self::set_write_allowance)), each lane's oldest appends first:
+    /// at a clean close near the free-space floor. What it leaves in memory (the bytes
+    /// returned) is fetched again from Kafka by the next start.
+    pub fn flush_memory_within_allowance(&self) -> Result<u64, StoreError> {
+        self.write_memory(Allowed::WithinAllowance)?;
+        Ok(self.memory_held())
+    }
+
+    fn write_memory(&self, write: Allowed) -> Result<(), StoreError> {
         for shard in &self.partition_locks {
             let mut shard = super::lock(shard);
             let parts: Vec<PartitionKey> = shard.tails.keys().copied().collect();
             for part in parts {
                 if let Some(tail) = shard.tails.get_mut(&part) {
                     for lane in Lane::ALL {
-                        self.spill(part, tail, lane, 0)?;
+                        self.spill(part, tail, lane, 0, write)?;
                     }
                 }
             }
