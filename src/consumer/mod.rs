@@ -805,11 +805,9 @@ impl CatchupConsumer {
         // lives on (an `Arc` elsewhere) — unless a write failed: that sled handle is never
         // let go of (its flush can block for good).
         // What the buffer holds in memory is written out for the next start, as far as the
-        // free space above the floor allows (the allowance of the last measurement: none
-        // below the floor) and not after a failed write: the rest is fetched again from
-        // Kafka. Not measured again here: with every partition gone the buffer would count
-        // as drained, and writing would resume below the floor.
-        if self.shared.failure().is_none() {
+        // free space above the floor allows (none below it) and not after a failed write:
+        // the rest is fetched again from Kafka.
+        if self.shared.may_write_at_close() {
             let buffer = self.shared.buffer.clone();
             let flushed =
                 tokio::task::spawn_blocking(move || buffer.flush_memory_within_allowance()).await;

@@ -33,7 +33,7 @@ use crate::plan::{
 };
 use crate::store::{Buffer, Lane, LayoutId, PartitionLayout, PartitionState, StoreError};
 use types::{AckToken, CatchupConfig, Delivery, DeliveryLane, Event, Mode};
-use writable::{Measured, Writability};
+use writable::{Measured, Probe, Writability};
 
 /// The fewest records read from one partition per refill.
 pub(crate) const MIN_READ: usize = 16;
@@ -307,30 +307,40 @@ impl Shared {
     /// the buffer spent the write allowance the last measurement gave it; a change is
     /// reported once).
     pub fn may_write(&self) -> bool {
+        self.check_disk(self.buffer.write_allowance_spent(), || {
+            self.partitions()
+                .values()
+                .all(|runtime| Lane::ALL.iter().all(|&lane| runtime.buffered(lane) == 0))
+        })
+    }
+
+    /// Whether the buffer may write its memory out at a clean close, and how much (the write
+    /// allowance): measured once more, since a fetcher's last measurement may be minutes old,
+    /// and never counted as drained (its partitions are gone, not processed), which would
+    /// resume writing below the floor.
+    pub fn may_write_at_close(&self) -> bool {
+        self.check_disk(true, || false)
+    }
+
+    fn check_disk(&self, due: bool, drained: impl FnOnce() -> bool) -> bool {
         if self.writability.failure().is_some() {
             return false;
         }
         let (measured, allowance) = self.writability.check(
-            self.buffer.write_allowance_spent(),
+            due,
             |exact| {
                 if exact {
                     if let Err(err) = self.buffer.write_out() {
-                        self.write_failed(&err);
+                        if err.is_io_failure() {
+                            self.write_failed(&err);
+                        }
                     }
-                    // What the other fetcher hands sled meanwhile may show in the
-                    // filesystem already, or not: one spill at most, within its allowance.
-                    return self.buffer.free_space().map_err(|e| e.to_string());
                 }
                 let unwritten = self.buffer.unwritten_bytes();
-                let mut space = self.buffer.free_space().map_err(|e| e.to_string())?;
-                space.available = space.available.saturating_sub(unwritten);
-                Ok(space)
+                let space = self.buffer.free_space().map_err(|e| e.to_string())?;
+                Ok(Probe { space, unwritten })
             },
-            || {
-                self.partitions()
-                    .values()
-                    .all(|runtime| Lane::ALL.iter().all(|&lane| runtime.buffered(lane) == 0))
-            },
+            drained,
         );
         if let Some(disk_bytes) = allowance {
             self.buffer.set_write_allowance(disk_bytes);

@@ -26,8 +26,11 @@ pub(super) struct WriteAllowance {
     /// Disk bytes of writes under way: taken from the allowance and not yet handed to sled.
     /// A measurement does not see them, so an allowance set from it is less by them.
     in_flight: AtomicU64,
-    /// Disk bytes handed to sled since the buffer last waited for its writes.
-    unwritten: AtomicU64,
+    /// Disk bytes handed to sled so far, and of them those sled wrote out when the buffer
+    /// last waited for its writes (two counters that only grow: waits that overlap cannot
+    /// take the same bytes off twice).
+    handed: AtomicU64,
+    written: AtomicU64,
     /// A spill stopped at the allowance since it was last set.
     held_back: AtomicBool,
 }
@@ -37,7 +40,8 @@ impl Default for WriteAllowance {
         Self {
             left: AtomicU64::new(u64::MAX),
             in_flight: AtomicU64::new(0),
-            unwritten: AtomicU64::new(0),
+            handed: AtomicU64::new(0),
+            written: AtomicU64::new(0),
             held_back: AtomicBool::new(false),
         }
     }
@@ -59,6 +63,8 @@ impl WriteAllowance {
     /// `false`. A write taken is under way until [`landed`](Self::landed).
     pub fn take(&self, held_bytes: u64) -> bool {
         let cost = disk_cost(held_bytes);
+        // Under way before it is taken: an allowance set in between is less by it.
+        self.in_flight.fetch_add(cost, Ordering::Relaxed);
         let taken = self
             .left
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| match left {
@@ -67,9 +73,8 @@ impl WriteAllowance {
                 left => Some(left.saturating_sub(cost)),
             })
             .is_ok();
-        if taken {
-            self.in_flight.fetch_add(cost, Ordering::Relaxed);
-        } else {
+        if !taken {
+            self.in_flight.fetch_sub(cost, Ordering::Relaxed);
             self.held_back.store(true, Ordering::Relaxed);
         }
         taken
@@ -80,40 +85,40 @@ impl WriteAllowance {
     /// goes. Under way until [`landed`](Self::landed).
     pub fn spend(&self, held_bytes: u64) {
         let cost = disk_cost(held_bytes);
+        self.in_flight.fetch_add(cost, Ordering::Relaxed);
         let _ = self
             .left
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| {
                 (left != u64::MAX).then(|| left.saturating_sub(cost))
             });
-        self.in_flight.fetch_add(cost, Ordering::Relaxed);
     }
 
     /// A write of appends of `held_bytes` taken or spent ended: handed to sled if `handed`,
     /// failed otherwise.
     pub fn landed(&self, held_bytes: u64, handed: bool) {
         let cost = disk_cost(held_bytes);
-        let _ = self
-            .in_flight
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |now| {
-                Some(now.saturating_sub(cost))
-            });
+        // Counted as handed before it stops being under way: never in neither.
         if handed {
-            self.unwritten.fetch_add(cost, Ordering::Relaxed);
+            self.handed.fetch_add(cost, Ordering::Relaxed);
         }
+        self.in_flight.fetch_sub(cost, Ordering::Relaxed);
     }
 
-    /// sled wrote out everything handed to it before this call.
-    pub fn written_out(&self, unwritten_before: u64) {
-        let _ = self
-            .unwritten
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |now| {
-                Some(now.saturating_sub(unwritten_before))
-            });
+    /// What sled was handed so far: pass it to [`written_out`](Self::written_out) once sled
+    /// wrote out everything it had when this was read.
+    pub fn handed_so_far(&self) -> u64 {
+        self.handed.load(Ordering::Relaxed)
+    }
+
+    /// sled wrote out the `handed` bytes read before the wait for its writes.
+    pub fn written_out(&self, handed: u64) {
+        self.written.fetch_max(handed, Ordering::Relaxed);
     }
 
     /// Disk bytes handed to sled that it may not have written yet.
     pub fn unwritten(&self) -> u64 {
-        self.unwritten.load(Ordering::Relaxed)
+        let written = self.written.load(Ordering::Relaxed);
+        self.handed.load(Ordering::Relaxed).saturating_sub(written)
     }
 
     /// Whether a spill stopped at the allowance since it was last set.
@@ -178,16 +183,22 @@ mod tests {
         let allowance = WriteAllowance::default();
         assert!(allowance.take(100));
         allowance.landed(100, true);
-        let before = allowance.unwritten();
-        assert_eq!(before, 300);
+        assert_eq!(allowance.unwritten(), 300);
+        let first_wait = allowance.handed_so_far();
         assert!(allowance.take(50));
         allowance.landed(50, true); // during sled's flush
-        allowance.written_out(before);
+        let second_wait = allowance.handed_so_far();
+        allowance.written_out(second_wait);
+        assert_eq!(allowance.unwritten(), 0);
+        allowance.written_out(first_wait);
         assert_eq!(
             allowance.unwritten(),
-            150,
-            "the 150 handed during the flush wait"
+            0,
+            "an overlapping wait that ends later takes nothing off twice"
         );
+        assert!(allowance.take(50));
+        allowance.landed(50, true);
+        assert_eq!(allowance.unwritten(), 150, "handed after both waits");
         assert!(allowance.take(10));
         allowance.landed(10, false);
         assert_eq!(allowance.unwritten(), 150, "a failed write hands nothing");

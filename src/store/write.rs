@@ -335,12 +335,12 @@ impl Buffer {
         if self.write_failed.load(Ordering::Relaxed) {
             return Ok(());
         }
-        let unwritten = self.allowance.unwritten();
+        let handed = self.allowance.handed_so_far();
         self.db()?.flush().map_err(|err| {
             self.write_failed.store(true, Ordering::Relaxed);
             self.sled_error(err)
         })?;
-        self.allowance.written_out(unwritten);
+        self.allowance.written_out(handed);
         Ok(())
     }
 
