@@ -155,10 +155,10 @@ impl DiskGuard {
     /// a misjudged cost of sled's writes), none while writing is stopped. The buffer may
     /// overdraw it by one append, so that it gets there however large its appends are.
     pub fn write_allowance(&self, floor: &DiskFloor, space: DiskSpace) -> u64 {
-        let floor = floor.bytes(space.total);
         if self.low {
             return 0;
         }
+        let floor = floor.bytes(space.total);
         let stop_below = self.stop_below.unwrap_or(floor).min(floor);
         space.available.saturating_sub(stop_below) / 2
     }

@@ -426,10 +426,7 @@ impl Buffer {
             if write == Allowed::WithinAllowance && !self.allowance.take(oldest) {
                 break;
             }
-            match tail.pop_oldest(lane) {
-                Some(pending) => popped.push(pending),
-                None => break,
-            }
+            popped.extend(tail.pop_oldest(lane));
         }
         if popped.is_empty() {
             return Ok(0);
