@@ -14,6 +14,18 @@ impl Shared {
         self.processed_since_commit.load(Ordering::Relaxed)
     }
 
+    /// Counts `bytes` more processed since the last commit; the live thread is woken when
+    /// they bring the next commit forward (`fetch::schedule::early_commit_bytes`).
+    pub(super) fn add_processed(&self, bytes: u64) {
+        let before = self
+            .processed_since_commit
+            .fetch_add(bytes, Ordering::Relaxed);
+        let mark = crate::fetch::early_commit_bytes(self.config.buffer_budget_bytes);
+        if live_wake::crosses(before, bytes, mark) {
+            self.live_wake.wake();
+        }
+    }
+
     /// The commits due for `only` (or every assigned partition).
     pub fn pending_commits(&self, only: Option<&[PartitionId]>) -> Vec<PendingCommit> {
         let mut partitions = self.partitions();

@@ -70,8 +70,7 @@ impl Shared {
         if superseded {
             let freed = runtime.acknowledge(lane_index(Lane::Catchup), delivery.offset);
             drop(partitions);
-            self.processed_since_commit
-                .fetch_add(freed, Ordering::Relaxed);
+            self.add_processed(freed);
             // (Counted delivered when it was read: the two counters overlap by these.)
             telemetry::records_superseded(&self.group, Lane::Catchup.as_str(), 1);
         }

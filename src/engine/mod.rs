@@ -7,6 +7,7 @@
 mod commit;
 mod health;
 mod latest;
+mod live_wake;
 mod progress;
 mod reader;
 mod stopped;
@@ -17,6 +18,7 @@ mod writable;
 
 pub(crate) use health::BrokerHealth;
 pub(crate) use latest::{RebuildWanted, key_notes};
+pub(crate) use live_wake::LiveWake;
 pub(crate) use stopped::{BufferFailure, Stopped};
 pub(crate) use taken::CatchupTaken;
 
@@ -261,6 +263,8 @@ pub(crate) struct Shared {
     pub health: Arc<BrokerHealth>,
     /// The reader wakes the catch-up fetcher through it when it takes catch-up records.
     pub catchup_taken: CatchupTaken,
+    /// The reader wakes the live thread through it when a commit is wanted sooner.
+    pub live_wake: LiveWake,
 }
 
 impl Shared {
@@ -299,6 +303,7 @@ impl Shared {
             subscription: AtomicU64::new(0),
             health,
             catchup_taken: CatchupTaken::default(),
+            live_wake: LiveWake::default(),
         }
     }
 
@@ -648,5 +653,38 @@ mod tests {
         let runtime = &shared.partitions()[&KEY()];
         assert_eq!(runtime.buffered(Lane::Catchup), 0, "all acknowledged");
         assert_eq!(runtime.undelivered(Lane::Catchup), 0);
+    }
+
+    #[test]
+    fn the_reader_wakes_the_live_thread_when_a_commit_is_wanted_sooner() {
+        use std::sync::atomic::AtomicUsize;
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let shared = consumer_with_split(dir.path());
+        let woken = Arc::new(AtomicUsize::new(0));
+        let counter = woken.clone();
+        shared.live_wake.wake_with(move || {
+            counter.fetch_add(1, Ordering::Relaxed);
+        });
+        let woken = || woken.load(Ordering::Relaxed);
+        // Processed bytes bring a commit forward at the early commit's mark.
+        let mark = crate::fetch::early_commit_bytes(shared.config.buffer_budget_bytes);
+        shared.add_processed(mark - 1);
+        assert_eq!(woken(), 0, "below the mark");
+        shared.add_processed(1);
+        assert_eq!(woken(), 1, "at the mark");
+        shared.add_processed(mark);
+        assert_eq!(woken(), 1, "once per crossing");
+        shared.take_processed_since_commit();
+        shared.add_processed(2 * mark);
+        assert_eq!(woken(), 2, "a commit started: crossed again");
+        // The reader starts holding back for commits: a commit is due now.
+        let limit = shared.config.buffer_budget_bytes / 8;
+        hand_out(&shared, 100, limit as usize);
+        acknowledge(&shared, 100);
+        let awaiting = shared.awaiting_commits(&shared.partitions());
+        assert!(shared.reader_waits_for_commits(), "{awaiting} bytes wait");
+        assert_eq!(woken(), 3, "the hold starts");
+        shared.awaiting_commits(&shared.partitions());
+        assert_eq!(woken(), 3, "once per hold");
     }
 }

@@ -148,6 +148,9 @@ impl Shared {
             .sum();
         let waits = reader_waits_for_commits(awaiting, self.config.buffer_budget_bytes);
         let was_waiting = self.waiting_for_commits.swap(waits, Ordering::Relaxed);
+        if waits && !was_waiting {
+            self.live_wake.wake(); // its commit is due now, not after its wait for messages
+        }
         if waits || was_waiting {
             let notice = self
                 .hold_log
@@ -313,8 +316,7 @@ impl Shared {
         telemetry::records_delivered(&self.group, lane.as_str(), queued as u64);
         if superseded > 0 {
             telemetry::records_superseded(&self.group, lane.as_str(), superseded);
-            self.processed_since_commit
-                .fetch_add(freed, Ordering::Relaxed);
+            self.add_processed(freed);
         }
         queued
     }
@@ -365,8 +367,7 @@ impl Shared {
             let lane = lane_index(store_lane(token.lane));
             freed_total += runtime.acknowledge(lane, token.offset);
         }
-        self.processed_since_commit
-            .fetch_add(freed_total, Ordering::Relaxed);
+        self.add_processed(freed_total);
     }
 }
 

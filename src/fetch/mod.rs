@@ -26,7 +26,7 @@ pub use hold::{HOLD_FIRST, HOLD_MAX, Hold, Standing, standing};
 pub use lane::{AfterOutOfRange, LanePartition, Polled};
 pub use poll_error::{FatalKind, PollErrorKind, classify_poll_error, fatal_kind};
 pub use round::Round;
-pub use schedule::{Due, Facts, Schedule, TrimWatch};
+pub use schedule::{Due, Facts, Schedule, TrimWatch, early_commit_bytes};
 
 /// A record at `offset` with no key or payload, for the fetch layer's tests.
 #[cfg(test)]

@@ -52,6 +52,15 @@ pub struct Due {
     pub trim: bool,
 }
 
+/// Each timer's wait (see [`Schedule::until_due`]).
+struct Waits {
+    commit: Option<Duration>,
+    prune: Option<Duration>,
+    retry: Option<Duration>,
+    probe: Option<Duration>,
+    trim: Option<Duration>,
+}
+
 /// What the schedule needs to know of the consumer this round.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Facts {
@@ -107,21 +116,75 @@ impl Schedule {
 
     /// What is due at `now`.
     pub fn due(&self, now: Instant, facts: Facts) -> Due {
-        let since = |then: Instant| now.saturating_duration_since(then);
+        let waits = self.waits(now, facts);
+        let now_due = |wait: Option<Duration>| wait == Some(Duration::ZERO);
         Due {
-            commit: commit_due(
-                since(self.last_commit),
+            commit: now_due(waits.commit),
+            prune: now_due(waits.prune),
+            retry: now_due(waits.retry),
+            probe: now_due(waits.probe),
+            trim: now_due(waits.trim),
+        }
+    }
+
+    /// How long from `now` until something is due if `facts` stay as they are: how long the
+    /// live thread may wait for messages before it looks at the schedule again. (What
+    /// changes the facts sooner — a reader that processed enough for an early commit, or
+    /// that starts holding back for commits — wakes it: `engine::LiveWake`.)
+    pub fn until_due(&self, now: Instant, facts: Facts) -> Duration {
+        let waits = self.waits(now, facts);
+        [
+            waits.commit,
+            waits.prune,
+            waits.retry,
+            waits.probe,
+            waits.trim,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(Duration::MAX)
+    }
+
+    /// Each timer's wait from `now` (zero: due; `None`: not due whatever the time, as long
+    /// as `facts` stay).
+    fn waits(&self, now: Instant, facts: Facts) -> Waits {
+        let left = |then: Instant, every: Duration| {
+            Some(every.saturating_sub(now.saturating_duration_since(then)))
+        };
+        let commit = [
+            Some(commit_wait(
+                now.saturating_duration_since(self.last_commit),
                 self.last_commit_took,
                 self.commit_interval,
                 facts.processed,
                 self.budget_bytes,
-            ) || (facts.reader_waits
-                && since(self.last_commit) >= self.waiting_reader_spacing()),
-            prune: since(self.last_prune) >= PRUNE_EVERY
-                || facts.assignments != self.pruned_at_assignment,
-            retry: facts.damaged || since(self.last_retry) >= self.retry_every,
-            probe: facts.troubled && since(self.last_probe) >= PROBE_EVERY,
-            trim: since(self.last_trim) >= TRIM_EVERY,
+            )),
+            facts
+                .reader_waits
+                .then(|| left(self.last_commit, self.waiting_reader_spacing()))
+                .flatten(),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
+        Waits {
+            commit,
+            prune: if facts.assignments != self.pruned_at_assignment {
+                Some(Duration::ZERO)
+            } else {
+                left(self.last_prune, PRUNE_EVERY)
+            },
+            retry: if facts.damaged {
+                Some(Duration::ZERO)
+            } else {
+                left(self.last_retry, self.retry_every)
+            },
+            probe: facts
+                .troubled
+                .then(|| left(self.last_probe, PROBE_EVERY))
+                .flatten(),
+            trim: left(self.last_trim, TRIM_EVERY),
         }
     }
 
@@ -208,8 +271,8 @@ impl TrimWatch {
     }
 }
 
-/// Whether to commit now: every `interval`, and sooner once a 32nd of the byte budget was
-/// processed since the last commit. The buffer drops processed records only once their
+/// How long until a commit is due: every `interval`, and sooner once a 32nd of the byte
+/// budget ([`early_commit_bytes`]) was processed since the last commit. The buffer drops processed records only once their
 /// commit is in Kafka, and its memory tier holds them until then (a quarter of the budget,
 /// counting what records take in memory, about twice their payload at 100 B): committed
 /// sooner than that, they are never written to disk. (At hundreds of MB/s a one-second
@@ -217,15 +280,26 @@ impl TrimWatch {
 /// tier spill processed records.) An early commit waits at least
 /// [`MIN_COMMIT_SPACING`] and as long as the last one took, so early commits take at most
 /// half of the live thread's time.
-fn commit_due(
+fn commit_wait(
     since_last: Duration,
     last_took: Duration,
     interval: Duration,
     processed: u64,
     budget: u64,
-) -> bool {
-    let spacing = MIN_COMMIT_SPACING.max(last_took);
-    since_last >= interval || (since_last >= spacing && processed > 0 && processed >= budget / 32)
+) -> Duration {
+    let on_time = interval.saturating_sub(since_last);
+    if processed > 0 && processed >= early_commit_bytes(budget) {
+        let spacing = MIN_COMMIT_SPACING.max(last_took);
+        on_time.min(spacing.saturating_sub(since_last))
+    } else {
+        on_time
+    }
+}
+
+/// Bytes processed since the last commit that bring the next one forward (a 32nd of the
+/// byte budget, see [`Schedule::due`]); the reader wakes the live thread when it crosses it.
+pub fn early_commit_bytes(budget: u64) -> u64 {
+    budget / 32
 }
 
 #[cfg(test)]
@@ -298,16 +372,19 @@ mod tests {
             (ms(150), (8 << 20) - 1, false),
         ] {
             assert_eq!(
-                commit_due(since_last, ms(5), SECOND, processed, budget),
+                commit_wait(since_last, ms(5), SECOND, processed, budget).is_zero(),
                 due,
                 "{since_last:?} after the last commit, {processed} bytes processed"
             );
         }
         // A commit that took 300 ms is followed by an early one 300 ms later at the soonest.
-        assert!(!commit_due(ms(299), ms(300), SECOND, 8 << 20, budget));
-        assert!(commit_due(ms(300), ms(300), SECOND, 8 << 20, budget));
+        assert_eq!(
+            commit_wait(ms(299), ms(300), SECOND, 8 << 20, budget),
+            ms(1)
+        );
+        assert!(commit_wait(ms(300), ms(300), SECOND, 8 << 20, budget).is_zero());
         // A budget too small to divide commits every interval, not every 100 ms for nothing.
-        assert!(!commit_due(ms(500), ms(1), SECOND, 0, 31));
+        assert_eq!(commit_wait(ms(500), ms(1), SECOND, 0, 31), ms(500));
     }
 
     #[test]
@@ -346,6 +423,79 @@ mod tests {
         schedule.committed(after(at), after(at + 400), false);
         assert!(!schedule.due(after(at + 799), waiting).commit);
         assert!(schedule.due(after(at + 800), waiting).commit);
+    }
+
+    #[test]
+    fn the_live_thread_waits_for_the_next_timer_and_no_longer() {
+        let start = Instant::now();
+        let ms = Duration::from_millis;
+        let mut schedule = Schedule::new(start, SECOND, 256 << 20);
+        // From `start`: a commit at 495 ms that took 5 (the next at 1,495 ms, or 20 ms after
+        // it once enough was processed), a trim at 480 ms (the next at 730), a retry at
+        // 500 ms (the next at 1.5 s), a prune at 10 s, a probe at 2 s.
+        schedule.committed(start + ms(490), start + ms(495), false);
+        schedule.trimmed(start + ms(480));
+        schedule.retried(start + ms(500), true);
+        let quiet = Facts::default();
+        let processed = Facts {
+            processed: 8 << 20,
+            ..quiet
+        };
+        let waiting = Facts {
+            reader_waits: true,
+            ..quiet
+        };
+        for (at, facts, expected) in [
+            (500, quiet, 230),    // the trim
+            (800, quiet, 0),      // the trim is late
+            (505, processed, 10), // 20 ms after the last commit
+            (520, processed, 0),  //
+            (540, waiting, 55),   // 100 ms after the last commit
+            (
+                540,
+                Facts {
+                    processed: 1,
+                    ..waiting
+                },
+                55,
+            ), // too little to bring it forward
+            (
+                540,
+                Facts {
+                    troubled: true,
+                    ..quiet
+                },
+                190,
+            ), // a probe is 2 s apart
+            (
+                540,
+                Facts {
+                    assignments: 1,
+                    ..quiet
+                },
+                0,
+            ), // a new assignment prunes
+            (
+                540,
+                Facts {
+                    damaged: true,
+                    ..quiet
+                },
+                0,
+            ), // damage is retried at once
+        ] {
+            let now = start + ms(at);
+            let until = schedule.until_due(now, facts);
+            assert_eq!(until, ms(expected), "{facts:?} at {at} ms");
+            assert_ne!(schedule.due(now + until, facts), Due::default(), "due then");
+            if !until.is_zero() {
+                assert_eq!(
+                    schedule.due(now + until - ms(1), facts),
+                    Due::default(),
+                    "nothing due before"
+                );
+            }
+        }
     }
 
     #[test]

@@ -18,6 +18,7 @@ mod rebootstrap;
 mod side_log;
 mod side_reader;
 mod topic_id;
+mod wakeup;
 mod watermarks;
 
 pub(crate) use crate::engine::BrokerHealth;

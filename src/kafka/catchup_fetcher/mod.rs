@@ -8,7 +8,6 @@
 //! ([`rebuild`]): the same lanes, positions, holds and out-of-range judgement, another sink.
 
 mod rebuild;
-mod wakeup;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -22,6 +21,7 @@ use rdkafka::error::KafkaError as RdError;
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
 use super::side_log::for_other_consumers;
+use super::wakeup::Wakeup;
 use super::watermarks::read_watermarks;
 use super::{
     Arenas, Budget, KafkaError, PartitionBatches, Positions, Rebootstrap, RoleContext, Taken,
@@ -186,7 +186,7 @@ impl CatchupFetcher {
             .set("enable.partition.eof", "true");
         let budget = shared.config.buffer_budget_bytes;
         let (commands, receiver) = crossbeam_channel::unbounded();
-        let wakeup = wakeup::Wakeup::default();
+        let wakeup = Wakeup::default();
         if role == Role::Catchup {
             shared.catchup_taken.wake_with(wakeup.callback());
         }
@@ -235,7 +235,7 @@ struct Fetcher {
     /// what it reads.
     rebuilding: HashMap<PartitionId, rebuild::Rebuilding>,
     /// Raised when one of the consumer's queues receives something.
-    wakeup: wakeup::Wakeup,
+    wakeup: Wakeup,
     /// Where fetched keys and values are copied to.
     arenas: Arenas,
     /// Where the consumer's positions are read into.
@@ -880,7 +880,7 @@ mod tests {
             budget: Some(Budget::new("catch-up", Lane::Catchup, 1 << 20)),
             role: Role::Catchup,
             rebuilding: HashMap::new(),
-            wakeup: wakeup::Wakeup::default(),
+            wakeup: Wakeup::default(),
             arenas: Arenas::default(),
             positions: Positions::default(),
         };

@@ -23,6 +23,7 @@ use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientConfig, ClientContext, Message, Offset, TopicPartitionList};
 
 use super::side_log::SideLogWrite;
+use super::wakeup::Wakeup;
 use super::watermarks::read_watermarks;
 use super::{
     Arenas, Budget, CatchupCommand, KafkaError, Positions, Rebootstrap, SideLog, to_record,
@@ -50,7 +51,7 @@ const SEEK_TIMEOUT: Duration = Duration::from_secs(5);
 const PRUNE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Most messages taken from one poll round before they are appended.
 const POLL_BATCH: usize = 2000;
-/// How long a poll round waits for a first message.
+/// The longest a poll round waits for a first message (less when a timer is due sooner).
 const EMPTY_WAIT: Duration = Duration::from_millis(50);
 /// While a partition is held to its read-ahead: how long apart the group member takes one
 /// message (and looks again whether its reader took enough).
@@ -314,15 +315,20 @@ impl LiveFetcher {
             subscribed: Mutex::new(Subscription::default()),
         });
         let rebootstrap = Rebootstrap::new(&config);
-        let consumer: BaseConsumer<LiveContext> = config
+        let mut consumer: BaseConsumer<LiveContext> = config
             .create_with_context(LiveContext {
                 state: state.clone(),
             })
             .map_err(|e| KafkaError::client("creating the group consumer", e))?;
+        // Messages, rebalances and errors all arrive on the consumer queue: the live thread
+        // waits for it, or for its reader's word (`engine::LiveWake`).
+        let wakeup = Wakeup::default();
+        consumer.set_nonempty_callback(wakeup.callback());
+        shared.live_wake.wake_with(wakeup.callback());
         let (commands, receiver) = crossbeam_channel::unbounded();
         let thread = std::thread::Builder::new()
             .name("catchup-live".into())
-            .spawn(move || run(consumer, receiver, state, rebootstrap))
+            .spawn(move || run(consumer, receiver, state, rebootstrap, wakeup))
             .map_err(|error| KafkaError::Spawn {
                 thread: "live",
                 error,
@@ -336,6 +342,7 @@ fn run(
     commands: Receiver<LiveCommand>,
     state: Arc<LiveState>,
     mut rebootstrap: Rebootstrap,
+    wakeup: Wakeup,
 ) {
     let shared = state.shared.clone();
     let _stop_on_panic = shared.stop_on_panic("live");
@@ -348,6 +355,8 @@ fn run(
     let mut arenas = Arenas::default();
     let mut positions = Positions::default();
     let mut trim_watch = TrimWatch::default();
+    // Whether the last round polled nothing: the next waits for the queue (or the reader).
+    let mut quiet = false;
     loop {
         rebootstrap.observe(
             consumer.client(),
@@ -430,16 +439,7 @@ fn run(
         }
         let damaged = shared.take_damaged();
         let reader_waits = shared.reader_waits_for_commits();
-        let due = schedule.due(
-            Instant::now(),
-            Facts {
-                processed: shared.processed_since_commit(),
-                assignments: shared.assignments.load(Ordering::Relaxed),
-                damaged: !damaged.is_empty(),
-                troubled: shared.health.in_doubt() || shared.health.is_refusing(),
-                reader_waits,
-            },
-        );
+        let due = schedule.due(Instant::now(), facts(&shared, !damaged.is_empty()));
         if due.commit {
             let started = Instant::now();
             let _ = state.commit(&consumer, None);
@@ -476,16 +476,43 @@ fn run(
             }
             schedule.probed(Instant::now());
         }
-        if let Some((kind, message)) = poll_into_buffer(
+        // After a round that polled nothing, wait for the queue to receive something, no
+        // longer than until the next timer — or until the reader brings a commit forward.
+        // (The queue's callback fires only when it was empty: nothing may wait in it.)
+        if quiet && !held {
+            let wait = schedule
+                .until_due(Instant::now(), facts(&shared, false))
+                .min(EMPTY_WAIT);
+            // SAFETY: the consumer is alive (owned here).
+            let queued =
+                unsafe { super::ffi::consumer_queue_length(consumer.client().native_ptr()) };
+            if queued == 0 && !wait.is_zero() {
+                wakeup.wait(wait);
+            }
+        }
+        let round = poll_into_buffer(
             &consumer,
             &shared,
             &budget,
             held,
             &mut arenas,
             &mut positions,
-        ) {
+        );
+        quiet = round.quiet;
+        if let Some((kind, message)) = round.fatal {
             state.on_fatal_error(&consumer, kind, message);
         }
         budget.apply(&shared, &consumer, |_| true);
+    }
+}
+
+/// What the schedule needs to know this round; `damaged`: partitions were found damaged.
+fn facts(shared: &Shared, damaged: bool) -> Facts {
+    Facts {
+        processed: shared.processed_since_commit(),
+        assignments: shared.assignments.load(Ordering::Relaxed),
+        damaged,
+        troubled: shared.health.in_doubt() || shared.health.is_refusing(),
+        reader_waits: shared.reader_waits_for_commits(),
     }
 }

@@ -4,10 +4,11 @@
 
 use super::*;
 
-/// One poll round of the live lane: up to `POLL_BATCH` messages (one while a lane is `held`
-/// to its read-ahead) fed to the partitions' cursors, the appends they prove, and the
-/// repositioning of every partition whose chain of proof broke (DESIGN invariant 8).
-/// Returns an error of the round the consumer cannot get past by polling on.
+/// One poll round of the live lane: up to `POLL_BATCH` messages taken without waiting (one
+/// while a lane is `held` to its read-ahead) fed to the partitions' cursors, the appends they
+/// prove, and the repositioning of every partition whose chain of proof broke (DESIGN
+/// invariant 8). Says whether the round polled nothing, and an error of the round the
+/// consumer cannot get past by polling on.
 pub(super) fn poll_into_buffer(
     consumer: &BaseConsumer<LiveContext>,
     shared: &Shared,
@@ -15,15 +16,12 @@ pub(super) fn poll_into_buffer(
     held: bool,
     arenas: &mut Arenas,
     positions: &mut Positions,
-) -> Option<(FatalKind, String)> {
+) -> RoundOutcome {
     // Held to its read-ahead, a lane's reader has enough to take: one message keeps the
     // group member polling (rebalances served, `max.poll.interval.ms` kept).
-    let (most, first_wait) = if held {
-        (1, Duration::ZERO)
-    } else {
-        (POLL_BATCH, EMPTY_WAIT)
-    };
-    let LiveRound { polled, fatal } = poll_round(consumer, shared, arenas, most, first_wait);
+    let most = if held { 1 } else { POLL_BATCH };
+    let LiveRound { polled, fatal } = poll_round(consumer, shared, arenas, most);
+    let quiet = polled.is_empty();
     let appends: Vec<(PartitionId, PendingAppend)> = {
         let mut partitions = shared.partitions();
         // What was polled for a partition under an assignment a rebalance of this round
@@ -61,7 +59,16 @@ pub(super) fn poll_into_buffer(
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         shared.notify.notify_waiters();
     }
-    fatal
+    RoundOutcome { quiet, fatal }
+}
+
+/// How a poll round went.
+pub(super) struct RoundOutcome {
+    /// Nothing was polled (the round's first `poll` found the queue empty, or served only
+    /// events).
+    pub quiet: bool,
+    /// An error of the round the consumer cannot get past by polling on.
+    pub fatal: Option<(FatalKind, String)>,
 }
 
 /// What one round of `poll` brought.
@@ -80,21 +87,21 @@ fn rebalances(shared: &Shared) -> u64 {
     shared.assignments.load(Ordering::Relaxed) + shared.revocations.load(Ordering::Relaxed)
 }
 
+/// Up to `most` messages (and the events before them) taken from the consumer queue without
+/// waiting, in runs of one partition and assignment.
 pub(super) fn poll_round(
     consumer: &BaseConsumer<LiveContext>,
     shared: &Shared,
     arenas: &mut Arenas,
     most: usize,
-    first_wait: Duration,
 ) -> LiveRound {
     let mut round = LiveRound::default();
-    let mut timeout = first_wait;
     // A rebalance inside a `poll` of this round may revoke a partition and assign it again:
     // what was polled before it belongs to the old assignment and must not reach the new
     // one's lane (a record far ahead of the new position would "prove" the offsets between).
     let mut seen = rebalances(shared);
     for _ in 0..most {
-        let polled = consumer.poll(timeout);
+        let polled = consumer.poll(Duration::ZERO);
         let now = rebalances(shared);
         if now != seen {
             seen = now;
@@ -147,7 +154,6 @@ pub(super) fn poll_round(
                 }
             },
         }
-        timeout = Duration::ZERO;
     }
     round
 }

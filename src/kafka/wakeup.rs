@@ -1,7 +1,8 @@
-//! Wakes the catch-up fetcher when one of its consumer's queues receives something.
+//! Wakes a fetcher thread when one of its consumer's queues receives something, or its reader
+//! has word for it (`engine::CatchupTaken`, `engine::LiveWake`).
 //!
-//! The fetcher polls every partition's queue without waiting, then waits when all were
-//! empty. It used to wait on the consumer's main queue, which a partition's records never
+//! The catch-up fetcher polls every partition's queue without waiting, then waits when all
+//! were empty. It used to wait on the consumer's main queue, which a partition's records never
 //! reach (each partition has a queue of its own), so a fetcher that had drained its queues
 //! slept its whole wait while records arrived: a third of the machine stood idle, and a split
 //! read 500–600k records/s where a bare loop read 1.8M. librdkafka calls a queue's callback
