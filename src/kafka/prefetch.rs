@@ -10,6 +10,9 @@
 //! 130k records/s where a bare loop read 400k (and that loop, too, 1.6M with a short backoff),
 //! and the catch-up consumer held 64 MiB per partition.
 //!
+//! The catch-up consumer also never lets the broker hold a fetch long
+//! (`CATCHUP_FETCH_WAIT_MS`): everything it fetches exists already.
+//!
 //! A user's own setting of any of these keys wins.
 
 use rdkafka::ClientConfig;
@@ -49,12 +52,27 @@ pub(crate) fn member(budget_bytes: u64) -> Vec<(&'static str, String)> {
 /// (librdkafka then lowers `fetch.max.bytes` to one queue's size: a whole fetch response
 /// carries at most one partition's share. Raising it to the whole share read 1 KiB records
 /// 10–30 % faster but doubled the peak RSS, so it stays.)
+///
+/// It also waits at most [`CATCHUP_FETCH_WAIT_MS`] for a fetch to find records.
 pub(crate) fn catchup(budget_bytes: u64, partitions: usize) -> Vec<(&'static str, String)> {
-    settings(queue_bytes(
+    let mut settings = settings(queue_bytes(
         budget_bytes,
         partitions.max(EXPECTED_PARTITIONS) as u64,
-    ))
+    ));
+    settings.push(("fetch.wait.max.ms", CATCHUP_FETCH_WAIT_MS.to_string()));
+    settings
 }
+
+/// How long the broker may hold a fetch of the catch-up consumer that finds no records
+/// (librdkafka's default: 500 ms). The catch-up consumer fetches what exists — its ranges end
+/// at the boundary, the log end at assignment — so the only fetch that finds nothing is one
+/// whose partitions all sit at their end: a partition that has just fetched its last range
+/// is fetched again before the fetcher lets it go, while the others' queues are full. The
+/// broker held that fetch half a second, and librdkafka sends the next fetch only once the
+/// last answered: every other partition waited behind it. `catchup run --mode ordered` at
+/// 1 KiB went from 300–320k to 430–450k records/s (its catch-up fetcher's queues stood empty
+/// 1.0–1.5 s of a 3.5 s run; 0.04 s with a short wait).
+const CATCHUP_FETCH_WAIT_MS: u64 = 10;
 
 /// Sets `settings` in `config` where the user did not. The two queue limits go together: a
 /// user who set either keeps librdkafka's default for the other (mixing theirs with ours
@@ -139,10 +157,17 @@ mod tests {
         assert_eq!(config.get("queued.max.messages.kbytes"), Some("4096"));
         assert_eq!(config.get("fetch.max.bytes"), Some("1048576"));
         assert_eq!(config.get("fetch.queue.backoff.ms"), Some("10"));
+        assert_eq!(config.get("fetch.wait.max.ms"), Some("10"));
         // The user sized the queue by bytes: the count stays librdkafka's, not ours.
         assert_eq!(config.get("queued.min.messages"), None);
         let mut config = ClientConfig::new();
         apply(&mut config, &member(256 << 20));
         assert_eq!(config.get("queued.min.messages"), Some("16384"));
+        // The group member waits for fresh records as librdkafka does.
+        assert_eq!(config.get("fetch.wait.max.ms"), None);
+        let mut config = ClientConfig::new();
+        config.set("fetch.wait.max.ms", "100");
+        apply(&mut config, &catchup(256 << 20, 8));
+        assert_eq!(config.get("fetch.wait.max.ms"), Some("100"));
     }
 }
