@@ -21,7 +21,7 @@ impl Shared {
             .processed_since_commit
             .fetch_add(bytes, Ordering::Relaxed);
         let mark = crate::fetch::early_commit_bytes(self.config.buffer_budget_bytes);
-        if live_wake::crosses(before, bytes, mark) {
+        if wake::crosses(before, bytes, mark) {
             self.live_wake.wake();
         }
     }

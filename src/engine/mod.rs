@@ -7,20 +7,18 @@
 mod commit;
 mod health;
 mod latest;
-mod live_wake;
 mod progress;
 mod reader;
 mod stopped;
-mod taken;
 pub(crate) mod telemetry;
 pub(crate) mod types;
+mod wake;
 mod writable;
 
 pub(crate) use health::BrokerHealth;
 pub(crate) use latest::{RebuildWanted, key_notes};
-pub(crate) use live_wake::LiveWake;
 pub(crate) use stopped::{BufferFailure, Stopped};
-pub(crate) use taken::CatchupTaken;
+pub(crate) use wake::FetcherWake;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -262,9 +260,9 @@ pub(crate) struct Shared {
     /// Whether the brokers can be reached, as every client reports it.
     pub health: Arc<BrokerHealth>,
     /// The reader wakes the catch-up fetcher through it when it takes catch-up records.
-    pub catchup_taken: CatchupTaken,
+    pub catchup_taken: FetcherWake,
     /// The reader wakes the live thread through it when a commit is wanted sooner.
-    pub live_wake: LiveWake,
+    pub live_wake: FetcherWake,
 }
 
 impl Shared {
@@ -302,8 +300,8 @@ impl Shared {
             stopped: Mutex::new(None),
             subscription: AtomicU64::new(0),
             health,
-            catchup_taken: CatchupTaken::default(),
-            live_wake: LiveWake::default(),
+            catchup_taken: FetcherWake::default(),
+            live_wake: FetcherWake::default(),
         }
     }
 

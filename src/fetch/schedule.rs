@@ -130,7 +130,7 @@ impl Schedule {
     /// How long from `now` until something is due if `facts` stay as they are: how long the
     /// live thread may wait for messages before it looks at the schedule again. (What
     /// changes the facts sooner — a reader that processed enough for an early commit, or
-    /// that starts holding back for commits — wakes it: `engine::LiveWake`.)
+    /// that starts holding back for commits — wakes it: `engine::FetcherWake`.)
     pub fn until_due(&self, now: Instant, facts: Facts) -> Duration {
         let waits = self.waits(now, facts);
         [

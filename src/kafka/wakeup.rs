@@ -1,5 +1,5 @@
 //! Wakes a fetcher thread when one of its consumer's queues receives something, or its reader
-//! has word for it (`engine::CatchupTaken`, `engine::LiveWake`).
+//! has word for it (`engine::FetcherWake`).
 //!
 //! The catch-up fetcher polls every partition's queue without waiting, then waits when all
 //! were empty. It used to wait on the consumer's main queue, which a partition's records never

@@ -321,7 +321,7 @@ impl LiveFetcher {
             })
             .map_err(|e| KafkaError::client("creating the group consumer", e))?;
         // Messages, rebalances and errors all arrive on the consumer queue: the live thread
-        // waits for it, or for its reader's word (`engine::LiveWake`).
+        // waits for it, or for its reader's word (`engine::FetcherWake`).
         let wakeup = Wakeup::default();
         consumer.set_nonempty_callback(wakeup.callback());
         shared.live_wake.wake_with(wakeup.callback());
