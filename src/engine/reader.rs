@@ -149,7 +149,7 @@ impl Shared {
         let waits = reader_waits_for_commits(awaiting, self.config.buffer_budget_bytes);
         let was_waiting = self.waiting_for_commits.swap(waits, Ordering::Relaxed);
         if waits && !was_waiting {
-            self.live_wake.wake(); // its commit is due now, not after its wait for messages
+            self.live_wake.wake(); // a commit is due sooner: let it look at its schedule now
         }
         if waits || was_waiting {
             let notice = self

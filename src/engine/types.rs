@@ -85,7 +85,7 @@ pub struct CatchupConfig {
     /// How often processed offsets are committed — and sooner (at most every 20 ms) once
     /// a 32nd of [`buffer_budget_bytes`](Self::buffer_budget_bytes) was processed since the
     /// last commit: the buffer drops processed records only once their commit is in Kafka,
-    /// and holds them in memory until then.
+    /// and holds them in memory until then. (Below 20 ms, commits come every 20 ms.)
     pub commit_interval: Duration,
     /// Acknowledge every record when `recv` hands it out (the proposal's auto-commit
     /// behaviour); records still queued inside the consumer are never counted.

@@ -96,11 +96,12 @@ pub struct Schedule {
 }
 
 impl Schedule {
-    /// The timers of a member started at `now` that commits every `commit_interval` and
-    /// buffers up to `budget_bytes`.
+    /// The timers of a member started at `now` that commits every `commit_interval` (at
+    /// least [`MIN_COMMIT_SPACING`]: a shorter one would have an idle member commit, and
+    /// nothing else, in a loop) and buffers up to `budget_bytes`.
     pub fn new(now: Instant, commit_interval: Duration, budget_bytes: u64) -> Self {
         Self {
-            commit_interval,
+            commit_interval: commit_interval.max(MIN_COMMIT_SPACING),
             budget_bytes,
             last_commit: now,
             last_commit_took: Duration::ZERO,
@@ -429,73 +430,96 @@ mod tests {
     fn the_live_thread_waits_for_the_next_timer_and_no_longer() {
         let start = Instant::now();
         let ms = Duration::from_millis;
-        let mut schedule = Schedule::new(start, SECOND, 256 << 20);
+        let quiet = Facts::default();
+        let processed = |bytes| Facts {
+            processed: bytes,
+            ..quiet
+        };
+        let waiting = |bytes| Facts {
+            reader_waits: true,
+            ..processed(bytes)
+        };
+        let troubled = Facts {
+            troubled: true,
+            ..quiet
+        };
+        let assigned = Facts {
+            assignments: 1,
+            ..quiet
+        };
+        let damaged = Facts {
+            damaged: true,
+            ..quiet
+        };
         // From `start`: a commit at 495 ms that took 5 (the next at 1,495 ms, or 20 ms after
         // it once enough was processed), a trim at 480 ms (the next at 730), a retry at
         // 500 ms (the next at 1.5 s), a prune at 10 s, a probe at 2 s.
+        let mut schedule = Schedule::new(start, SECOND, 256 << 20);
         schedule.committed(start + ms(490), start + ms(495), false);
         schedule.trimmed(start + ms(480));
         schedule.retried(start + ms(500), true);
-        let quiet = Facts::default();
-        let processed = Facts {
-            processed: 8 << 20,
-            ..quiet
-        };
-        let waiting = Facts {
-            reader_waits: true,
-            ..quiet
-        };
-        for (at, facts, expected) in [
-            (500, quiet, 230),    // the trim
-            (800, quiet, 0),      // the trim is late
-            (505, processed, 10), // 20 ms after the last commit
-            (520, processed, 0),  //
-            (540, waiting, 55),   // 100 ms after the last commit
+        // Two more with the commit far: a probe at 2,010 ms and a trim at 2,150; a retry at
+        // 2,500 ms and a trim at 2,540.
+        let mut far = Schedule::new(start, 60 * SECOND, 256 << 20);
+        far.probed(start + ms(10));
+        far.retried(start + ms(1_500), true);
+        far.trimmed(start + ms(1_900));
+        let mut retrying = Schedule::new(start, 60 * SECOND, 256 << 20);
+        retrying.retried(start + ms(1_500), true);
+        retrying.trimmed(start + ms(2_290));
+        for (schedule, at, facts, expected, why) in [
+            (&schedule, 500, quiet, 230, "the trim"),
+            (&schedule, 800, quiet, 0, "the trim is late"),
             (
+                &schedule,
+                505,
+                processed(8 << 20),
+                10,
+                "20 ms after the last commit",
+            ),
+            (&schedule, 520, processed(8 << 20), 0, "early commit due"),
+            (
+                &schedule,
                 540,
-                Facts {
-                    processed: 1,
-                    ..waiting
-                },
+                waiting(0),
                 55,
-            ), // too little to bring it forward
+                "100 ms after the last commit",
+            ),
             (
+                &schedule,
                 540,
-                Facts {
-                    troubled: true,
-                    ..quiet
-                },
+                waiting(1),
+                55,
+                "too little to bring it forward",
+            ),
+            (
+                &schedule,
+                540,
+                troubled,
                 190,
-            ), // a probe is 2 s apart
-            (
-                540,
-                Facts {
-                    assignments: 1,
-                    ..quiet
-                },
-                0,
-            ), // a new assignment prunes
-            (
-                540,
-                Facts {
-                    damaged: true,
-                    ..quiet
-                },
-                0,
-            ), // damage is retried at once
+                "a probe is 2 s apart: the trim",
+            ),
+            (&schedule, 540, assigned, 0, "a new assignment prunes"),
+            (&schedule, 540, damaged, 0, "damage is retried at once"),
+            (&far, 1_990, troubled, 20, "the probe"),
+            (&far, 1_990, quiet, 160, "the trim"),
+            (&retrying, 2_300, quiet, 200, "the retry"),
         ] {
             let now = start + ms(at);
             let until = schedule.until_due(now, facts);
-            assert_eq!(until, ms(expected), "{facts:?} at {at} ms");
-            assert_ne!(schedule.due(now + until, facts), Due::default(), "due then");
+            assert_eq!(until, ms(expected), "{why}: {facts:?} at {at} ms");
+            assert_ne!(schedule.due(now + until, facts), Due::default(), "{why}");
             if !until.is_zero() {
                 assert_eq!(
                     schedule.due(now + until - ms(1), facts),
                     Due::default(),
-                    "nothing due before"
+                    "{why}: nothing due before"
                 );
             }
         }
+        // An interval of zero commits every 20 ms, not in a loop.
+        let zero = Schedule::new(start, Duration::ZERO, 256 << 20);
+        assert_eq!(zero.until_due(start, quiet), MIN_COMMIT_SPACING);
     }
 
     #[test]

@@ -11,6 +11,8 @@
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
+
 /// A flag raised by the queues' callbacks, and waited for by the fetcher.
 #[derive(Clone, Default)]
 pub(super) struct Wakeup {
@@ -40,6 +42,21 @@ impl Wakeup {
             .wait_timeout_while(raised, timeout, |raised| !*raised)
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         *raised = false;
+    }
+
+    /// Waits as [`wait`](Self::wait) does, unless something waits in `consumer`'s queue
+    /// already (its callback fires only when it was empty: a round that served one event of
+    /// several leaves the rest there) or `timeout` is zero.
+    pub fn wait_unless_queued<C: ConsumerContext>(
+        &self,
+        consumer: &BaseConsumer<C>,
+        timeout: Duration,
+    ) {
+        // SAFETY: the consumer is alive (borrowed for the call).
+        let queued = unsafe { super::ffi::consumer_queue_length(consumer.client().native_ptr()) };
+        if queued == 0 && !timeout.is_zero() {
+            self.wait(timeout);
+        }
     }
 }
 

@@ -478,14 +478,9 @@ impl Fetcher {
             // again. A queue's callback fires only when it was empty, and a round serves one
             // event of the main queue: with events still queued there (errors, callbacks that
             // yield nothing) there is no wait.
-            // SAFETY: the consumer is alive (held here).
-            let main_queued =
-                unsafe { super::ffi::consumer_queue_length(consumer.client().native_ptr()) };
-            if main_queued == 0 {
-                let holding = self.budget.as_ref().is_some_and(Budget::holds_any);
-                self.wakeup
-                    .wait(if holding { HELD_WAIT } else { EMPTY_WAIT });
-            }
+            let holding = self.budget.as_ref().is_some_and(Budget::holds_any);
+            self.wakeup
+                .wait_unless_queued(&consumer, if holding { HELD_WAIT } else { EMPTY_WAIT });
             polled = self.poll_round(&consumer);
         }
         polled.feed(

@@ -438,12 +438,12 @@ fn run(
             }
         }
         let damaged = shared.take_damaged();
-        let reader_waits = shared.reader_waits_for_commits();
-        let due = schedule.due(Instant::now(), facts(&shared, !damaged.is_empty()));
+        let facts_now = facts(&shared, !damaged.is_empty());
+        let due = schedule.due(Instant::now(), facts_now);
         if due.commit {
             let started = Instant::now();
             let _ = state.commit(&consumer, None);
-            schedule.committed(started, Instant::now(), reader_waits);
+            schedule.committed(started, Instant::now(), facts_now.reader_waits);
             state.report_progress(&consumer);
         }
         if due.trim {
@@ -483,12 +483,7 @@ fn run(
             let wait = schedule
                 .until_due(Instant::now(), facts(&shared, false))
                 .min(EMPTY_WAIT);
-            // SAFETY: the consumer is alive (owned here).
-            let queued =
-                unsafe { super::ffi::consumer_queue_length(consumer.client().native_ptr()) };
-            if queued == 0 && !wait.is_zero() {
-                wakeup.wait(wait);
-            }
+            wakeup.wait_unless_queued(&consumer, wait);
         }
         let round = poll_into_buffer(
             &consumer,
