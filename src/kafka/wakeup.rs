@@ -7,6 +7,11 @@
 //! slept its whole wait while records arrived: a third of the machine stood idle, and a split
 //! read 500–600k records/s where a bare loop read 1.8M. librdkafka calls a queue's callback
 //! when something is put on it while empty; each queue's callback raises one flag here.
+//!
+//! The group member's thread waits the same way on its one consumer queue (messages,
+//! rebalances, errors), no longer than its next timer; its reader raises the flag when a
+//! commit is wanted sooner. (It used to wait inside rust-rdkafka's `poll`, which no word from
+//! another thread can end: it loops until its timeout even when librdkafka's queue is woken.)
 
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;

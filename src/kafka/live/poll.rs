@@ -71,6 +71,12 @@ pub(super) struct RoundOutcome {
     pub fatal: Option<(FatalKind, String)>,
 }
 
+/// Events and messages waiting in `consumer`'s queue.
+fn queued(consumer: &BaseConsumer<LiveContext>) -> usize {
+    // SAFETY: the consumer is alive (borrowed for the call).
+    unsafe { crate::kafka::ffi::consumer_queue_length(consumer.client().native_ptr()) }
+}
+
 /// What one round of `poll` brought.
 #[derive(Default)]
 pub(super) struct LiveRound {
@@ -108,6 +114,11 @@ pub(super) fn poll_round(
             round.polled.seal_run();
         }
         match polled {
+            // `poll` serves one event (statistics, a log line, a rebalance) and returns
+            // nothing: the round goes on while the queue holds more — as one `poll` that
+            // waited did — so that events queued during a long rebalance are not served one
+            // per turn of the live thread.
+            None if queued(consumer) > 0 => {}
             None => break,
             Some(Ok(message)) => {
                 let topic_name = topic_bytes(&message);
