@@ -151,41 +151,32 @@ impl Schedule {
     /// as `facts` stay).
     fn waits(&self, now: Instant, facts: Facts) -> Waits {
         let left = |then: Instant, every: Duration| {
-            Some(every.saturating_sub(now.saturating_duration_since(then)))
+            every.saturating_sub(now.saturating_duration_since(then))
         };
-        let commit = [
-            Some(commit_wait(
-                now.saturating_duration_since(self.last_commit),
-                self.last_commit_took,
-                self.commit_interval,
-                facts.processed,
-                self.budget_bytes,
-            )),
-            facts
-                .reader_waits
-                .then(|| left(self.last_commit, self.waiting_reader_spacing()))
-                .flatten(),
-        ]
-        .into_iter()
-        .flatten()
-        .min();
+        let mut commit = commit_wait(
+            now.saturating_duration_since(self.last_commit),
+            self.last_commit_took,
+            self.commit_interval,
+            facts.processed,
+            self.budget_bytes,
+        );
+        if facts.reader_waits {
+            commit = commit.min(left(self.last_commit, self.waiting_reader_spacing()));
+        }
         Waits {
-            commit,
-            prune: if facts.assignments != self.pruned_at_assignment {
-                Some(Duration::ZERO)
+            commit: Some(commit),
+            prune: Some(if facts.assignments != self.pruned_at_assignment {
+                Duration::ZERO
             } else {
                 left(self.last_prune, PRUNE_EVERY)
-            },
-            retry: if facts.damaged {
-                Some(Duration::ZERO)
+            }),
+            retry: Some(if facts.damaged {
+                Duration::ZERO
             } else {
                 left(self.last_retry, self.retry_every)
-            },
-            probe: facts
-                .troubled
-                .then(|| left(self.last_probe, PROBE_EVERY))
-                .flatten(),
-            trim: left(self.last_trim, TRIM_EVERY),
+            }),
+            probe: facts.troubled.then(|| left(self.last_probe, PROBE_EVERY)),
+            trim: Some(left(self.last_trim, TRIM_EVERY)),
         }
     }
 
@@ -273,10 +264,10 @@ impl TrimWatch {
 }
 
 /// How long until a commit is due: every `interval`, and sooner once a 32nd of the byte
-/// budget ([`early_commit_bytes`]) was processed since the last commit. The buffer drops processed records only once their
-/// commit is in Kafka, and its memory tier holds them until then (a quarter of the budget,
-/// counting what records take in memory, about twice their payload at 100 B): committed
-/// sooner than that, they are never written to disk. (At hundreds of MB/s a one-second
+/// budget ([`early_commit_bytes`]) was processed since the last commit. The buffer drops
+/// processed records only once their commit is in Kafka, and its memory tier holds them
+/// until then (a quarter of the budget, counting what records take in memory, about twice
+/// their payload at 100 B): committed sooner than that, they are never written to disk. (At hundreds of MB/s a one-second
 /// interval held over 400 MiB, 1 KiB records; an eighth of the budget still made the memory
 /// tier spill processed records.) An early commit waits at least
 /// [`MIN_COMMIT_SPACING`] and as long as the last one took, so early commits take at most
