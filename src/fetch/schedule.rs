@@ -87,6 +87,8 @@ pub struct Schedule {
     last_commit_took: Duration,
     /// Commits in a row made while the reader held back for commits.
     waiting_commits: u32,
+    /// A commit cycle is under way (on the commit thread): none is due until it ended.
+    committing: bool,
     last_retry: Instant,
     retry_every: Duration,
     last_prune: Instant,
@@ -106,6 +108,7 @@ impl Schedule {
             last_commit: now,
             last_commit_took: Duration::ZERO,
             waiting_commits: 0,
+            committing: false,
             last_retry: now,
             retry_every: RECONCILE_RETRY,
             last_prune: now,
@@ -164,7 +167,9 @@ impl Schedule {
             commit = commit.min(left(self.last_commit, self.waiting_reader_spacing()));
         }
         Waits {
-            commit: Some(commit),
+            // The cycle under way is what the reader waits for; its end is looked at every
+            // turn of the live thread (the commit thread wakes it).
+            commit: (!self.committing).then_some(commit),
             prune: Some(if facts.assignments != self.pruned_at_assignment {
                 Duration::ZERO
             } else {
@@ -180,9 +185,16 @@ impl Schedule {
         }
     }
 
+    /// A commit cycle began and runs on while the live thread goes on fetching: no commit
+    /// is due until [`committed`](Self::committed) says it ended.
+    pub fn commit_started(&mut self) {
+        self.committing = true;
+    }
+
     /// A commit that began at `started` ended at `now`; `reader_waited`: the reader held
     /// back for commits when it was decided ([`Facts::reader_waits`]).
     pub fn committed(&mut self, started: Instant, now: Instant, reader_waited: bool) {
+        self.committing = false;
         self.last_commit = now;
         self.last_commit_took = now.saturating_duration_since(started);
         self.waiting_commits = if reader_waited {
@@ -552,6 +564,37 @@ mod tests {
         schedule.probed(at(2));
         assert!(!schedule.due(at(3), troubled).probe);
         assert!(schedule.due(at(4), troubled).probe);
+    }
+
+    #[test]
+    fn no_commit_is_due_while_one_is_under_way() {
+        let start = Instant::now();
+        let ms = Duration::from_millis;
+        let mut schedule = Schedule::new(start, SECOND, 256 << 20);
+        // Everything that brings a commit forward: much processed, the reader holding back.
+        let pressing = Facts {
+            processed: 64 << 20,
+            reader_waits: true,
+            ..Facts::default()
+        };
+        schedule.trimmed(start + ms(1_000));
+        schedule.retried(start + ms(1_000), true);
+        assert!(schedule.due(start + ms(1_000), pressing).commit);
+        schedule.commit_started();
+        for at in [1_000, 1_500, 5_000] {
+            let now = start + ms(at);
+            assert!(!schedule.due(now, pressing).commit, "under way at {at} ms");
+            // The live thread waits for its other timers only (the commit thread wakes it).
+            assert_eq!(
+                schedule.until_due(now, pressing),
+                schedule.until_due(now, Facts::default()),
+                "{at} ms"
+            );
+        }
+        // It ended 30 ms after it began: the next is at least as far apart.
+        schedule.committed(start + ms(1_000), start + ms(1_030), true);
+        assert!(!schedule.due(start + ms(1_059), pressing).commit);
+        assert!(schedule.due(start + ms(1_060), pressing).commit);
     }
 
     #[test]
