@@ -176,6 +176,9 @@ impl LiveState {
         if partitions.is_empty() {
             return true;
         }
+        // Reconciliation writes commits of its own, and gives the partitions their runtimes:
+        // after the cycle under way is recorded (as an assignment does).
+        self.finish_cycle(Finish::Wait);
         let failed = self.reconcile_all(consumer, &partitions, |_, _, _| Ok(()));
         let reconciled: Vec<PartitionId> = partitions
             .iter()

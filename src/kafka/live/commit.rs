@@ -45,22 +45,35 @@ impl LiveState {
         self.shared.report_progress(&log_ends);
     }
 
-    /// One commit cycle (of every partition, or of `only`): the main-log writes of all
-    /// partitions in one OffsetCommit, then the side-log writes of those whose main-log
-    /// write succeeded (or had none) sent together, then what Kafka now holds recorded in
-    /// the buffer. The first error is returned; every one is reported.
+    /// One commit cycle (of every partition, or of `only`) on this thread, after the one
+    /// under way on the commit thread ended: the main-log writes of all partitions in one
+    /// OffsetCommit, then the side-log writes of those whose main-log write succeeded (or had
+    /// none) sent together, then what Kafka now holds recorded in the buffer. The first
+    /// error is returned; every one is reported.
     pub(super) fn commit(
         &self,
         consumer: &BaseConsumer<LiveContext>,
         only: Option<&[PartitionId]>,
     ) -> Result<(), KafkaError> {
+        self.finish_cycle(Finish::Wait);
+        let Some(planned) = self.plan_cycle(only) else {
+            return Ok(());
+        };
+        let tokens = planned.tokens();
+        let sent = self.send_cycle(consumer, &planned.cycle, |index| tokens[index].as_ref());
+        self.apply_cycle(&planned, sent)
+    }
+
+    /// The commits due (of every partition, or of `only`) as one cycle; `None` when nothing
+    /// is to be written.
+    pub(super) fn plan_cycle(&self, only: Option<&[PartitionId]>) -> Option<PlannedCycle> {
         if only.is_none() {
             // What was processed so far is covered now: the early-commit count restarts.
             self.shared.take_processed_since_commit();
         }
         let pending = self.shared.pending_commits(only);
         if pending.is_empty() {
-            return Ok(());
+            return None;
         }
         let cycle = CommitCycle::new(
             pending
@@ -74,14 +87,24 @@ impl LiveState {
                 })
                 .collect(),
         );
-        let sent = self.send_cycle(consumer, &cycle, |index| pending[index].token.as_ref());
+        Some(PlannedCycle { pending, cycle })
+    }
+
+    /// Records what a cycle's writes left in Kafka: the partitions whose every write went
+    /// through count as committed (the buffer lets go of what that covers). The first error
+    /// is returned; every one is reported.
+    pub(super) fn apply_cycle(
+        &self,
+        planned: &PlannedCycle,
+        sent: CycleSent,
+    ) -> Result<(), KafkaError> {
+        let PlannedCycle { pending, cycle } = planned;
         for err in &sent.errors {
             self.shared.emit(Event::Error {
                 message: err.to_string(),
             });
         }
-        let (refused, side_failed) = (&sent.refused, &sent.side_failed);
-        let applied = cycle.applied(refused, side_failed);
+        let applied = cycle.applied(&sent.refused, &sent.side_failed);
         for &index in &applied {
             if let Err(err) = self.shared.commit_applied(&pending[index]) {
                 if err.is_io_failure() {
@@ -164,6 +187,35 @@ impl LiveState {
             refused,
             side_failed,
             errors,
+        }
+    }
+}
+
+/// A commit cycle planned: each partition's commit, and the cycle's writes (in the same
+/// order).
+pub(super) struct PlannedCycle {
+    pending: Vec<PendingCommit>,
+    cycle: CommitCycle<PartitionId>,
+}
+
+impl PlannedCycle {
+    /// The split token each partition seals its side entry under, by index in the cycle.
+    pub(super) fn tokens(&self) -> Vec<Option<SplitToken>> {
+        self.pending.iter().map(|pending| pending.token).collect()
+    }
+
+    /// The cycle's writes.
+    pub(super) fn cycle(&self) -> &CommitCycle<PartitionId> {
+        &self.cycle
+    }
+
+    /// How its writes went when nothing is known of them (`error` says why): none counts as
+    /// done.
+    pub(super) fn unknown(&self, error: KafkaError) -> CycleSent {
+        CycleSent {
+            refused: self.pending.iter().map(|p| p.partition.clone()).collect(),
+            side_failed: (0..self.pending.len()).collect(),
+            errors: vec![error],
         }
     }
 }

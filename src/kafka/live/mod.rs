@@ -5,9 +5,11 @@
 
 mod assign;
 mod commit;
+mod committer;
 mod poll;
 mod upkeep;
 
+use committer::{CommitThread, CycleEnded, Finish, InFlight};
 use poll::poll_into_buffer;
 use upkeep::give_back_freed_memory;
 
@@ -31,7 +33,7 @@ use super::{
 };
 use crate::engine::telemetry;
 use crate::engine::types::{Event, Mode};
-use crate::engine::{PartitionId, PartitionRuntime, Shared, Stopped, key_notes};
+use crate::engine::{PartitionId, PartitionRuntime, PendingCommit, Shared, Stopped, key_notes};
 use crate::fetch::{
     AfterOutOfRange, AppendResult, Facts, FatalKind, PendingAppend, PollErrorKind, Polled, Round,
     Schedule, TrimWatch, classify_poll_error, fatal_kind,
@@ -102,6 +104,10 @@ pub(crate) struct LiveState {
     compacting: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// The subscription in force.
     subscribed: Mutex<Subscription>,
+    /// The scheduled commit cycle whose writes the commit thread sends (`committer`).
+    in_flight: Mutex<Option<InFlight>>,
+    /// The scheduled cycle that ended since the live thread last looked.
+    cycle_ended: Mutex<Option<CycleEnded>>,
 }
 
 /// The subscription the group member holds.
@@ -172,6 +178,9 @@ impl ConsumerContext for LiveContext {
         err: RDKafkaRespErr,
         tpl: &mut TopicPartitionList,
     ) {
+        // The cycle under way is recorded before the assignment changes: it was planned
+        // under the assignment it commits (a revoke's own commit follows).
+        self.state.finish_cycle(Finish::Wait);
         let cooperative = matches!(
             consumer.rebalance_protocol(),
             RebalanceProtocol::Cooperative
@@ -313,6 +322,8 @@ impl LiveFetcher {
             kept: Mutex::new(BTreeSet::new()),
             compacting: Mutex::new(None),
             subscribed: Mutex::new(Subscription::default()),
+            in_flight: Mutex::new(None),
+            cycle_ended: Mutex::new(None),
         });
         let rebootstrap = Rebootstrap::new(&config);
         let mut consumer: BaseConsumer<LiveContext> = config
@@ -341,11 +352,41 @@ fn run(
     consumer: BaseConsumer<LiveContext>,
     commands: Receiver<LiveCommand>,
     state: Arc<LiveState>,
-    mut rebootstrap: Rebootstrap,
+    rebootstrap: Rebootstrap,
     wakeup: Wakeup,
 ) {
     let shared = state.shared.clone();
     let _stop_on_panic = shared.stop_on_panic("live");
+    // The commit thread borrows the consumer: the scope ends once it did, before the
+    // consumer goes.
+    let closed = std::thread::scope(|scope| {
+        let commit_thread = CommitThread::start(scope, &consumer, &state);
+        turns(
+            &consumer,
+            &commands,
+            &state,
+            rebootstrap,
+            &wakeup,
+            commit_thread,
+        )
+    });
+    drop(consumer);
+    if let Some((reply, result)) = closed {
+        let _ = reply.send(result);
+    }
+}
+
+/// The live thread's turns until it is closed (the close's answer, sent once the consumer
+/// is gone) or abandoned (`None`).
+fn turns(
+    consumer: &BaseConsumer<LiveContext>,
+    commands: &Receiver<LiveCommand>,
+    state: &LiveState,
+    mut rebootstrap: Rebootstrap,
+    wakeup: &Wakeup,
+    commit_thread: Option<CommitThread<'_>>,
+) -> Option<(Reply<()>, Result<(), KafkaError>)> {
+    let shared = &state.shared;
     let mut schedule = Schedule::new(
         Instant::now(),
         shared.config.commit_interval,
@@ -408,14 +449,14 @@ fn run(
                     }
                 }
                 LiveCommand::Commit(reply) => {
-                    let _ = reply.send(state.commit(&consumer, None));
+                    let _ = reply.send(state.commit(consumer, None));
                 }
                 LiveCommand::Backlog(reply) => {
-                    let _ = reply.send(state.backlog(&consumer));
+                    let _ = reply.send(state.backlog(consumer));
                 }
                 LiveCommand::Close(reply) => {
                     state.finish_compaction();
-                    let result = state.commit(&consumer, None);
+                    let result = state.commit(consumer, None);
                     state.leaving.store(true, Ordering::Relaxed);
                     consumer.unsubscribe();
                     // Serve the revocation this triggers before the consumer goes.
@@ -425,42 +466,51 @@ fn run(
                     {
                         let _ = consumer.poll(Duration::from_millis(50));
                     }
-                    drop(consumer);
-                    let _ = reply.send(result);
-                    return;
+                    return Some((reply, result));
                 }
                 LiveCommand::Abandon => {
                     state.finish_compaction();
                     state.abandoned.store(true, Ordering::Relaxed);
                     state.leaving.store(true, Ordering::Relaxed);
-                    return;
+                    return None;
                 }
             }
         }
+        state.finish_cycle(Finish::IfAnswered);
         let damaged = shared.take_damaged();
-        let facts_now = facts(&shared, !damaged.is_empty());
+        let facts_now = facts(shared, !damaged.is_empty());
         let due = schedule.due(Instant::now(), facts_now);
         if due.commit {
-            let started = Instant::now();
-            let _ = state.commit(&consumer, None);
-            schedule.committed(started, Instant::now(), facts_now.reader_waits);
-            state.report_progress(&consumer);
+            let under_way = state.begin_cycle(
+                consumer,
+                commit_thread.as_ref(),
+                Instant::now(),
+                facts_now.reader_waits,
+            );
+            if under_way {
+                schedule.commit_started();
+            }
+        }
+        // A cycle that ended (here, or in a rebalance or a command that waited for it).
+        if let Some((started, ended, reader_waited)) = state.take_cycle_ended() {
+            schedule.committed(started, ended, reader_waited);
+            state.report_progress(consumer);
         }
         if due.trim {
             give_back_freed_memory(&mut trim_watch, shared.config.buffer_budget_bytes);
             schedule.trimmed(Instant::now());
         }
         if due.prune {
-            state.prune_unowned(&consumer);
+            state.prune_unowned(consumer);
             state.compact_if_bloated();
             schedule.pruned(Instant::now(), shared.assignments.load(Ordering::Relaxed));
         }
         if !damaged.is_empty() {
-            state.refetch_damaged(&consumer, &damaged);
+            state.refetch_damaged(consumer, &damaged);
             damaged.iter().for_each(|key| budget.forget(key));
         }
         if due.retry {
-            let settled = state.retry_unreconciled(&consumer);
+            let settled = state.retry_unreconciled(consumer);
             schedule.retried(Instant::now(), settled);
         }
         // Unreachable brokers say nothing when they come back, nor refusing ones when they
@@ -481,23 +531,16 @@ fn run(
         // (The queue's callback fires only when it was empty: nothing may wait in it.)
         if quiet && !held {
             let wait = schedule
-                .until_due(Instant::now(), facts(&shared, false))
+                .until_due(Instant::now(), facts(shared, false))
                 .min(EMPTY_WAIT);
-            wakeup.wait_unless_queued(&consumer, wait);
+            wakeup.wait_unless_queued(consumer, wait);
         }
-        let round = poll_into_buffer(
-            &consumer,
-            &shared,
-            &budget,
-            held,
-            &mut arenas,
-            &mut positions,
-        );
+        let round = poll_into_buffer(consumer, shared, &budget, held, &mut arenas, &mut positions);
         quiet = round.quiet;
         if let Some((kind, message)) = round.fatal {
-            state.on_fatal_error(&consumer, kind, message);
+            state.on_fatal_error(consumer, kind, message);
         }
-        budget.apply(&shared, &consumer, |_| true);
+        budget.apply(shared, consumer, |_| true);
     }
 }
 

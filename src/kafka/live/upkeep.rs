@@ -215,6 +215,8 @@ impl LiveState {
         if partitions.is_empty() {
             return;
         }
+        // The cycle under way may commit theirs: it is recorded first.
+        self.finish_cycle(Finish::Wait);
         let mut list = TopicPartitionList::new();
         for (topic, partition) in &partitions {
             list.add_partition(topic, *partition);
