@@ -1,9 +1,9 @@
 //! The live lane is fetched while a commit waits for its answer. A commit cycle ran on the
-//! group member's thread, which polled nothing until the broker answered: every cycle's round
-//! trip (and its writes to the buffer) was time the live lane stood still, a tenth of the
-//! thread at full speed. Cycles now run on a thread of their own. The real broker cannot
-//! hold an answer back on demand, so this runs on librdkafka's mock cluster, whose broker is
-//! told to answer the next OffsetCommit only after `ANSWER_AFTER`.
+//! group member's thread, which polled nothing until the broker answered: about a
+//! millisecond of every 20–30 ms at full speed, and up to the request timeout (30 s) behind a
+//! coordinator slow to answer. A cycle's round trips now run on a commit thread. The real
+//! broker cannot hold an answer back on demand, so this runs on librdkafka's mock cluster,
+//! whose broker is told to answer the next OffsetCommit only after `ANSWER_AFTER`.
 
 use std::ffi::c_int;
 use std::time::{Duration, Instant};
@@ -85,9 +85,10 @@ async fn fresh_records_reach_the_reader_while_a_commit_waits_for_its_answer() {
     kafka
         .produce_values(topic, 1, 1, |_, _| "second".into())
         .await;
+    // Before the commit can be sent: its answer comes ANSWER_AFTER after this at the earliest.
+    let held_since = Instant::now();
     take(&consumer, 1).await;
     wait_until(|| offset_commits(raw) > 0, "the held OffsetCommit sent").await;
-    let held_since = Instant::now();
 
     // Produced now, fetched only by a group member that polls while its commit waits.
     kafka

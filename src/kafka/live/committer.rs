@@ -12,8 +12,13 @@
 //! its record — a rebalance, a command's own commit, the maintenance that discards or
 //! reconciles partitions — first waits for the answers of the one under way and records it
 //! ([`Finish::Wait`]), as it came after the whole cycle when the cycle ran on the live
-//! thread. What does come between — the live lane's appends, the reader's reads and acks —
-//! already came between them from the reader's and the catch-up fetcher's threads.
+//! thread. What now comes between them changes nothing a plan was made from: the live lane's
+//! appends (and truncation gaps) only move its fetched end above the planned offsets;
+//! repositioning moves the cursor and librdkafka's position; pruning skips every assigned
+//! partition; pauses, probes, a backlog count (it reads a committed offset a cycle may be
+//! about to move) and a new subscription (its revoke waits) touch no plan. The reader's
+//! reads and acks came between them before too, from its own thread; and a runtime made anew
+//! meanwhile has a new generation, which the record checks (`Shared::commit_applied`).
 
 use std::thread::{Scope, ScopedJoinHandle};
 
@@ -26,20 +31,25 @@ use super::*;
 pub(super) struct CommitThread<'scope> {
     /// Where cycles go (dropped: the thread ends once its cycle did).
     jobs: Sender<Job>,
-    _thread: ScopedJoinHandle<'scope, ()>,
+    /// Joined when this is dropped: a panic of the thread (it stopped the consumer already)
+    /// must not become the scope's, which would lose a close's answer.
+    thread: Option<ScopedJoinHandle<'scope, ()>>,
 }
 
 /// A cycle's writes for the commit thread to send, and where its answers go.
 struct Job {
     cycle: CommitCycle<PartitionId>,
     tokens: Vec<Option<SplitToken>>,
-    answer: Sender<CycleSent>,
+    answer: Sender<Answer>,
 }
+
+/// How a cycle's writes went, and when the last answer came.
+type Answer = (CycleSent, Instant);
 
 /// The cycle under way: planned by the live thread, sent by the commit thread.
 pub(super) struct InFlight {
     planned: PlannedCycle,
-    answer: Receiver<CycleSent>,
+    answer: Receiver<Answer>,
     started: Instant,
     reader_waits: bool,
 }
@@ -51,7 +61,8 @@ pub(super) type CycleEnded = (Instant, Instant, bool);
 /// Whether finishing the cycle under way waits for its answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Finish {
-    /// Until they come (the request timeouts bound it).
+    /// Until they come (bounded by the OffsetCommit's timeout, 30 s, and in a split by the
+    /// side log's).
     Wait,
     /// Only if they came.
     IfAnswered,
@@ -75,7 +86,7 @@ impl<'scope> CommitThread<'scope> {
                     let sent = state.send_cycle(consumer, &job.cycle, |index| {
                         job.tokens.get(index).and_then(Option::as_ref)
                     });
-                    let _ = job.answer.send(sent);
+                    let _ = job.answer.send((sent, Instant::now()));
                     // The live thread may be waiting for its queue: it records the cycle now.
                     state.shared.live_wake.wake();
                 }
@@ -83,12 +94,23 @@ impl<'scope> CommitThread<'scope> {
         match thread {
             Ok(thread) => Some(Self {
                 jobs,
-                _thread: thread,
+                thread: Some(thread),
             }),
             Err(error) => {
                 tracing::warn!(%error, "cannot start the commit thread: the group member commits on its own thread");
                 None
             }
+        }
+    }
+}
+
+impl Drop for CommitThread<'_> {
+    fn drop(&mut self) {
+        // Its queue closed, the thread ends once the cycle it sends did.
+        let (closed, _) = crossbeam_channel::bounded(0);
+        drop(std::mem::replace(&mut self.jobs, closed));
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
         }
     }
 }
@@ -139,27 +161,33 @@ impl LiveState {
     /// if they did). Errors are reported as events; what it did not commit, the next cycle
     /// does.
     pub(super) fn finish_cycle(&self, how: Finish) {
-        let mut in_flight = self.in_flight();
-        let Some(cycle) = in_flight.take() else {
+        let Some(cycle) = self.in_flight().take() else {
             return;
         };
-        let sent = match how {
+        if self.abandoned.load(Ordering::Relaxed) {
+            // A simulated crash: the buffer stays as it was (behind Kafka if the commit
+            // lands, the safe side).
+            return;
+        }
+        let answer = match how {
             Finish::Wait => cycle.answer.recv().map_err(|_| TryRecvError::Disconnected),
             Finish::IfAnswered => cycle.answer.try_recv(),
         };
-        let sent = match sent {
-            Ok(sent) => sent,
+        let (sent, ended) = match answer {
+            Ok(answer) => answer,
             Err(TryRecvError::Empty) => {
-                *in_flight = Some(cycle);
+                *self.in_flight() = Some(cycle);
                 return;
             }
             // The commit thread stopped (it stopped the consumer): nothing is known to be
             // in Kafka.
-            Err(TryRecvError::Disconnected) => cycle.planned.unknown(KafkaError::Stopped("commit")),
+            Err(TryRecvError::Disconnected) => (
+                cycle.planned.unknown(KafkaError::Stopped("commit")),
+                Instant::now(),
+            ),
         };
-        drop(in_flight);
         let _ = self.apply_cycle(&cycle.planned, sent);
-        *self.cycle_ended() = Some((cycle.started, Instant::now(), cycle.reader_waits));
+        *self.cycle_ended() = Some((cycle.started, ended, cycle.reader_waits));
     }
 
     /// The scheduled cycle that ended since the last call.

@@ -480,22 +480,6 @@ fn turns(
         let damaged = shared.take_damaged();
         let facts_now = facts(shared, !damaged.is_empty());
         let due = schedule.due(Instant::now(), facts_now);
-        if due.commit {
-            let under_way = state.begin_cycle(
-                consumer,
-                commit_thread.as_ref(),
-                Instant::now(),
-                facts_now.reader_waits,
-            );
-            if under_way {
-                schedule.commit_started();
-            }
-        }
-        // A cycle that ended (here, or in a rebalance or a command that waited for it).
-        if let Some((started, ended, reader_waited)) = state.take_cycle_ended() {
-            schedule.committed(started, ended, reader_waited);
-            state.report_progress(consumer);
-        }
         if due.trim {
             give_back_freed_memory(&mut trim_watch, shared.config.buffer_budget_bytes);
             schedule.trimmed(Instant::now());
@@ -512,6 +496,24 @@ fn turns(
         if due.retry {
             let settled = state.retry_unreconciled(consumer);
             schedule.retried(Instant::now(), settled);
+        }
+        // After the maintenance that would wait for it (damage, retries): a cycle begun
+        // before them would be waited for at once.
+        if due.commit {
+            let under_way = state.begin_cycle(
+                consumer,
+                commit_thread.as_ref(),
+                Instant::now(),
+                facts_now.reader_waits,
+            );
+            if under_way {
+                schedule.commit_started();
+            }
+        }
+        // A cycle that ended (here, or in a rebalance or a command that waited for it).
+        if let Some((started, ended, reader_waited)) = state.take_cycle_ended() {
+            schedule.committed(started, ended, reader_waited);
+            state.report_progress(consumer);
         }
         // Unreachable brokers say nothing when they come back, nor refusing ones when they
         // accept the credentials again: ask (a round trip: messages polled may have been
