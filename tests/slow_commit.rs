@@ -27,10 +27,96 @@ const SESSION_TIMEOUT_MS: &str = "45000";
 const FRESH_WITHIN: Duration = Duration::from_secs(5);
 const FRESH: i64 = 50;
 const WAIT: Duration = Duration::from_secs(60);
+const TOPIC: &str = "orders";
+const GROUP: &str = "slow-commit-group";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fresh_records_reach_the_reader_while_a_commit_waits_for_its_answer() {
-    let (topic, group) = ("orders", "slow-commit-group");
+    // Every field bound: one left to `..` would be dropped here (the cluster with it).
+    let Held {
+        _host,
+        kafka,
+        consumer,
+        _dir,
+        held_since,
+    } = consumer_with_a_held_commit(GROUP).await;
+
+    // Produced now, fetched only by a group member that polls while its commit waits.
+    kafka
+        .produce_values(TOPIC, 1, FRESH, |_, _| "fresh".into())
+        .await;
+    for offset in 2..2 + FRESH {
+        let delivery = tokio::time::timeout(FRESH_WITHIN, consumer.recv())
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "record {offset} not delivered within {FRESH_WITHIN:?} while a commit waited for its answer ({:?} so far)",
+                    held_since.elapsed()
+                )
+            })
+            .expect("recv");
+        assert_eq!(delivery.offset, offset, "in order, none lost");
+        consumer.ack(&delivery);
+    }
+    assert!(
+        held_since.elapsed() < ANSWER_AFTER,
+        "the fresh records came only after the commit's answer"
+    );
+
+    // The held commit lands, and the next ones after it: everything is committed.
+    let all = 2 + FRESH;
+    wait_until(
+        || kafka.committed(GROUP, TOPIC, 1) == vec![Some(all)],
+        "everything committed",
+    )
+    .await;
+    consumer.close().await.expect("close");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_waits_for_the_commit_under_way_and_commits_what_came_after() {
+    let group = "slow-commit-close-group";
+    // Every field bound: one left to `..` would be dropped here (the cluster with it).
+    let Held {
+        _host,
+        kafka,
+        consumer,
+        _dir,
+        held_since,
+    } = consumer_with_a_held_commit(group).await;
+    // Closing with a cycle under way: the close answers (its own commit's result) once that
+    // cycle was answered, and what was acknowledged after it is committed too. One more
+    // record, acknowledged while the commit of the one before waits for its answer.
+    kafka
+        .produce_values(TOPIC, 1, 1, |_, _| "third".into())
+        .await;
+    take(&consumer, 2).await;
+    consumer.close().await.expect("close");
+    assert!(
+        held_since.elapsed() >= ANSWER_AFTER,
+        "close returned before the commit under way was answered"
+    );
+    assert_eq!(
+        kafka.committed(group, TOPIC, 1),
+        vec![Some(3)],
+        "the close committed what came after the commit under way"
+    );
+}
+
+/// A consumer of `group` on a mock cluster whose next OffsetCommit's answer is held back
+/// `ANSWER_AFTER`: it took and acknowledged offsets 0 (committed) and 1, whose commit was sent
+/// and waits; `held_since` is from before it was sent.
+struct Held {
+    /// Holds the mock cluster.
+    _host: BaseProducer,
+    kafka: support::Kafka,
+    consumer: CatchupConsumer,
+    _dir: tempfile::TempDir,
+    held_since: Instant,
+}
+
+async fn consumer_with_a_held_commit(group: &str) -> Held {
+    let topic = TOPIC;
     // A mock cluster reached through a client of its own: its handle is needed to hold an
     // answer back, which rust-rdkafka does not offer.
     let host: BaseProducer = ClientConfig::new()
@@ -89,37 +175,15 @@ async fn fresh_records_reach_the_reader_while_a_commit_waits_for_its_answer() {
     let held_since = Instant::now();
     take(&consumer, 1).await;
     wait_until(|| offset_commits(raw) > 0, "the held OffsetCommit sent").await;
-
-    // Produced now, fetched only by a group member that polls while its commit waits.
-    kafka
-        .produce_values(topic, 1, FRESH, |_, _| "fresh".into())
-        .await;
-    for offset in 2..2 + FRESH {
-        let delivery = tokio::time::timeout(FRESH_WITHIN, consumer.recv())
-            .await
-            .unwrap_or_else(|_| {
-                panic!(
-                    "record {offset} not delivered within {FRESH_WITHIN:?} while a commit waited for its answer ({:?} so far)",
-                    held_since.elapsed()
-                )
-            })
-            .expect("recv");
-        assert_eq!(delivery.offset, offset, "in order, none lost");
-        consumer.ack(&delivery);
+    // Borrowed from the client, which keeps the cluster.
+    drop(cluster);
+    Held {
+        _host: host,
+        kafka,
+        consumer,
+        _dir: dir,
+        held_since,
     }
-    assert!(
-        held_since.elapsed() < ANSWER_AFTER,
-        "the fresh records came only after the commit's answer"
-    );
-
-    // The held commit lands, and the next ones after it: everything is committed.
-    let all = 2 + FRESH;
-    wait_until(
-        || kafka.committed(group, topic, 1) == vec![Some(all)],
-        "everything committed",
-    )
-    .await;
-    consumer.close().await.expect("close");
 }
 
 /// Takes the next record, checks it is `offset`, and acknowledges it.
