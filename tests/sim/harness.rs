@@ -16,7 +16,9 @@
 //! local step ([`LocalStep`]) — a partition whose write failed waits and is retried —, the topic-id
 //! fallback ([`incarnation_unknown`]) when the id cannot be read, the commit plans
 //! ([`plan_commit`]) and the commit cycle ([`CommitCycle`]) with refused main-log writes and
-//! failed side-log writes, and the real [`Buffer`] on a temporary directory, read by readers
+//! failed side-log writes — a scheduled cycle sent in one step and recorded in a later one, the
+//! lanes fetched and the readers reading and acking between, as the group member's commit
+//! thread sends it — and the real [`Buffer`] on a temporary directory, read by readers
 //! that ack in any order. The process crashes at any step, between two writes included;
 //! revokes leave stale writers behind. Time is simulated (`STEP_TIME` per step): holds and
 //! backoffs run on it.
@@ -379,11 +381,26 @@ pub struct Sim {
     /// whether the reader has held it back.
     commits_fail_for: Option<usize>,
     failing_held: bool,
+    /// The scheduled commit cycle whose writes went out and whose record waits (the group
+    /// member's commit thread sends them while the live thread goes on; it records the
+    /// answers later): steps come between.
+    in_flight: Option<SentCycle>,
 }
 
 /// How a cycle's writes went: the parts whose main-log write was refused, and the indices
 /// (in the cycle) of those whose side-log write failed.
 type CycleSent = (Vec<usize>, Vec<usize>);
+
+/// A commit cycle sent and not yet recorded: each partition's plan (its part, the plan, the
+/// catch-up lane's processed offset, and what was acknowledged when it was planned), the
+/// cycle, how its writes went, and what the schedule learns when it is recorded.
+struct SentCycle {
+    plans: Vec<(usize, CommitPlan, i64, [u64; 2])>,
+    cycle: CommitCycle<usize>,
+    sent: CycleSent,
+    started: Instant,
+    reader_waits: bool,
+}
 
 /// How much simulated time a step takes (holds of 1 s to 30 s last 20 to 600 steps).
 const STEP_TIME: Duration = Duration::from_millis(50);
@@ -491,6 +508,7 @@ impl Sim {
             reader_waits: false,
             commits_fail_for: None,
             failing_held: false,
+            in_flight: None,
         };
         sim.assign_all()?;
         Ok(sim)
@@ -591,6 +609,8 @@ impl Sim {
     /// The process dies (its fetchers, its catch-up consumer, unacked records and runtimes
     /// with it; the buffer stays) and a new one is assigned every partition.
     fn crash(&mut self) -> Result<(), Failure> {
+        // A cycle sent and not recorded dies unrecorded: Kafka may hold it, the buffer lags.
+        self.in_flight = None;
         // What the buffer held only in memory dies with the process.
         if self.buffer()?.forget_memory() > 0 {
             self.stats.memory_lost += 1;
@@ -703,6 +723,7 @@ impl Sim {
         if parts.is_empty() {
             return Ok(());
         }
+        self.finish_cycle()?;
         self.assign(&parts)
     }
 
@@ -1026,6 +1047,10 @@ impl Sim {
         self.stats.steps += 1;
         self.now += STEP_TIME;
         let faults = self.faults;
+        // The answers of the cycle under way come in some step after it was sent.
+        if self.in_flight.is_some() && self.rng.chance(2) {
+            self.finish_cycle()?;
+        }
         if !self.unreconciled.is_empty() && (!faults || self.rng.chance(100)) {
             self.retry_unreconciled()?;
         }
@@ -1084,12 +1109,7 @@ impl Sim {
             ..Facts::default()
         };
         if self.schedule.due(self.now, facts).commit {
-            self.commit_all()?;
-            // A commit takes up to a few steps' time, which spaces the next one.
-            let took = STEP_TIME * self.rng.below(3) as u32;
-            let started = self.now.checked_sub(took).unwrap_or(self.now);
-            self.schedule
-                .committed(started, self.now, facts.reader_waits);
+            self.begin_cycle(facts.reader_waits)?;
         }
         if !self.faults {
             // Drain: keep everything moving.
@@ -1418,6 +1438,8 @@ impl Sim {
     /// does once they are stale, discards them), and its old fetchers linger as stale
     /// writers for a while.
     fn revoke_and_reassign(&mut self, part: usize) -> Result<(), Failure> {
+        // The rebalance records the cycle under way first.
+        self.finish_cycle()?;
         if self.rng.chance(500) {
             self.commit(&[part])?;
         }
@@ -1705,13 +1727,64 @@ impl Sim {
             .sum()
     }
 
-    /// Commits what the readers of `parts` processed, as the group member does: each
-    /// partition's real commit plan, and the production cycle ([`CommitCycle`]) over them —
-    /// the main-log writes in one request (refused as a whole or for some partitions), then
-    /// the side-log writes of the others (each may fail), then the buffer's cursors of those
-    /// whose every write happened; a crash possible after the main-log request and between
-    /// the side-log writes.
+    /// Commits what the readers of `parts` processed, as the group member does on its own
+    /// thread (a revoke's commit, the drain's): after the cycle under way is recorded, each
+    /// partition's real commit plan and the production cycle ([`CommitCycle`]) over them — the
+    /// main-log writes in one request (refused as a whole or for some partitions), then the
+    /// side-log writes of the others (each may fail), then the buffer's cursors of those whose
+    /// every write happened; a crash possible after the main-log request and between the
+    /// side-log writes.
     fn commit(&mut self, parts: &[usize]) -> Result<(), Failure> {
+        self.finish_cycle()?;
+        match self.plan_and_send(parts)? {
+            Some(sent) => self.record(sent),
+            None => self.crash(),
+        }
+    }
+
+    /// The group member's scheduled commit: planned and sent now, recorded in a later step
+    /// (or first thing in a rebalance, a retried assignment or a commit of its own), as the
+    /// commit thread sends a cycle while the live lane is fetched.
+    fn begin_cycle(&mut self, reader_waits: bool) -> Result<(), Failure> {
+        // What was processed so far is covered now: the early-commit count restarts.
+        self.acked_at_commit = self.acked_bytes();
+        let all: Vec<usize> = (0..self.parts.len()).collect();
+        let started = self.now;
+        match self.plan_and_send(&all)? {
+            None => {
+                self.crash()?;
+                self.schedule.committed(started, self.now, reader_waits);
+            }
+            // Nothing to write: it ended at once.
+            Some(sent) if sent.plans.is_empty() => {
+                self.schedule.committed(started, self.now, reader_waits);
+            }
+            Some(sent) => {
+                self.in_flight = Some(SentCycle {
+                    started,
+                    reader_waits,
+                    ..sent
+                });
+                self.schedule.commit_started();
+            }
+        }
+        Ok(())
+    }
+
+    /// Records the cycle under way, if any, and tells the schedule it ended.
+    fn finish_cycle(&mut self) -> Result<(), Failure> {
+        let Some(sent) = self.in_flight.take() else {
+            return Ok(());
+        };
+        let (started, reader_waits) = (sent.started, sent.reader_waits);
+        self.record(sent)?;
+        self.schedule.committed(started, self.now, reader_waits);
+        Ok(())
+    }
+
+    /// Plans the commits of `parts` and sends the cycle's writes; `None` when the process
+    /// crashed during the sends.
+    fn plan_and_send(&mut self, parts: &[usize]) -> Result<Option<SentCycle>, Failure> {
         // A partition waiting for its reconciliation has no runtime to commit.
         let plans: Vec<(usize, CommitPlan, i64, [u64; 2])> = parts
             .iter()
@@ -1744,9 +1817,23 @@ impl Sim {
             .iter()
             .map(|(part, ..)| self.parts[*part].token)
             .collect();
-        let Some((refused, side_failed)) = self.send_cycle(&cycle, &tokens)? else {
-            return self.crash();
-        };
+        Ok(self.send_cycle(&cycle, &tokens)?.map(|sent| SentCycle {
+            plans,
+            cycle,
+            sent,
+            started: self.now,
+            reader_waits: false,
+        }))
+    }
+
+    /// Records what a sent cycle left in Kafka: the partitions whose every write happened.
+    fn record(&mut self, sent: SentCycle) -> Result<(), Failure> {
+        let SentCycle {
+            plans,
+            cycle,
+            sent: (refused, side_failed),
+            ..
+        } = sent;
         for index in cycle.applied(&refused, &side_failed) {
             let (part, plan, catchup_processed, acked) = &plans[index];
             let lanes = self.parts[*part].readers.each_mut();
