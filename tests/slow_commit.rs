@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 use catchup::{CatchupConsumer, Mode};
 use rdkafka::ClientConfig;
 use rdkafka::bindings as rd;
-use rdkafka::mocking::MockCoordinator;
 use rdkafka::producer::{BaseProducer, Producer as _};
 use rdkafka::types::RDKafkaApiKey;
 
@@ -32,14 +31,8 @@ const GROUP: &str = "slow-commit-group";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fresh_records_reach_the_reader_while_a_commit_waits_for_its_answer() {
-    // Every field bound: one left to `..` would be dropped here (the cluster with it).
-    let Held {
-        _host,
-        kafka,
-        consumer,
-        _dir,
-        held_since,
-    } = consumer_with_a_held_commit(GROUP).await;
+    let held = consumer_with_a_held_commit(GROUP).await;
+    let (kafka, consumer, held_since) = (&held.kafka, &held.consumer, held.held_since);
 
     // Produced now, fetched only by a group member that polls while its commit waits.
     kafka
@@ -76,21 +69,15 @@ async fn fresh_records_reach_the_reader_while_a_commit_waits_for_its_answer() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn close_waits_for_the_commit_under_way_and_commits_what_came_after() {
     let group = "slow-commit-close-group";
-    // Every field bound: one left to `..` would be dropped here (the cluster with it).
-    let Held {
-        _host,
-        kafka,
-        consumer,
-        _dir,
-        held_since,
-    } = consumer_with_a_held_commit(group).await;
+    let held = consumer_with_a_held_commit(group).await;
+    let (kafka, consumer, held_since) = (&held.kafka, &held.consumer, held.held_since);
     // Closing with a cycle under way: the close answers (its own commit's result) once that
     // cycle was answered, and what was acknowledged after it is committed too. One more
     // record, acknowledged while the commit of the one before waits for its answer.
     kafka
         .produce_values(TOPIC, 1, 1, |_, _| "third".into())
         .await;
-    take(&consumer, 2).await;
+    take(consumer, 2).await;
     consumer.close().await.expect("close");
     assert!(
         held_since.elapsed() >= ANSWER_AFTER,
@@ -124,13 +111,7 @@ async fn consumer_with_a_held_commit(group: &str) -> Held {
         .create()
         .expect("mock cluster's client");
     let cluster = host.client().mock_cluster().expect("mock cluster");
-    cluster.create_topic(topic, 1, 1).expect("mock topic");
-    cluster
-        .create_topic(support::MOCK_SIDE_TOPIC, 1, 1)
-        .expect("side topic");
-    cluster
-        .coordinator(MockCoordinator::Group(group.into()), 1)
-        .expect("coordinator");
+    support::stock_mock_cluster(&cluster, topic, group);
     // SAFETY: the client created the mock cluster and outlives every use of its handle.
     let raw = unsafe { rd::rd_kafka_handle_mock_cluster(host.client().native_ptr()) };
     assert!(!raw.is_null(), "the mock cluster's handle");

@@ -635,17 +635,26 @@ pub fn mock_cluster(
     rdkafka::mocking::MockCluster<'static, rdkafka::producer::DefaultProducerContext>,
     Kafka,
 ) {
-    use rdkafka::mocking::{MockCluster, MockCoordinator};
-    let cluster = MockCluster::new(1).expect("mock cluster");
+    let cluster = rdkafka::mocking::MockCluster::new(1).expect("mock cluster");
+    stock_mock_cluster(&cluster, topic, group);
+    let kafka = Kafka::connect_to(&cluster.bootstrap_servers());
+    (cluster, kafka)
+}
+
+/// Gives a mock cluster of one broker `topic` (one partition) and the default side topic, and
+/// makes its broker coordinate `group`.
+pub fn stock_mock_cluster<C: rdkafka::ClientContext>(
+    cluster: &rdkafka::mocking::MockCluster<'_, C>,
+    topic: &str,
+    group: &str,
+) {
     cluster.create_topic(topic, 1, 1).expect("mock topic");
     cluster
         .create_topic(MOCK_SIDE_TOPIC, 1, 1)
         .expect("side topic");
     cluster
-        .coordinator(MockCoordinator::Group(group.into()), 1)
+        .coordinator(rdkafka::mocking::MockCoordinator::Group(group.into()), 1)
         .expect("coordinator");
-    let kafka = Kafka::connect_to(&cluster.bootstrap_servers());
-    (cluster, kafka)
 }
 
 /// Test settings: `mode`, `min_lag`, frequent commits, the buffer in `dir`.

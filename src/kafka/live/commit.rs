@@ -59,9 +59,18 @@ impl LiveState {
         let Some(planned) = self.plan_cycle(only) else {
             return Ok(());
         };
-        let tokens = planned.tokens();
-        let sent = self.send_cycle(consumer, &planned.cycle, |index| tokens[index].as_ref());
+        let sent = self.send_planned(consumer, &planned);
         self.apply_cycle(&planned, sent)
+    }
+
+    /// Sends a planned cycle's writes on this thread ([`send_cycle`](Self::send_cycle)).
+    pub(super) fn send_planned(
+        &self,
+        consumer: &BaseConsumer<LiveContext>,
+        planned: &PlannedCycle,
+    ) -> CycleSent {
+        let PlannedCycle { pending, cycle } = planned;
+        self.send_cycle(consumer, cycle, |index| pending[index].token.as_ref())
     }
 
     /// The commits due (of every partition, or of `only`) as one cycle; `None` when nothing

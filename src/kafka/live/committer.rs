@@ -132,12 +132,11 @@ impl LiveState {
             *self.cycle_ended() = Some((now, now, reader_waits));
             return false;
         };
-        let tokens = planned.tokens();
         if let Some(thread) = thread {
             let (answer, answered) = crossbeam_channel::bounded(1);
             let job = Job {
                 cycle: planned.cycle().clone(),
-                tokens: tokens.clone(),
+                tokens: planned.tokens(),
                 answer,
             };
             // Full or gone: none is under way (finished above), so the thread is gone.
@@ -151,7 +150,7 @@ impl LiveState {
                 return true;
             }
         }
-        let sent = self.send_cycle(consumer, planned.cycle(), |index| tokens[index].as_ref());
+        let sent = self.send_planned(consumer, &planned);
         let _ = self.apply_cycle(&planned, sent);
         *self.cycle_ended() = Some((now, Instant::now(), reader_waits));
         false
