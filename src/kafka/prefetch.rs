@@ -40,9 +40,11 @@ const EXPECTED_PARTITIONS: usize = 8;
 /// so small records are bounded by count before their bytes add up.
 const MESSAGES_PER_KIB: u64 = 1;
 
-/// The settings of the group member's consumer: one queue for all its partitions.
+/// The settings of the group member's consumer, whose partitions each have a queue of their
+/// own too (`kafka::live::queues`): its share divided among [`EXPECTED_PARTITIONS`], since
+/// the consumer is created before anything is assigned to it.
 pub(crate) fn member(budget_bytes: u64) -> Vec<(&'static str, String)> {
-    settings(queue_bytes(budget_bytes, 1))
+    settings(queue_bytes(budget_bytes, EXPECTED_PARTITIONS as u64))
 }
 
 /// The settings of the catch-up consumer, whose partitions each have a queue of their own
@@ -120,14 +122,15 @@ mod tests {
     #[test]
     fn queues_are_sized_from_the_budget() {
         for (budget_mib, partitions, member_kib, catchup_kib) in [
-            // The default budget: 16 MiB for the member, shared by the catch-up partitions.
-            (256, 8, 16_384, 2_048),
-            (256, 1, 16_384, 2_048),
-            (256, 16, 16_384, 1_024),
+            // The default budget: 16 MiB for each consumer, shared by its partitions (the
+            // member's among the expected number: it is created before its assignment).
+            (256, 8, 2_048, 2_048),
+            (256, 1, 2_048, 2_048),
+            (256, 16, 2_048, 1_024),
             // Never below one partition fetch.
-            (256, 64, 16_384, 1_024),
+            (256, 64, 2_048, 1_024),
             (16, 4, 1_024, 1_024),
-            (4096, 2, 65_536, 32_768),
+            (4096, 2, 32_768, 32_768),
             // librdkafka refuses more than about 2 GiB: never near it.
             (65_536, 8, 65_536, 65_536),
         ] {
@@ -165,7 +168,7 @@ mod tests {
         assert_eq!(config.get("queued.min.messages"), None);
         let mut config = ClientConfig::new();
         apply(&mut config, &member(256 << 20));
-        assert_eq!(config.get("queued.min.messages"), Some("16384"));
+        assert_eq!(config.get("queued.min.messages"), Some("2048"));
         // The group member waits for fresh records as librdkafka does.
         assert_eq!(config.get("fetch.wait.max.ms"), None);
         let mut config = ClientConfig::new();

@@ -100,3 +100,88 @@ impl PartitionBatches {
         count
     }
 }
+
+/// The callback a split queue calls when something arrives while it is empty. Boxed twice:
+/// librdkafka keeps a thin pointer to it.
+type WakeCallback = Box<Box<dyn Fn() + Send + Sync>>;
+
+/// A partition's queue split off the consumer queue by catchup itself (where rust-rdkafka's
+/// `split_partition_queue` needs the consumer in an `Arc`, which the group member's rebalance
+/// callback does not have), taken in runs, and calling `wake` when something arrives.
+///
+/// Split before the partition is assigned, its fetched messages never reach the consumer
+/// queue: librdkafka forwards a partition's queue to the consumer queue when its fetch starts
+/// only if the application never forwarded it (`RD_KAFKA_Q_F_FWD_APP`, which a split sets and
+/// nothing clears while the partition object lives). Split after its fetch started, messages
+/// already on their way to the consumer queue would arrive there after later ones were taken
+/// here — which is why the group member splits in its rebalance callback, before it assigns.
+pub(crate) struct SplitQueue {
+    batches: PartitionBatches,
+    /// Held for librdkafka, which calls it through a pointer until the queue is dropped.
+    _wake: WakeCallback,
+}
+
+// SAFETY: the queue is librdkafka's (thread-safe) and the callback is `Send + Sync`.
+unsafe impl Send for SplitQueue {}
+
+impl SplitQueue {
+    /// Splits the queue of `topic`/`partition` off the consumer queue of `rk`; `None` when
+    /// librdkafka has no queue for it (its messages then stay on the consumer queue).
+    ///
+    /// # Safety
+    /// `rk` is a live consumer handle that outlives the returned value.
+    pub(crate) unsafe fn split(
+        rk: *mut rd::rd_kafka_t,
+        topic: &str,
+        partition: i32,
+        wake: impl Fn() + Send + Sync + 'static,
+    ) -> Option<Self> {
+        // SAFETY: a live handle, as the caller promises.
+        let batches = unsafe { PartitionBatches::new(rk, topic, partition) }?;
+        let wake: WakeCallback = Box::new(Box::new(wake));
+        // SAFETY: the queue is alive; `wake` lives in the returned value, whose drop switches
+        // the callback off before it frees it.
+        unsafe {
+            rd::rd_kafka_queue_forward(batches.queue.ptr, std::ptr::null_mut());
+            rd::rd_kafka_queue_cb_event_enable(
+                batches.queue.ptr,
+                Some(call_wake),
+                &*wake as *const Box<dyn Fn() + Send + Sync> as *mut std::ffi::c_void,
+            );
+        }
+        Some(Self {
+            batches,
+            _wake: wake,
+        })
+    }
+
+    /// The entries waiting in the queue.
+    pub(crate) fn len(&self) -> usize {
+        // SAFETY: the queue is alive.
+        unsafe { rd::rd_kafka_queue_length(self.batches.queue.ptr) }
+    }
+
+    /// See [`PartitionBatches::take`].
+    pub(crate) fn take(&self, max: usize, each: impl FnMut(Taken<'_>)) -> usize {
+        self.batches.take(max, each)
+    }
+}
+
+impl Drop for SplitQueue {
+    fn drop(&mut self) {
+        // SAFETY: the queue is alive (freed after this, with `batches`). librdkafka calls the
+        // callback under the queue's lock, which switching it off takes: once this returns,
+        // `wake` is no longer called.
+        unsafe {
+            rd::rd_kafka_queue_cb_event_enable(self.batches.queue.ptr, None, std::ptr::null_mut())
+        };
+    }
+}
+
+/// librdkafka's side of [`SplitQueue`]'s callback.
+unsafe extern "C" fn call_wake(_: *mut rd::rd_kafka_t, opaque: *mut std::ffi::c_void) {
+    // SAFETY: `opaque` is the `Box<dyn Fn>` a live `SplitQueue` holds (its drop switches the
+    // callback off first).
+    let wake = unsafe { &*(opaque as *const Box<dyn Fn() + Send + Sync>) };
+    wake();
+}

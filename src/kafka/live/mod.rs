@@ -7,10 +7,12 @@ mod assign;
 mod commit;
 mod committer;
 mod poll;
+mod queues;
 mod upkeep;
 
 use committer::{CommitThread, CycleEnded, Finish, InFlight};
 use poll::poll_into_buffer;
+use queues::MemberQueues;
 use upkeep::give_back_freed_memory;
 
 use std::collections::BTreeSet;
@@ -108,6 +110,8 @@ pub(crate) struct LiveState {
     in_flight: Mutex<Option<InFlight>>,
     /// The scheduled cycle that ended since the live thread last looked.
     cycle_ended: Mutex<Option<CycleEnded>>,
+    /// The assigned partitions' own queues, taken in runs.
+    queues: MemberQueues,
 }
 
 /// The subscription the group member holds.
@@ -203,6 +207,8 @@ impl ConsumerContext for LiveContext {
             }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
                 let deferred = self.state.on_assign(consumer, tpl);
+                // Before their fetch starts (see `queues`).
+                self.state.queues.split_assigned(consumer, tpl);
                 let assigned = if cooperative {
                     consumer.incremental_assign(tpl)
                 } else {
@@ -216,11 +222,13 @@ impl ConsumerContext for LiveContext {
             }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
                 self.state.on_revoke(consumer, tpl);
-                if cooperative {
+                let unassigned = if cooperative {
                     consumer.incremental_unassign(tpl)
                 } else {
                     consumer.unassign()
-                }
+                };
+                self.state.queues.let_go(tpl);
+                unassigned
             }
             other => {
                 self.state.shared.emit(Event::Error {
@@ -229,6 +237,7 @@ impl ConsumerContext for LiveContext {
                 if cooperative {
                     Ok(())
                 } else {
+                    self.state.queues.let_go_all();
                     consumer.unassign()
                 }
             }
@@ -310,6 +319,10 @@ impl LiveFetcher {
             &mut config,
             &super::prefetch::member(shared.config.buffer_budget_bytes),
         );
+        // Messages, rebalances and errors arrive on the consumer queue, and the partitions'
+        // messages on their own queues: the live thread waits for any of them, or for its
+        // reader's word (`engine::FetcherWake`).
+        let wakeup = Wakeup::default();
         let state = Arc::new(LiveState {
             shared: shared.clone(),
             side_log,
@@ -324,6 +337,7 @@ impl LiveFetcher {
             subscribed: Mutex::new(Subscription::default()),
             in_flight: Mutex::new(None),
             cycle_ended: Mutex::new(None),
+            queues: MemberQueues::new(wakeup.clone()),
         });
         let rebootstrap = Rebootstrap::new(&config);
         let mut consumer: BaseConsumer<LiveContext> = config
@@ -331,9 +345,6 @@ impl LiveFetcher {
                 state: state.clone(),
             })
             .map_err(|e| KafkaError::client("creating the group consumer", e))?;
-        // Messages, rebalances and errors all arrive on the consumer queue: the live thread
-        // waits for it, or for its reader's word (`engine::FetcherWake`).
-        let wakeup = Wakeup::default();
         consumer.set_nonempty_callback(wakeup.callback());
         shared.live_wake.wake_with(wakeup.callback());
         let (commands, receiver) = crossbeam_channel::unbounded();
@@ -359,6 +370,8 @@ fn run(
     let _stop_on_panic = shared.stop_on_panic("live");
     // The commit thread borrows the consumer: the scope ends once it did, before the
     // consumer goes.
+    // The partitions' queues go before the consumer, even when the thread panics.
+    let queues_first = LetGoQueues(&state);
     let closed = std::thread::scope(|scope| {
         let commit_thread = CommitThread::start(scope, &consumer, &state);
         turns(
@@ -370,9 +383,20 @@ fn run(
             commit_thread,
         )
     });
+    drop(queues_first);
     drop(consumer);
     if let Some((reply, result)) = closed {
         let _ = reply.send(result);
+    }
+}
+
+/// Lets go of the partitions' queues when dropped: librdkafka's handles must not outlive the
+/// consumer.
+struct LetGoQueues<'a>(&'a LiveState);
+
+impl Drop for LetGoQueues<'_> {
+    fn drop(&mut self) {
+        self.0.queues.let_go_all();
     }
 }
 
@@ -531,13 +555,21 @@ fn turns(
         // After a round that polled nothing, wait for the queue to receive something, no
         // longer than until the next timer — or until the reader brings a commit forward.
         // (The queue's callback fires only when it was empty: nothing may wait in it.)
-        if quiet && !held {
+        if quiet && !held && !state.queues.any_waiting() {
             let wait = schedule
                 .until_due(Instant::now(), facts(shared, false))
                 .min(EMPTY_WAIT);
             wakeup.wait_unless_queued(consumer, wait);
         }
-        let round = poll_into_buffer(consumer, shared, &budget, held, &mut arenas, &mut positions);
+        let round = poll_into_buffer(
+            consumer,
+            shared,
+            &state.queues,
+            &budget,
+            held,
+            &mut arenas,
+            &mut positions,
+        );
         quiet = round.quiet;
         if let Some((kind, message)) = round.fatal {
             state.on_fatal_error(consumer, kind, message);

@@ -12,6 +12,7 @@ use super::*;
 pub(super) fn poll_into_buffer(
     consumer: &BaseConsumer<LiveContext>,
     shared: &Shared,
+    queues: &MemberQueues,
     budget: &Budget,
     held: bool,
     arenas: &mut Arenas,
@@ -20,7 +21,7 @@ pub(super) fn poll_into_buffer(
     // Held to its read-ahead, a lane's reader has enough to take: one message keeps the
     // group member polling (rebalances served, `max.poll.interval.ms` kept).
     let most = if held { 1 } else { POLL_BATCH };
-    let LiveRound { polled, fatal } = poll_round(consumer, shared, arenas, most);
+    let LiveRound { polled, fatal } = poll_round(consumer, shared, queues, arenas, most);
     let quiet = polled.is_empty();
     let appends: Vec<(PartitionId, PendingAppend)> = {
         let mut partitions = shared.partitions();
@@ -83,9 +84,58 @@ pub(super) struct LiveRound {
     /// Messages in runs of one partition, each run under the generation of the partition's
     /// assignment it was polled in, and the error that ended the round (the group member's
     /// errors name no partition).
-    polled: Round<(PartitionId, u64)>,
+    pub(super) polled: Round<(PartitionId, u64)>,
     /// That error is one polling on does not get past (an unknown topic, access refused).
-    fatal: Option<(FatalKind, String)>,
+    pub(super) fatal: Option<(FatalKind, String)>,
+}
+
+impl LiveRound {
+    /// Logs an error polled (from the consumer queue, `key` `None`: it names no partition,
+    /// and reaches every lane) or taken in `key`'s run, naming offset `named` (see
+    /// `Polled::from_error`), and hands the lanes what it means. Whether it ends the
+    /// consumer queue's turn.
+    pub(super) fn push_error(
+        &mut self,
+        shared: &Shared,
+        key: Option<&(PartitionId, u64)>,
+        err: &rdkafka::error::KafkaError,
+        named: Option<i64>,
+    ) -> bool {
+        let kind = classify_poll_error(err);
+        let which = key.map_or_else(
+            || "every partition".to_owned(),
+            |((topic, partition), _)| format!("{topic}/{partition}"),
+        );
+        match kind {
+            PollErrorKind::EndOfPartition => {}
+            PollErrorKind::Transient => {
+                tracing::debug!(%err, which, "live fetch: transient client error");
+            }
+            PollErrorKind::OutOfRange => {
+                tracing::warn!(%err, which, "live fetch: position out of range");
+            }
+            PollErrorKind::BreaksChain => {
+                self.fatal = fatal_kind(err).map(|kind| (kind, err.to_string()));
+                shared.emit(Event::Error {
+                    message: format!(
+                        "live fetch of {which}: {err}; refetching from the buffer's positions"
+                    ),
+                });
+            }
+        }
+        match (key, Polled::from_error(kind, named)) {
+            // Polled from the consumer queue, an end of partition moved nothing: the queue's
+            // turn goes on. (Taken in a run, it bounds what the position, moved past it,
+            // proves.)
+            (None, Some(Polled::EndOfPartition { .. })) => false,
+            (key, Some(polled)) => {
+                self.polled.push(key.cloned(), polled);
+                true
+            }
+            // A transient error polled one at a time: nothing moved.
+            (_, None) => true,
+        }
+    }
 }
 
 /// How many rebalances ran so far (a callback run by `poll` changes it).
@@ -93,15 +143,17 @@ fn rebalances(shared: &Shared) -> u64 {
     shared.assignments.load(Ordering::Relaxed) + shared.revocations.load(Ordering::Relaxed)
 }
 
-/// Up to `most` messages (and the events before them) taken from the consumer queue without
-/// waiting, in runs of one partition and assignment.
+/// Up to `most` messages (and the events before them) taken without waiting from the consumer
+/// queue, then from the partitions' own queues, in runs of one partition and assignment.
 pub(super) fn poll_round(
     consumer: &BaseConsumer<LiveContext>,
     shared: &Shared,
+    queues: &MemberQueues,
     arenas: &mut Arenas,
     most: usize,
 ) -> LiveRound {
     let mut round = LiveRound::default();
+    let mut polled_messages = 0;
     // A rebalance inside a `poll` of this round may revoke a partition and assign it again:
     // what was polled before it belongs to the old assignment and must not reach the new
     // one's lane (a record far ahead of the new position would "prove" the offsets between).
@@ -121,6 +173,7 @@ pub(super) fn poll_round(
             None if queued(consumer) > 0 => {}
             None => break,
             Some(Ok(message)) => {
+                polled_messages += 1;
                 let topic_name = topic_bytes(&message);
                 round.polled.push_record(
                     to_record(&message, topic_name, arenas),
@@ -140,32 +193,18 @@ pub(super) fn poll_round(
                 );
             }
             // An error is not the end of what was polled (DESIGN §6): what came before it
-            // stays in the round.
-            Some(Err(err)) => match classify_poll_error(&err) {
-                PollErrorKind::EndOfPartition => {}
-                PollErrorKind::Transient => {
-                    tracing::debug!(%err, "live fetch: transient client error");
+            // stays in the round. The client does not say which partition: every chain that
+            // could be affected ends here.
+            Some(Err(err)) => {
+                if round.push_error(shared, None, &err, None) {
                     break;
                 }
-                PollErrorKind::OutOfRange => {
-                    tracing::warn!(%err, "live fetch: position out of range");
-                    round.polled.push(None, Polled::OutOfRange);
-                    break;
-                }
-                PollErrorKind::BreaksChain => {
-                    round.fatal = fatal_kind(&err).map(|kind| (kind, err.to_string()));
-                    // The client does not say which partition: every chain ends here.
-                    shared.emit(Event::Error {
-                        message: format!(
-                            "live fetch: {err}; refetching from the buffer's positions"
-                        ),
-                    });
-                    round.polled.push(None, Polled::BreaksChain);
-                    break;
-                }
-            },
+            }
         }
     }
+    // After the consumer queue, whose `poll` ran any rebalance: what the partitions' queues
+    // hold was fetched under the assignment their runtimes now have.
+    queues.take_into(shared, arenas, most - polled_messages, &mut round);
     round
 }
 
