@@ -14,9 +14,9 @@
 //! (`fetch::read_ahead_room`), at least one message.
 //!
 //! A live lane the reader can take now (not split, `Concurrent`, or its backlog handed out) is
-//! held to the same read-ahead. The group member polls one queue for all its partitions, so
-//! none can be left unpolled alone: while one is held, the group member takes a message at a
-//! time, a few milliseconds apart (rebalances are still served: librdkafka pauses the
+//! held to the same read-ahead. The group member's hold predates its partitions' own queues
+//! (`kafka::live::queues`) and still treats them as one: while one is held, the group member
+//! takes a message at a time, a few milliseconds apart (rebalances are still served: librdkafka pauses the
 //! assignment before it queues one, and skips what it prefetched; `max.poll.interval.ms` is
 //! kept), and librdkafka stops fetching once its queue is full. Without the hold, `catchup
 //! run` in `off` at 1 KiB, slower than its fetcher, had every lane's whole share fetched ahead,
@@ -28,11 +28,9 @@
 //! taken half the held lane's read-ahead (a quiet partition's fresh record came after 5,420
 //! records of 1 KiB of a busy one in `tests/read_ahead.rs`). Holding only once every
 //! partition was held kept them apart, but a reader rarely has every partition ahead at once,
-//! and `catchup run` in `off` spilled again (106k records/s at 255 MiB). Splitting the group
-//! member's partition queues, as the catch-up consumer does, would hold each partition alone,
-//! but librdkafka then bounds what it prefetches per partition (`queued.max.messages.kbytes`
-//! applies to each separate queue), and the group member is created before it knows how many
-//! partitions it will hold: its prefetch would grow with the assignment.
+//! and `catchup run` in `off` spilled again (106k records/s at 255 MiB). Now that each of the
+//! group member's partitions has a queue of its own, a held one could be left unpolled alone,
+//! as the catch-up fetcher does: not built yet.
 //! A live lane behind its backlog in `Ordered` is never held: those records wait, and sled is
 //! where they wait.
 

@@ -390,13 +390,13 @@ fn run(
     }
 }
 
-/// Lets go of the partitions' queues when dropped: librdkafka's handles must not outlive the
-/// consumer.
+/// Lets go of the partitions' queues when dropped, and splits none after: librdkafka's
+/// handles must not outlive the consumer.
 struct LetGoQueues<'a>(&'a LiveState);
 
 impl Drop for LetGoQueues<'_> {
     fn drop(&mut self) {
-        self.0.queues.let_go_all();
+        self.0.queues.close();
     }
 }
 

@@ -115,7 +115,11 @@ impl LiveRound {
                 tracing::warn!(%err, which, "live fetch: position out of range");
             }
             PollErrorKind::BreaksChain => {
-                self.fatal = fatal_kind(err).map(|kind| (kind, err.to_string()));
+                // The first one stands: a partition's ordinary error taken later in the round
+                // must not hide it.
+                if let Some(kind) = fatal_kind(err) {
+                    self.fatal.get_or_insert((kind, err.to_string()));
+                }
                 shared.emit(Event::Error {
                     message: format!(
                         "live fetch of {which}: {err}; refetching from the buffer's positions"
@@ -484,5 +488,128 @@ fn judge_out_of_range(consumer: &BaseConsumer<LiveContext>, shared: &Shared) {
             }),
             AfterOutOfRange::InsideLog => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::types::CatchupConfig;
+    use crate::kafka::BrokerHealth;
+    use crate::store::{Buffer, BufferOptions};
+    use rdkafka::error::KafkaError as RdError;
+    use rdkafka::types::RDKafkaErrorCode as Code;
+
+    fn shared(dir: &std::path::Path) -> Shared {
+        let buffer = Buffer::open(dir.join("buf"), BufferOptions::default()).expect("buffer");
+        Shared::new(
+            Arc::new(buffer),
+            CatchupConfig::new(dir),
+            "group".into(),
+            Arc::new(BrokerHealth::new("group", None)),
+        )
+    }
+
+    /// What an error does to the round: whether it ends the consumer queue's turn, what the
+    /// lanes are handed (`Debug` of the round), and whether it stops the member.
+    #[test]
+    fn errors_of_the_consumer_queue_and_of_runs() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let shared = shared(dir.path());
+        let key: (PartitionId, u64) = (("orders".into(), 3), 1);
+        let consumption = RdError::MessageConsumption;
+        // (from a run, the error, ends the turn, handed to the lanes, fatal)
+        let cases: [(bool, RdError, bool, Option<&str>, bool); 8] = [
+            // Polled one at a time: an end of partition moved nothing, and the turn goes on.
+            (false, RdError::PartitionEOF(3), false, None, false),
+            (false, consumption(Code::RequestTimedOut), true, None, false),
+            (
+                false,
+                consumption(Code::OffsetOutOfRange),
+                true,
+                Some("(None, OutOfRange)"),
+                false,
+            ),
+            (
+                false,
+                consumption(Code::InvalidRecord),
+                true,
+                Some("(None, BreaksChain)"),
+                false,
+            ),
+            (
+                false,
+                consumption(Code::TopicAuthorizationFailed),
+                true,
+                Some("BreaksChain"),
+                true,
+            ),
+            // Taken in a run: the position stands one past the offset named.
+            (
+                true,
+                RdError::PartitionEOF(3),
+                true,
+                Some("EndOfPartition { at: Some(7) }"),
+                false,
+            ),
+            (
+                true,
+                consumption(Code::RequestTimedOut),
+                true,
+                Some("3), 1)), BreaksChain"),
+                false,
+            ),
+            (
+                true,
+                consumption(Code::OffsetOutOfRange),
+                true,
+                Some("3), 1)), OutOfRange"),
+                false,
+            ),
+        ];
+        for (in_run, error, ends, handed, fatal) in cases {
+            let mut round = LiveRound::default();
+            let (key, named) = if in_run {
+                (Some(&key), Some(7))
+            } else {
+                (None, None)
+            };
+            let ended = round.push_error(&shared, key, &error, named);
+            let polled = format!("{:?}", round.polled);
+            assert_eq!(ended, ends, "{error:?} in a run: {in_run}");
+            match handed {
+                Some(event) => assert!(polled.contains(event), "{error:?}: {polled}"),
+                None => assert!(round.polled.is_empty(), "{error:?}: {polled}"),
+            }
+            assert_eq!(round.fatal.is_some(), fatal, "{error:?}");
+        }
+    }
+
+    /// A partition's ordinary error taken later in a round does not hide a fatal one taken
+    /// before it: the member must still stop and say why.
+    #[test]
+    fn a_fatal_error_stands_for_the_round() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let shared = shared(dir.path());
+        let refused: (PartitionId, u64) = (("orders".into(), 0), 1);
+        let damaged: (PartitionId, u64) = (("payments".into(), 0), 1);
+        let mut round = LiveRound::default();
+        round.push_error(
+            &shared,
+            Some(&refused),
+            &RdError::MessageConsumption(Code::TopicAuthorizationFailed),
+            Some(10),
+        );
+        round.push_error(
+            &shared,
+            Some(&damaged),
+            &RdError::MessageConsumption(Code::InvalidRecord),
+            Some(20),
+        );
+        assert_eq!(
+            round.fatal.map(|(kind, _)| kind),
+            Some(FatalKind::Refused),
+            "the refusal is reported"
+        );
     }
 }

@@ -39,6 +39,9 @@ pub(super) struct MemberQueues {
 #[derive(Default)]
 struct Split {
     queues: BTreeMap<PartitionId, SplitQueue>,
+    /// The consumer is about to go: nothing is split any more (dropping the consumer closes
+    /// it, and a rebalance it serves then must not make a queue that would outlive it).
+    closed: bool,
     /// Where the next round starts taking (a partition of many waiting is not always last).
     next_start: usize,
 }
@@ -62,13 +65,16 @@ impl MemberQueues {
     /// partition librdkafka has no queue for keeps its messages on the consumer queue.
     pub fn split_assigned(&self, consumer: &BaseConsumer<LiveContext>, tpl: &TopicPartitionList) {
         let mut split = self.split();
+        if split.closed {
+            return;
+        }
         for element in tpl.elements() {
             let key = (element.topic().to_owned(), element.partition());
             // The old handle goes first: the callback belongs to the queue (librdkafka has
             // one per partition), and dropping the old handle would switch the new one's off.
             split.queues.remove(&key);
-            // SAFETY: the consumer is alive; every queue is dropped before it (`let_go_all`,
-            // called before the live thread drops the consumer).
+            // SAFETY: the consumer is alive; every queue is dropped before it (`close`, called
+            // before the live thread drops the consumer, after which nothing is split).
             let queue = unsafe {
                 SplitQueue::split(
                     consumer.client().native_ptr(),
@@ -100,10 +106,16 @@ impl MemberQueues {
         }
     }
 
-    /// Lets go of every queue: before the consumer is dropped, and when an eager protocol
-    /// unassigns everything.
+    /// Lets go of every queue when an eager protocol unassigns everything.
     pub fn let_go_all(&self) {
         self.split().queues.clear();
+    }
+
+    /// Lets go of every queue and splits none from now on: before the consumer is dropped.
+    pub fn close(&self) {
+        let mut split = self.split();
+        split.closed = true;
+        split.queues.clear();
     }
 
     /// Whether any split queue holds something (its callback fired when it arrived: a wait
