@@ -82,8 +82,8 @@ fn queued(consumer: &BaseConsumer<LiveContext>) -> usize {
 #[derive(Default)]
 pub(super) struct LiveRound {
     /// Messages in runs of one partition, each run under the generation of the partition's
-    /// assignment it was polled in, and the error that ended the round (the group member's
-    /// errors name no partition).
+    /// assignment it was polled in, and the errors between them (those of the consumer queue
+    /// name no partition; those taken in a partition's run name it).
     pub(super) polled: Round<(PartitionId, u64)>,
     /// That error is one polling on does not get past (an unknown topic, access refused).
     pub(super) fatal: Option<(FatalKind, String)>,
