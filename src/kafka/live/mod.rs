@@ -368,10 +368,10 @@ fn run(
 ) {
     let shared = state.shared.clone();
     let _stop_on_panic = shared.stop_on_panic("live");
-    // The commit thread borrows the consumer: the scope ends once it did, before the
-    // consumer goes.
     // The partitions' queues go before the consumer, even when the thread panics.
     let queues_first = LetGoQueues(&state);
+    // The commit thread borrows the consumer: the scope ends once it did, before the
+    // consumer goes.
     let closed = std::thread::scope(|scope| {
         let commit_thread = CommitThread::start(scope, &consumer, &state);
         turns(
