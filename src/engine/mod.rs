@@ -266,6 +266,19 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// A group's state over a fresh buffer in `dir`, for unit tests.
+    #[cfg(test)]
+    pub(crate) fn for_tests(dir: &std::path::Path) -> Self {
+        let buffer =
+            Buffer::open(dir, crate::store::BufferOptions::default()).expect("test buffer");
+        Self::new(
+            Arc::new(buffer),
+            CatchupConfig::new(dir),
+            "group".into(),
+            Arc::new(BrokerHealth::new("group", None)),
+        )
+    }
+
     pub fn new(
         buffer: Arc<Buffer>,
         config: CatchupConfig,

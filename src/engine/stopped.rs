@@ -174,16 +174,9 @@ impl Shared {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::BufferOptions;
 
     pub(super) fn shared(dir: &std::path::Path) -> Shared {
-        let buffer = Buffer::open(dir, BufferOptions::default()).expect("buffer");
-        Shared::new(
-            Arc::new(buffer),
-            CatchupConfig::new(dir),
-            "group".into(),
-            Arc::new(BrokerHealth::new("group", None)),
-        )
+        Shared::for_tests(dir)
     }
 
     #[test]

@@ -494,28 +494,15 @@ fn judge_out_of_range(consumer: &BaseConsumer<LiveContext>, shared: &Shared) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::types::CatchupConfig;
-    use crate::kafka::BrokerHealth;
-    use crate::store::{Buffer, BufferOptions};
     use rdkafka::error::KafkaError as RdError;
     use rdkafka::types::RDKafkaErrorCode as Code;
-
-    fn shared(dir: &std::path::Path) -> Shared {
-        let buffer = Buffer::open(dir.join("buf"), BufferOptions::default()).expect("buffer");
-        Shared::new(
-            Arc::new(buffer),
-            CatchupConfig::new(dir),
-            "group".into(),
-            Arc::new(BrokerHealth::new("group", None)),
-        )
-    }
 
     /// What an error does to the round: whether it ends the consumer queue's turn, what the
     /// lanes are handed (`Debug` of the round), and whether it stops the member.
     #[test]
     fn errors_of_the_consumer_queue_and_of_runs() {
         let dir = tempfile::tempdir().expect("temporary directory");
-        let shared = shared(dir.path());
+        let shared = Shared::for_tests(dir.path());
         let key: (PartitionId, u64) = (("orders".into(), 3), 1);
         let consumption = RdError::MessageConsumption;
         // (from a run, the error, ends the turn, handed to the lanes, fatal)
@@ -590,7 +577,7 @@ mod tests {
     #[test]
     fn a_fatal_error_stands_for_the_round() {
         let dir = tempfile::tempdir().expect("temporary directory");
-        let shared = shared(dir.path());
+        let shared = Shared::for_tests(dir.path());
         let refused: (PartitionId, u64) = (("orders".into(), 0), 1);
         let damaged: (PartitionId, u64) = (("payments".into(), 0), 1);
         let mut round = LiveRound::default();
