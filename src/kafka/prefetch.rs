@@ -10,8 +10,8 @@
 //! 130k records/s where a bare loop read 400k (and that loop, too, 1.6M with a short backoff),
 //! and the catch-up consumer held 64 MiB per partition.
 //!
-//! The catch-up consumer also never lets the broker hold a fetch long
-//! (`CATCHUP_FETCH_WAIT_MS`): everything it fetches exists already.
+//! Neither consumer lets the broker hold a fetch long (`FETCH_WAIT_MS`): a fetch of
+//! partitions at their end kept every other partition waiting.
 //!
 //! A user's own setting of any of these keys wins.
 
@@ -55,12 +55,15 @@ const MEMBER_MESSAGES_PER_KIB: u64 = 4;
 /// queue's size): with one partition's share per fetch, `off` read 1 KiB records at 512–653k
 /// records/s against 634–685k in alternating runs, at a peak RSS of 87–97 MiB against
 /// 106–118 (a fetch's buffer lives until the last of its messages is freed).
+///
+/// It also waits at most [`FETCH_WAIT_MS`] for a fetch to find records.
 pub(crate) fn member(budget_bytes: u64) -> Vec<(&'static str, String)> {
     let mut settings = settings(
         queue_bytes(budget_bytes, EXPECTED_PARTITIONS as u64),
         MEMBER_MESSAGES_PER_KIB,
     );
     settings.push(("fetch.max.bytes", queue_bytes(budget_bytes, 1).to_string()));
+    settings.push(("fetch.wait.max.ms", FETCH_WAIT_MS.to_string()));
     settings
 }
 
@@ -72,29 +75,40 @@ pub(crate) fn member(budget_bytes: u64) -> Vec<(&'static str, String)> {
 /// carries at most one partition's share. Raising it to the whole share read 1 KiB records
 /// 10–30 % faster but doubled the peak RSS, so it stays.)
 ///
-/// It also waits at most [`CATCHUP_FETCH_WAIT_MS`] for a fetch to find records.
+/// It also waits at most [`FETCH_WAIT_MS`] for a fetch to find records.
 pub(crate) fn catchup(budget_bytes: u64, partitions: usize) -> Vec<(&'static str, String)> {
     let mut settings = settings(
         queue_bytes(budget_bytes, partitions.max(EXPECTED_PARTITIONS) as u64),
         MESSAGES_PER_KIB,
     );
-    settings.push(("fetch.wait.max.ms", CATCHUP_FETCH_WAIT_MS.to_string()));
+    settings.push(("fetch.wait.max.ms", FETCH_WAIT_MS.to_string()));
     settings
 }
 
-/// How long the broker may hold a fetch of the catch-up consumer that finds no records
-/// (librdkafka's default: 500 ms). The catch-up consumer fetches what exists — its ranges end
-/// at the boundary, the log end at assignment — so the only fetch that finds nothing is one
-/// whose partitions all sit at their end: a partition that has just fetched its last range
-/// is fetched again before the fetcher lets it go, while the others' queues are full. The
-/// broker held that fetch half a second, and librdkafka sends the next fetch only once the
-/// last answered: every other partition waited behind it. `catchup run --mode ordered` at
-/// 1 KiB went from 300–320k to 430–450k records/s (its catch-up fetcher's queues stood empty
-/// 1.0–1.5 s of a 3.5 s run; 0.04 s with a wait of 10 ms). 50 ms read within noise of 10
-/// (481k against 502k side by side) and bounds what a partition that waits below its end for
-/// long costs the broker — a log truncated below the boundary, a transaction held open under
-/// `read_committed` — to 20 empty fetches a second.
-const CATCHUP_FETCH_WAIT_MS: u64 = 50;
+/// How long the broker may hold a fetch that finds no records (librdkafka's default: 500
+/// ms). Both consumers take each partition from a queue of its own, and librdkafka leaves a
+/// partition out of a fetch while its queue is full. So when the partitions whose queues had
+/// room all sat at their end, the fetch carried only those, the broker held it half a second,
+/// and librdkafka sends a broker its next fetch only once the last one answered: every other
+/// partition waited behind it, its records still in Kafka.
+///
+/// * The catch-up consumer fetches what exists (its ranges end at the boundary, the log end at
+///   assignment); a partition that has just fetched its last range is fetched once more at
+///   its end before the fetcher lets it go. `catchup run --mode ordered` at 1 KiB went from
+///   300–320k to 430–450k records/s (its queues stood empty 1.0–1.5 s of a 3.5 s run; 0.04 s
+///   with a wait of 10 ms).
+/// * The group member meets it whenever one of its partitions is caught up and another is
+///   not: a topic whose partitions are of unequal length, read from the start, went at
+///   60–80 MB/s once its smallest partition was done (`debug=fetch`: fetches of that
+///   partition alone, answered 480–500 ms later). 1M records of 1 KiB in `catchup run --mode
+///   off` took 14–17 s; 2.8 s with a wait of 50 ms, 2.0 s with 10. On the bench's topic of
+///   equal partitions it read 520–630k records/s against 340–440k.
+///
+/// 50 ms read within noise of 10 on equal partitions (and for the catch-up consumer, 481k
+/// against 502k side by side) and bounds what a partition that waits at its end costs the
+/// broker — a caught-up member, a log truncated below the boundary, a transaction held open
+/// under `read_committed` — to 20 empty fetches a second.
+const FETCH_WAIT_MS: u64 = 50;
 
 /// Sets `settings` in `config` where the user did not. The two queue limits go together: a
 /// user who set either keeps librdkafka's default for the other (mixing theirs with ours
@@ -209,8 +223,10 @@ mod tests {
             apply(&mut config, &member(256 << 20));
             assert_eq!(config.get("fetch.max.bytes"), None, "{key}");
         }
-        // The group member waits for fresh records as librdkafka does.
-        assert_eq!(config.get("fetch.wait.max.ms"), None);
+        // Neither consumer lets the broker hold a fetch of partitions at their end long.
+        for settings in [member(256 << 20), catchup(256 << 20, 8)] {
+            assert_eq!(value(&settings, "fetch.wait.max.ms"), FETCH_WAIT_MS);
+        }
         let mut config = ClientConfig::new();
         config.set("fetch.wait.max.ms", "100");
         apply(&mut config, &catchup(256 << 20, 8));
