@@ -36,6 +36,10 @@
 //! one's in `throughput` (for instance the system allocator's: `cargo build --release
 //! --no-default-features --features cli --target-dir target/system-alloc`).
 //!
+//! `CATCHUP_BENCH_UNEVEN=1` makes the throughput topic's partitions unequal: partition `p`
+//! holds `p + 1` of every 36 records, so readers run on after the small ones are done (a
+//! caught-up partition beside others with records is what a consumer meets every day).
+//!
 //! `CATCHUP_BENCH_REPEAT` (1) reads each throughput topic that many rounds, every reader once
 //! a round, and prints the median of each reader's records/s, CPU per record and share (each
 //! share taken within a round), the shares' range, and the highest peak RSS.
@@ -305,9 +309,11 @@ impl Bench {
             env_number("CATCHUP_BENCH_REPEAT", 1).max(1) as usize
         };
         let mut rows = Vec::new();
+        let uneven = std::env::var_os("CATCHUP_BENCH_UNEVEN").is_some_and(|v| v == "1");
         println!(
-            "\n## throughput: {} records over {PARTITIONS} partitions, group committed at 0, {} cores",
+            "\n## throughput: {} records over {PARTITIONS} {}partitions, group committed at 0, {} cores",
             with_separators(records),
+            if uneven { "uneven " } else { "" },
             self.cores
         );
         if rounds > 1 {
@@ -322,7 +328,7 @@ impl Bench {
         for &size in &sizes {
             let topic = unique(&format!("bench-{size}"));
             self.create_topic(&topic)?;
-            self.produce(&topic, records, size, 0)?;
+            self.produce_spread(&topic, records, size, 0, uneven)?;
             // Round after round, every reader once: a share compares readers of one round.
             let mut runs: Vec<Vec<Measured>> = vec![Vec::new(); readers.len()];
             for _ in 0..rounds {
@@ -944,6 +950,19 @@ impl Bench {
     /// Produces `count` records of `size` value bytes, round-robin over the partitions, with
     /// keys numbered from `first`.
     fn produce(&self, topic: &str, count: u64, size: usize, first: u64) -> Result<()> {
+        self.produce_spread(topic, count, size, first, false)
+    }
+
+    /// [`produce`](Self::produce), or with `uneven` partition `p` taking `p + 1` of every
+    /// 36 records.
+    fn produce_spread(
+        &self,
+        topic: &str,
+        count: u64,
+        size: usize,
+        first: u64,
+        uneven: bool,
+    ) -> Result<()> {
         let producer = self.bulk_producer()?;
         let value = vec![b'x'; size];
         for index in first..first + count {
@@ -951,7 +970,7 @@ impl Bench {
             let record = BaseRecord::to(topic)
                 .key(&key)
                 .payload(&value)
-                .partition((index % PARTITIONS as u64) as i32);
+                .partition(partition_of(index, uneven));
             send_retrying(&producer, record);
         }
         producer.flush(Duration::from_secs(120))?;
@@ -1527,6 +1546,22 @@ fn target_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target"))
+}
+
+/// The partition of the `index`th record: round-robin, or with `uneven` partition `p`
+/// taking `p + 1` of every `PARTITIONS * (PARTITIONS + 1) / 2` records.
+fn partition_of(index: u64, uneven: bool) -> i32 {
+    let partitions = PARTITIONS as u64;
+    if !uneven {
+        return (index % partitions) as i32;
+    }
+    let mut slot = index % (partitions * (partitions + 1) / 2);
+    let mut partition = 0;
+    while slot > partition {
+        slot -= partition + 1;
+        partition += 1;
+    }
+    partition as i32
 }
 
 /// A tmpfs for the sink where there is one.
