@@ -88,27 +88,26 @@ pub(crate) fn catchup(budget_bytes: u64, partitions: usize) -> Vec<(&'static str
 /// How long the broker may hold a fetch that finds no records (librdkafka's default: 500
 /// ms). Both consumers take each partition from a queue of its own, and librdkafka leaves a
 /// partition out of a fetch while its queue is full. So when the partitions whose queues had
-/// room all sat at their end, the fetch carried only those, the broker held it half a second,
-/// and librdkafka sends a broker its next fetch only once the last one answered: every other
+/// room all sat at their end, the fetch carried only those, the broker held it, and
+/// librdkafka sends a broker its next fetch only once the last one answered: every other
 /// partition waited behind it, its records still in Kafka.
 ///
 /// * The catch-up consumer fetches what exists (its ranges end at the boundary, the log end at
 ///   assignment); a partition that has just fetched its last range is fetched once more at
 ///   its end before the fetcher lets it go. `catchup run --mode ordered` at 1 KiB went from
-///   300–320k to 430–450k records/s (its queues stood empty 1.0–1.5 s of a 3.5 s run; 0.04 s
-///   with a wait of 10 ms).
+///   300–320k to 430–450k records/s with a wait of 50 ms (its queues stood empty 1.0–1.5 s
+///   of a 3.5 s run; 0.04 s with 10 ms).
 /// * The group member meets it whenever one of its partitions is caught up and another is
-///   not: a topic whose partitions are of unequal length, read from the start, went at
-///   60–80 MB/s once its smallest partition was done (`debug=fetch`: fetches of that
-///   partition alone, answered 480–500 ms later). 1M records of 1 KiB in `catchup run --mode
-///   off` took 14–17 s; 2.8 s with a wait of 50 ms, 2.0 s with 10. On the bench's topic of
-///   equal partitions it read 520–630k records/s against 340–440k.
+///   not, as on a topic whose partitions are of unequal length (`debug=fetch`: fetches of the
+///   caught-up partition alone, answered 480–500 ms later). The bench's uneven topic
+///   (`CATCHUP_BENCH_UNEVEN=1`, 2M records of 1 KiB) read in `off` at 14 % of the bare loop
+///   with 500 ms, 48–52 % with 50, 79 % with 10 and 95 % with 1; `catchup run --mode off`
+///   at 52k, 310k, 533k and 584k records/s.
 ///
-/// 50 ms read within noise of 10 on equal partitions (and for the catch-up consumer, 481k
-/// against 502k side by side) and bounds what a partition that waits at its end costs the
-/// broker — a caught-up member, a log truncated below the boundary, a transaction held open
-/// under `read_committed` — to 20 empty fetches a second.
-const FETCH_WAIT_MS: u64 = 50;
+/// 10 ms: a caught-up member then asks its brokers a hundred times a second, which cost the
+/// broker no CPU it could measure (100–110 ms in 8 s idle, with 500 ms as with 10); 1 ms
+/// would ask a thousand times.
+const FETCH_WAIT_MS: u64 = 10;
 
 /// Sets `settings` in `config` where the user did not. The two queue limits go together: a
 /// user who set either keeps librdkafka's default for the other (mixing theirs with ours
@@ -206,7 +205,7 @@ mod tests {
         assert_eq!(config.get("queued.max.messages.kbytes"), Some("4096"));
         assert_eq!(config.get("fetch.max.bytes"), Some("1048576"));
         assert_eq!(config.get("fetch.queue.backoff.ms"), Some("10"));
-        assert_eq!(config.get("fetch.wait.max.ms"), Some("50"));
+        assert_eq!(config.get("fetch.wait.max.ms"), Some("10"));
         // The user sized the queue by bytes: the count stays librdkafka's, not ours.
         assert_eq!(config.get("queued.min.messages"), None);
         let mut config = ClientConfig::new();
