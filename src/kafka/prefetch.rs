@@ -115,15 +115,19 @@ const FETCH_WAIT_MS: u64 = 10;
 ///
 /// A fetch size is left to librdkafka when the user set the largest response or message
 /// (`receive.message.max.bytes`, `message.max.bytes`): librdkafka refuses a fetch size above
-/// the one or below the other.
+/// the one or below the other. And the fetch wait is left to librdkafka when the user set
+/// `fetch.min.bytes`: a broker waits for that many bytes only as long as the wait allows, so
+/// a short wait would undo the batching they asked for.
 pub(crate) fn apply(config: &mut ClientConfig, settings: &[(&'static str, String)]) {
     let user_sized_queue = QUEUE_KEYS.iter().any(|key| config.get(key).is_some());
     let user_sized_response = ["receive.message.max.bytes", "message.max.bytes"]
         .iter()
         .any(|key| config.get(key).is_some());
+    let user_batches_fetches = config.get("fetch.min.bytes").is_some();
     for (key, value) in settings {
         let theirs = (user_sized_queue && QUEUE_KEYS.contains(key))
-            || (user_sized_response && *key == "fetch.max.bytes");
+            || (user_sized_response && *key == "fetch.max.bytes")
+            || (user_batches_fetches && *key == "fetch.wait.max.ms");
         if config.get(key).is_none() && !theirs {
             config.set(*key, value);
         }
@@ -230,5 +234,12 @@ mod tests {
         config.set("fetch.wait.max.ms", "100");
         apply(&mut config, &catchup(256 << 20, 8));
         assert_eq!(config.get("fetch.wait.max.ms"), Some("100"));
+        // A user who batches fetches by bytes keeps librdkafka's wait for them.
+        for settings in [member(256 << 20), catchup(256 << 20, 8)] {
+            let mut config = ClientConfig::new();
+            config.set("fetch.min.bytes", "65536");
+            apply(&mut config, &settings);
+            assert_eq!(config.get("fetch.wait.max.ms"), None);
+        }
     }
 }

@@ -11,8 +11,8 @@ pub struct ReadBatch {
     pub lane: Lane,
     /// Records by increasing offset.
     pub records: Vec<Record>,
-    /// Where the next read continues: past the chunks read, or the `from` given when there
-    /// was nothing to read.
+    /// Where the next read continues: past the chunks read (sled) or at the first record left
+    /// out (the memory tier), or the `from` given when there was nothing to read.
     pub next: i64,
 }
 
@@ -133,8 +133,9 @@ impl Buffer {
     }
 
     /// Reads `lane` of `topic`/`partition` from offset `from` on (never below the lane's
-    /// `committed_next`: those records are processed), whole chunks at a time,
-    /// stopping once at least `max_records` were read (or the lane is exhausted).
+    /// `committed_next`: those records are processed): from sled whole chunks at a time,
+    /// stopping once at least `max_records` were read, and from the memory tier at most the
+    /// `max_records` left (or until the lane is exhausted).
     pub fn read(
         &self,
         lane: Lane,
