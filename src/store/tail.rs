@@ -261,14 +261,11 @@ impl Tail {
             }
             let skip = pending.records.partition_point(|r| r.offset < from);
             let left = &pending.records[skip..];
-            let room = max_records.saturating_sub(records.len());
-            if left.len() > room {
-                records.extend(left[..room].iter().cloned());
-                next = left[room].offset;
-            } else {
-                records.extend(left.iter().cloned());
-                next = pending.fetched_next;
-            }
+            let read = left.len().min(max_records.saturating_sub(records.len()));
+            records.extend(left[..read].iter().cloned());
+            next = left
+                .get(read)
+                .map_or(pending.fetched_next, |record| record.offset);
             if !pending.taken {
                 pending.taken = true;
                 newly_taken += pending.bytes;
