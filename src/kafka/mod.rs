@@ -36,8 +36,9 @@ pub(crate) use side_reader::read_side_entries;
 
 use rdkafka::message::BorrowedMessage;
 
+use bytes::Bytes;
+
 use crate::store::Record;
-pub(crate) use arena::Arenas;
 pub(crate) use positions::Positions;
 pub(crate) use queue_batch::{PartitionBatches, Taken};
 use raw_message::RawMessage;
@@ -115,7 +116,7 @@ impl KafkaError {
 
 /// The name of `message`'s topic as bytes. `Message::topic` checks the name is UTF-8 on
 /// every call (3 % of the group member's thread at full speed, called up to three times a
-/// record); runs of a partition and the arenas only compare names.
+/// record); runs of a partition only compare names.
 pub(crate) fn topic_bytes<'a>(message: &'a BorrowedMessage<'_>) -> &'a [u8] {
     // SAFETY: a message holds a reference on its topic handle, and the handle's name is a
     // NUL-terminated string that lives as long as the handle (rust-rdkafka's `topic()` reads
@@ -124,29 +125,22 @@ pub(crate) fn topic_bytes<'a>(message: &'a BorrowedMessage<'_>) -> &'a [u8] {
         .to_bytes()
 }
 
-/// The buffer's copy of a fetched message of `topic` (its name's bytes, as [`topic_bytes`]
-/// reads them: looked up once by a caller that compares it too), its key and value in
-/// `arenas`.
-pub(crate) fn to_record(
-    message: &BorrowedMessage<'_>,
-    topic: &[u8],
-    arenas: &mut Arenas,
-) -> Record {
-    record_of(&RawMessage::of(message), topic, arenas)
+/// The buffer's copy of a message polled alone (its key and value a run of their own).
+pub(crate) fn to_record(message: &BorrowedMessage<'_>) -> Record {
+    let message = RawMessage::of(message);
+    let mut copies = arena::copy_run(&[message.key(), message.payload()]).into_iter();
+    record_of(&message, copies.next().flatten(), copies.next().flatten())
 }
 
-/// [`to_record`] of a message taken in a run from a partition's queue, or polled (its
-/// topic's name given as [`topic_bytes`] reads it). Read from librdkafka directly:
-/// rust-rdkafka's header reader panics on a header name that is not UTF-8.
-pub(crate) fn record_of(message: &RawMessage<'_>, topic: &[u8], arenas: &mut Arenas) -> Record {
-    let partition = message.partition();
+/// The buffer's copy of `message`, with its `key` and `payload` already copied. Read from
+/// librdkafka directly: rust-rdkafka's header reader panics on a header name that is not
+/// UTF-8.
+fn record_of(message: &RawMessage<'_>, key: Option<Bytes>, payload: Option<Bytes>) -> Record {
     Record {
         offset: message.offset(),
         timestamp: message.timestamp(),
-        key: message.key().map(|key| arenas.copy(topic, partition, key)),
-        payload: message
-            .payload()
-            .map(|payload| arenas.copy(topic, partition, payload)),
+        key,
+        payload,
         headers: message.headers(),
     }
 }

@@ -20,13 +20,15 @@ use rdkafka::bindings as rd;
 use rdkafka::error::KafkaError as RdError;
 use rdkafka::types::RDKafkaRespErr;
 
-use super::RawMessage;
+use super::arena::copy_run;
 use super::ffi::Owned;
+use super::{RawMessage, record_of};
+use crate::store::Record;
 
 /// What one entry of a run is.
-pub(crate) enum Taken<'a> {
-    /// A message (borrowed until the next entry is handed out).
-    Message(RawMessage<'a>),
+pub(crate) enum Taken {
+    /// A message, as the buffer keeps it.
+    Record(Record),
     /// An error librdkafka queued in a message's place (rust-rdkafka's forms:
     /// `PartitionEOF`, else `MessageConsumption`), naming the offset the fetch stood at.
     Error {
@@ -63,30 +65,41 @@ impl PartitionBatches {
     }
 
     /// Takes up to `max` waiting entries without waiting and hands each, in order, to
-    /// `each`; each is freed once handed out. Returns how many were taken.
-    pub(crate) fn take(&self, max: usize, mut each: impl FnMut(Taken<'_>)) -> usize {
-        let mut taken: Vec<*mut rd::rd_kafka_message_t> = Vec::with_capacity(max);
-        // SAFETY: the queue is alive; `taken` has room for `max` pointers, and librdkafka
+    /// `each`. Returns how many were taken.
+    pub(crate) fn take(&self, max: usize, mut each: impl FnMut(Taken)) -> usize {
+        let mut batch = Batch(Vec::with_capacity(max));
+        // SAFETY: the queue is alive; the vector has room for `max` pointers, and librdkafka
         // writes at most that many and says how many.
-        let count =
-            unsafe { rd::rd_kafka_consume_batch_queue(self.queue.ptr, 0, taken.as_mut_ptr(), max) };
+        let count = unsafe {
+            rd::rd_kafka_consume_batch_queue(self.queue.ptr, 0, batch.0.as_mut_ptr(), max)
+        };
         let Ok(count) = usize::try_from(count) else {
             return 0;
         };
-        // SAFETY: librdkafka wrote `count` (at most `max`) message pointers.
-        unsafe { taken.set_len(count.min(max)) };
-        for ptr in taken {
-            let owned = Owned {
-                ptr,
-                free: rd::rd_kafka_message_destroy,
-            };
-            // SAFETY: a message librdkafka handed over, alive until `owned` drops below.
-            let message = unsafe { &*owned.ptr };
+        // SAFETY: librdkafka wrote `count` (at most `max`) message pointers, which `batch`
+        // now frees.
+        unsafe { batch.0.set_len(count.min(max)) };
+        let is_record = |message: &rd::rd_kafka_message_t| {
+            message.err == RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR
+        };
+        // The run's keys and values are copied together, into chunks of their own.
+        let pieces: Vec<_> = batch
+            .messages()
+            .filter(|message| is_record(message))
+            .flat_map(|message| {
+                let message = RawMessage::from_raw(message);
+                [message.key(), message.payload()]
+            })
+            .collect();
+        let mut copies = copy_run(&pieces).into_iter();
+        for message in batch.messages() {
+            if is_record(message) {
+                let (key, payload) = (copies.next().flatten(), copies.next().flatten());
+                let record = record_of(&RawMessage::from_raw(message), key, payload);
+                each(Taken::Record(record));
+                continue;
+            }
             let error = match message.err {
-                RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR => {
-                    each(Taken::Message(RawMessage::from_raw(message)));
-                    continue;
-                }
                 RDKafkaRespErr::RD_KAFKA_RESP_ERR__PARTITION_EOF => {
                     RdError::PartitionEOF(message.partition)
                 }
@@ -98,6 +111,25 @@ impl PartitionBatches {
             });
         }
         count
+    }
+}
+
+/// The messages one batch call handed over, freed together.
+struct Batch(Vec<*mut rd::rd_kafka_message_t>);
+
+impl Batch {
+    fn messages(&self) -> impl Iterator<Item = &rd::rd_kafka_message_t> {
+        // SAFETY: messages librdkafka handed over, alive until the batch drops.
+        self.0.iter().map(|&ptr| unsafe { &*ptr })
+    }
+}
+
+impl Drop for Batch {
+    fn drop(&mut self) {
+        for &ptr in &self.0 {
+            // SAFETY: each message was handed over once and is freed once, here.
+            unsafe { rd::rd_kafka_message_destroy(ptr) };
+        }
     }
 }
 
@@ -162,7 +194,7 @@ impl SplitQueue {
     }
 
     /// See [`PartitionBatches::take`].
-    pub(crate) fn take(&self, max: usize, each: impl FnMut(Taken<'_>)) -> usize {
+    pub(crate) fn take(&self, max: usize, each: impl FnMut(Taken)) -> usize {
         self.batches.take(max, each)
     }
 }

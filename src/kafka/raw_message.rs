@@ -28,21 +28,9 @@ impl<'a> RawMessage<'a> {
         Self { message }
     }
 
-    /// Its topic's name, as librdkafka holds it.
-    pub(crate) fn topic(&self) -> &'a [u8] {
-        // SAFETY: a message holds a reference on its topic handle, whose name is a
-        // NUL-terminated string living as long as the handle.
-        unsafe { CStr::from_ptr(rd::rd_kafka_topic_name(self.message.rkt)) }.to_bytes()
-    }
-
     /// Its offset.
     pub(crate) fn offset(&self) -> i64 {
         self.message.offset
-    }
-
-    /// Its partition.
-    pub(crate) fn partition(&self) -> i32 {
-        self.message.partition
     }
 
     /// Its key (`None`: a null key).

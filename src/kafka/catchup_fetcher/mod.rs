@@ -24,8 +24,8 @@ use super::side_log::for_other_consumers;
 use super::wakeup::Wakeup;
 use super::watermarks::read_watermarks;
 use super::{
-    Arenas, Budget, KafkaError, PartitionBatches, Positions, Rebootstrap, RoleContext, Taken,
-    for_role, record_of, to_record, topic_bytes,
+    Budget, KafkaError, PartitionBatches, Positions, Rebootstrap, RoleContext, Taken, for_role,
+    to_record,
 };
 use crate::engine::telemetry;
 use crate::engine::types::Event;
@@ -82,15 +82,13 @@ struct Queue {
 }
 
 impl Queue {
-    /// Takes up to `max` waiting entries, as records (copied into `arenas`), ends of
-    /// partition or the errors queued in their place, in order. Returns how many were taken.
-    fn take(&self, max: usize, arenas: &mut Arenas, mut each: impl FnMut(Entry)) -> usize {
+    /// Takes up to `max` waiting entries, as records, ends of partition or the errors queued
+    /// in their place, in order. Returns how many were taken.
+    fn take(&self, max: usize, mut each: impl FnMut(Entry)) -> usize {
         match &self.batches {
             Some(batches) => batches.take(max, |taken| {
                 each(match taken {
-                    Taken::Message(message) => {
-                        Entry::Record(record_of(&message, message.topic(), arenas))
-                    }
+                    Taken::Record(record) => Entry::Record(record),
                     Taken::Error { error, at } => Entry::Error {
                         error,
                         named: Some(at),
@@ -101,9 +99,7 @@ impl Queue {
                 None => 0,
                 Some(polled) => {
                     each(match polled {
-                        Ok(message) => {
-                            Entry::Record(to_record(&message, topic_bytes(&message), arenas))
-                        }
+                        Ok(message) => Entry::Record(to_record(&message)),
                         Err(error) => Entry::Error { error, named: None },
                     });
                     1
@@ -206,7 +202,6 @@ impl CatchupFetcher {
                     role,
                     rebuilding: HashMap::new(),
                     wakeup,
-                    arenas: Arenas::default(),
                     positions: Positions::default(),
                 }
                 .run(receiver)
@@ -236,8 +231,6 @@ struct Fetcher {
     rebuilding: HashMap<PartitionId, rebuild::Rebuilding>,
     /// Raised when one of the consumer's queues receives something.
     wakeup: Wakeup,
-    /// Where fetched keys and values are copied to.
-    arenas: Arenas,
     /// Where the consumer's positions are read into.
     positions: Positions,
 }
@@ -516,9 +509,8 @@ impl Fetcher {
     /// before them is kept. A held queue keeps its records and events, in order, for a later
     /// round.
     fn poll_round(&mut self, consumer: &BaseConsumer<RoleContext>) -> Round<PartitionId> {
-        let mut arenas = std::mem::take(&mut self.arenas);
         let mut polled = Round::new();
-        self.poll_main(consumer, Duration::ZERO, &mut polled, &mut arenas);
+        self.poll_main(consumer, Duration::ZERO, &mut polled);
         let held = |key: &PartitionId| self.budget.as_ref().is_some_and(|b| b.holds(key));
         for (key, queue) in self
             .tracked
@@ -537,7 +529,7 @@ impl Fetcher {
             let (mut taken, mut bytes, mut run) = (0, 0u64, 1);
             let mut stopped = false;
             while taken < POLL_BATCH && room > 0 && !stopped {
-                let count = queue.take(run.min(POLL_BATCH - taken), &mut arenas, |entry| {
+                let count = queue.take(run.min(POLL_BATCH - taken), |entry| {
                     let event = match entry {
                         Entry::Record(record) => {
                             let size = record.payload_bytes() as u64;
@@ -576,7 +568,6 @@ impl Fetcher {
                 polled.push(Some(key.clone()), Polled::Messages(records));
             }
         }
-        self.arenas = arenas;
         polled
     }
 
@@ -585,13 +576,12 @@ impl Fetcher {
         consumer: &BaseConsumer<RoleContext>,
         timeout: Duration,
         polled: &mut Round<PartitionId>,
-        arenas: &mut Arenas,
     ) {
         match consumer.poll(timeout) {
             None => {}
             Some(Ok(message)) => polled.push(
                 Some((message.topic().to_owned(), message.partition())),
-                Polled::Messages(vec![to_record(&message, topic_bytes(&message), arenas)]),
+                Polled::Messages(vec![to_record(&message)]),
             ),
             Some(Err(err)) => {
                 // The main queue does not say which partition an error is about: every
@@ -876,7 +866,6 @@ mod tests {
             role: Role::Catchup,
             rebuilding: HashMap::new(),
             wakeup: Wakeup::default(),
-            arenas: Arenas::default(),
             positions: Positions::default(),
         };
         let key: PartitionId = ("orders".into(), 3);

@@ -30,8 +30,7 @@ use super::side_log::SideLogWrite;
 use super::wakeup::Wakeup;
 use super::watermarks::read_watermarks;
 use super::{
-    Arenas, Budget, CatchupCommand, KafkaError, Positions, Rebootstrap, SideLog, to_record,
-    topic_bytes,
+    Budget, CatchupCommand, KafkaError, Positions, Rebootstrap, SideLog, to_record, topic_bytes,
 };
 use crate::engine::telemetry;
 use crate::engine::types::{Event, Mode};
@@ -417,7 +416,6 @@ fn turns(
         shared.config.buffer_budget_bytes,
     );
     let mut budget = Budget::new("live", Lane::Live, shared.config.buffer_budget_bytes);
-    let mut arenas = Arenas::default();
     let mut positions = Positions::default();
     let mut trim_watch = TrimWatch::default();
     // Whether the last round polled nothing: the next waits for the queue (or the reader).
@@ -567,7 +565,6 @@ fn turns(
             &state.queues,
             &budget,
             held,
-            &mut arenas,
             &mut positions,
         );
         quiet = round.quiet;

@@ -15,13 +15,12 @@ pub(super) fn poll_into_buffer(
     queues: &MemberQueues,
     budget: &Budget,
     held: bool,
-    arenas: &mut Arenas,
     positions: &mut Positions,
 ) -> RoundOutcome {
     // Held to its read-ahead, a lane's reader has enough to take: one message keeps the
     // group member polling (rebalances served, `max.poll.interval.ms` kept).
     let most = if held { 1 } else { POLL_BATCH };
-    let LiveRound { polled, fatal } = poll_round(consumer, shared, queues, arenas, most);
+    let LiveRound { polled, fatal } = poll_round(consumer, shared, queues, most);
     let quiet = polled.is_empty();
     let appends: Vec<(PartitionId, PendingAppend)> = {
         let mut partitions = shared.partitions();
@@ -153,7 +152,6 @@ pub(super) fn poll_round(
     consumer: &BaseConsumer<LiveContext>,
     shared: &Shared,
     queues: &MemberQueues,
-    arenas: &mut Arenas,
     most: usize,
 ) -> LiveRound {
     let mut round = LiveRound::default();
@@ -180,7 +178,7 @@ pub(super) fn poll_round(
                 polled_messages += 1;
                 let topic_name = topic_bytes(&message);
                 round.polled.push_record(
-                    to_record(&message, topic_name, arenas),
+                    to_record(&message),
                     |((topic, partition), _)| {
                         *partition == message.partition() && topic.as_bytes() == topic_name
                     },
@@ -208,7 +206,7 @@ pub(super) fn poll_round(
     }
     // After the consumer queue, whose `poll` ran any rebalance: what the partitions' queues
     // hold was fetched under the assignment their runtimes now have.
-    queues.take_into(shared, arenas, most - polled_messages, &mut round);
+    queues.take_into(shared, most - polled_messages, &mut round);
     round
 }
 

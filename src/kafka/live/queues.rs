@@ -27,7 +27,6 @@ use crate::engine::{PartitionId, Shared};
 use crate::fetch::Polled;
 use crate::kafka::queue_batch::{SplitQueue, Taken};
 use crate::kafka::wakeup::Wakeup;
-use crate::kafka::{Arenas, record_of};
 
 /// The split queues of the partitions assigned to the group member.
 pub(super) struct MemberQueues {
@@ -127,13 +126,7 @@ impl MemberQueues {
     /// Takes up to `most` entries from the split queues into `round`, each partition's in
     /// runs under the generation of its runtime (`u64::MAX` without one: no lane takes them).
     /// An error ends its partition's turn; what came before it stays in front of it.
-    pub fn take_into(
-        &self,
-        shared: &Shared,
-        arenas: &mut Arenas,
-        most: usize,
-        round: &mut LiveRound,
-    ) {
+    pub fn take_into(&self, shared: &Shared, most: usize, round: &mut LiveRound) {
         let mut split = self.split();
         let count = split.queues.len();
         if count == 0 || most == 0 {
@@ -165,9 +158,7 @@ impl MemberQueues {
             let mut ended = false;
             while left > 0 && !ended {
                 let taken = queue.take(left, |taken| match taken {
-                    Taken::Message(message) => {
-                        records.push(record_of(&message, message.topic(), arenas));
-                    }
+                    Taken::Record(record) => records.push(record),
                     // An error ends the queue's turn; what came before it stays in front of
                     // it, and what this run took after it, after it.
                     Taken::Error { error, at } => {
