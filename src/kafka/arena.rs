@@ -15,13 +15,14 @@
 //!   the reader already clones.
 //! * Nothing is allocated that no record uses: the memory tier counts a record's bytes, not
 //!   its chunk's, and a partition that sends a record now and then holds its records' bytes.
-//!   A record held after the rest of its run went holds at most its chunk.
+//!   A record held after the rest of its run went holds at most the chunks its key and value
+//!   lie in (two, when a chunk ends between them).
 //! * A chunk's reference count has a cache line of its own: the reader's clones and the
 //!   application's drops of its records, on other threads, share it with nothing else.
 
 use bytes::Bytes;
 
-/// Bytes of a chunk at most: what a record held alone may keep beyond its own size.
+/// Bytes of a chunk at most: what a key or value held alone may keep beyond its own size.
 const CHUNK_BYTES: usize = 16 * 1024;
 
 /// A key or value larger than this gets an allocation of its own (a chunk would be mostly
@@ -59,7 +60,12 @@ pub(crate) fn copy_run(pieces: &[Option<&[u8]>]) -> Vec<Option<Bytes>> {
             chunk_bytes += length;
             end += 1;
         }
-        let chunk = (chunk_bytes > 0).then(|| {
+        let shared_pieces = pieces[start..end]
+            .iter()
+            .filter(|piece| shared_length(piece) > 0)
+            .count();
+        // A piece alone (a value polled alone without a key) needs no chunk.
+        let chunk = (shared_pieces > 1).then(|| {
             let mut bytes = Vec::with_capacity(chunk_bytes);
             for piece in &pieces[start..end] {
                 if shared_length(piece) > 0 {
@@ -106,11 +112,6 @@ mod tests {
         let pieces = [Some(&b"key"[..]), None, Some(b""), Some(b"value")];
         let copies = copied(&pieces);
         assert!(adjacent(&copies[0], &copies[2]), "one chunk for the run");
-        let other_run = copied(&[Some(b"next")]);
-        assert!(
-            !adjacent(&copies[2], &other_run[0]),
-            "a run's chunk is its own"
-        );
     }
 
     #[test]
@@ -118,14 +119,14 @@ mod tests {
         let piece = [7u8; 1024];
         let pieces = vec![Some(&piece[..]); 40];
         let copies = copied(&pieces);
-        let mut sizes = vec![0];
+        let mut sizes = vec![piece.len()];
         for pair in copies.windows(2) {
-            *sizes.last_mut().unwrap_or(&mut 0) += pair[0].len();
             if !adjacent(&pair[0], &pair[1]) {
                 sizes.push(0);
             }
+            let last = sizes.len() - 1;
+            sizes[last] += pair[1].len();
         }
-        *sizes.last_mut().unwrap_or(&mut 0) += piece.len();
         assert_eq!(sizes, [CHUNK_BYTES, CHUNK_BYTES, 8 * 1024]);
     }
 
@@ -138,7 +139,30 @@ mod tests {
             "the large value took no chunk"
         );
         assert!(!adjacent(&copies[0], &copies[1]));
-        let alone = copied(&[Some(&large), None]);
-        assert_eq!(alone.len(), 1);
+        copied(&[Some(&large), None]);
+        let largest_shared = vec![2u8; OWN_ALLOCATION_ABOVE];
+        let copies = copied(&[Some(b"key"), Some(&largest_shared)]);
+        assert!(
+            adjacent(&copies[0], &copies[1]),
+            "up to the bound, a value shares"
+        );
+    }
+
+    #[test]
+    fn a_key_and_value_may_lie_in_two_chunks_and_each_is_whole() {
+        // 15 KiB, then a key and a value of 1 KiB each: the chunk ends between them.
+        let filler = [3u8; 1024];
+        let mut pieces = vec![Some(&filler[..]); 15];
+        let (key, value) = ([4u8; 1024], [5u8; 1024]);
+        pieces.extend([Some(&key[..]), Some(&value[..])]);
+        let copies = copied(&pieces);
+        assert!(
+            adjacent(&copies[14], &copies[15]),
+            "the key ends the first chunk"
+        );
+        assert!(
+            !adjacent(&copies[15], &copies[16]),
+            "the value starts the next"
+        );
     }
 }
