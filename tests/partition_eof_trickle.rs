@@ -1,8 +1,10 @@
 //! `enable.partition.eof=true` in the user's rdkafka settings, with records trickling in at
 //! the log end: nothing is lost. (Regression: a poll error — the end-of-partition "error" —
 //! dropped the batch polled before it, and the next batch covered those offsets as a gap.)
-//! In every mode every produced record is delivered, in offset order per partition (per
-//! lane in `Concurrent`), and after `close` the group's offsets are the log end.
+//! In every mode every produced record is delivered, with the key and value produced at its
+//! offset (a batch of the fetcher mixes records and ends of partition), in offset order per
+//! partition (per lane in `Concurrent`), and after `close` the group's offsets are the log
+//! end.
 
 mod support;
 
@@ -10,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
 use catchup::{DeliveryLane, Event, Mode};
-use support::{Kafka, unique, wait_for_event};
+use support::{Kafka, Produced, unique, wait_for_event};
 
 const PARTITIONS: i32 = 2;
 const BACKLOG: usize = 3_000;
@@ -20,13 +22,12 @@ const WAIT: Duration = Duration::from_secs(60);
 const DEADLINE: Duration = Duration::from_secs(60);
 
 /// Produces `TRICKLE` records in bursts of `BURST` every 20 ms (load, not synchronisation).
-async fn trickle(topic: String) -> Vec<(i32, i64)> {
+async fn trickle(topic: String) -> Vec<Produced> {
     let kafka = Kafka::connect();
     let mut produced = Vec::with_capacity(TRICKLE);
     for burst in 0..TRICKLE / BURST {
         let first = BACKLOG + burst * BURST;
-        let records = kafka.produce_from(&topic, PARTITIONS, first, BURST).await;
-        produced.extend(records.iter().map(|r| (r.partition, r.offset)));
+        produced.extend(kafka.produce_from(&topic, PARTITIONS, first, BURST).await);
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     produced
@@ -85,8 +86,20 @@ async fn nothing_lost_at_the_log_end(mode: Mode) {
     }
     let mut producer = tokio::spawn(trickle(topic.clone()));
 
-    let mut missing: BTreeSet<(i32, i64)> =
-        backlog.iter().map(|r| (r.partition, r.offset)).collect();
+    let mut missing: BTreeSet<(i32, i64)> = BTreeSet::new();
+    // What was produced at each offset, and what the first delivery of it carried.
+    let mut produced_at: HashMap<(i32, i64), (Vec<u8>, Vec<u8>)> = HashMap::new();
+    let mut delivered_at: HashMap<(i32, i64), (Vec<u8>, Vec<u8>)> = HashMap::new();
+    let mut note_produced = |records: Vec<Produced>, missing: &mut BTreeSet<(i32, i64)>| {
+        for record in records {
+            missing.insert((record.partition, record.offset));
+            produced_at.insert(
+                (record.partition, record.offset),
+                (record.key, record.payload),
+            );
+        }
+    };
+    note_produced(backlog, &mut missing);
     let mut trickled = false;
     let mut seen: HashMap<(i32, i64), usize> = HashMap::new();
     let mut order: BTreeMap<(i32, bool), Vec<i64>> = BTreeMap::new();
@@ -97,7 +110,8 @@ async fn nothing_lost_at_the_log_end(mode: Mode) {
             produced = &mut producer, if !trickled => {
                 let produced = produced.expect("trickle task");
                 assert_eq!(produced.len(), TRICKLE, "trickle produced");
-                missing.extend(produced.into_iter().filter(|at| !seen.contains_key(at)));
+                note_produced(produced, &mut missing);
+                missing.retain(|at| !seen.contains_key(at));
                 trickled = true;
                 continue;
             }
@@ -116,6 +130,11 @@ async fn nothing_lost_at_the_log_end(mode: Mode) {
         let at = (delivery.partition, delivery.offset);
         *seen.entry(at).or_default() += 1;
         missing.remove(&at);
+        delivered_at.entry(at).or_insert_with(|| {
+            let bytes =
+                |field: &Option<catchup::Bytes>| field.as_deref().unwrap_or_default().to_vec();
+            (bytes(&delivery.key), bytes(&delivery.payload))
+        });
         *tags.entry(delivery.lane).or_default() += 1;
         let boundary = boundaries
             .get(&delivery.partition)
@@ -147,6 +166,13 @@ async fn nothing_lost_at_the_log_end(mode: Mode) {
         BACKLOG + TRICKLE,
         "{mode:?}: only produced records are delivered"
     );
+    for (at, delivered) in &delivered_at {
+        assert_eq!(
+            Some(delivered),
+            produced_at.get(at),
+            "{mode:?}: the key and value delivered at {at:?} are the ones produced there"
+        );
+    }
     for ((partition, catchup_lane), offsets) in &order {
         assert!(
             offsets.windows(2).all(|w| w[0] < w[1]),

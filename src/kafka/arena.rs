@@ -89,6 +89,22 @@ pub(crate) fn copy_run(pieces: &[Option<&[u8]>]) -> Vec<Option<Bytes>> {
     copies
 }
 
+/// Each of `entries` (records and others, in order) with its key and value copied, the
+/// records' keys and values as one run; `pieces` gives a record's key and value, `None` for
+/// an entry that is not a record.
+pub(crate) fn copy_entries<'a, E>(
+    entries: &[E],
+    pieces: impl Fn(&E) -> Option<[Option<&'a [u8]>; 2]>,
+) -> Vec<Option<[Option<Bytes>; 2]>> {
+    let found: Vec<_> = entries.iter().map(pieces).collect();
+    let run: Vec<_> = found.iter().flatten().flatten().copied().collect();
+    let mut copies = copy_run(&run).into_iter();
+    found
+        .iter()
+        .map(|record| record.map(|_| [copies.next().flatten(), copies.next().flatten()]))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -105,6 +121,29 @@ mod tests {
             assert_eq!(copy.as_deref(), *piece, "each copy holds its own bytes");
         }
         copies.into_iter().flatten().collect()
+    }
+
+    #[test]
+    fn each_record_gets_its_own_key_and_value_whatever_comes_between() {
+        // An end of partition or an error may come anywhere in a batch.
+        let entries: [Option<[Option<&[u8]>; 2]>; 6] = [
+            None,
+            Some([Some(b"k1"), Some(b"v1")]),
+            None,
+            Some([None, Some(b"v2")]),
+            Some([Some(b"k3"), None]),
+            None,
+        ];
+        let copies = copy_entries(&entries, |entry| *entry);
+        let read: Vec<_> = copies
+            .iter()
+            .map(|copied| {
+                copied
+                    .as_ref()
+                    .map(|[key, value]| [key.as_deref(), value.as_deref()])
+            })
+            .collect();
+        assert_eq!(read, entries);
     }
 
     #[test]

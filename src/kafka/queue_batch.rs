@@ -20,7 +20,7 @@ use rdkafka::bindings as rd;
 use rdkafka::error::KafkaError as RdError;
 use rdkafka::types::RDKafkaRespErr;
 
-use super::arena::copy_run;
+use super::arena::copy_entries;
 use super::ffi::Owned;
 use super::{RawMessage, record_of};
 use crate::store::Record;
@@ -82,19 +82,16 @@ impl PartitionBatches {
         let is_record = |message: &rd::rd_kafka_message_t| {
             message.err == RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR
         };
+        let messages: Vec<_> = batch.messages().collect();
         // The run's keys and values are copied together, into chunks of their own.
-        let pieces: Vec<_> = batch
-            .messages()
-            .filter(|message| is_record(message))
-            .flat_map(|message| {
+        let copies = copy_entries(&messages, |message| {
+            is_record(message).then(|| {
                 let message = RawMessage::from_raw(message);
                 [message.key(), message.payload()]
             })
-            .collect();
-        let mut copies = copy_run(&pieces).into_iter();
-        for message in batch.messages() {
-            if is_record(message) {
-                let (key, payload) = (copies.next().flatten(), copies.next().flatten());
+        });
+        for (message, copied) in messages.into_iter().zip(copies) {
+            if let Some([key, payload]) = copied {
                 let record = record_of(&RawMessage::from_raw(message), key, payload);
                 each(Taken::Record(record));
                 continue;
