@@ -13,6 +13,9 @@
 //!   member's thread at 1 KiB, in a profile). A chunk holds one run's records (up to 16 KiB;
 //!   a longer run fills several), so the fetcher never cuts from a chunk whose earlier records
 //!   the reader already clones.
+//! * A run is one partition's, whose records are committed and spilled in offset order: a
+//!   chunk is never held by one slow partition for records that other partitions let go (a
+//!   live lane waiting behind its backlog does not keep other partitions' fresh records).
 //! * Nothing is allocated that no record uses: the memory tier counts a record's bytes, not
 //!   its chunk's, and a partition that sends a record now and then holds its records' bytes.
 //!   A record held after the rest of its run went holds at most the chunks its key and value
