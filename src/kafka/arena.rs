@@ -44,7 +44,7 @@ impl AsRef<[u8]> for Chunk {
 }
 
 /// Copies of a run's keys and values (`pieces`, in order; a null one stays null).
-pub(crate) fn copy_run(pieces: &[Option<&[u8]>]) -> Vec<Option<Bytes>> {
+fn copy_run(pieces: &[Option<&[u8]>]) -> Vec<Option<Bytes>> {
     let shared_length = |piece: &Option<&[u8]>| match piece {
         Some(bytes) if bytes.len() <= OWN_ALLOCATION_ABOVE => bytes.len(),
         _ => 0,
@@ -53,20 +53,16 @@ pub(crate) fn copy_run(pieces: &[Option<&[u8]>]) -> Vec<Option<Bytes>> {
     let mut start = 0;
     while start < pieces.len() {
         // The pieces of the next chunk: as many as fit (at least one).
-        let mut end = start;
-        let mut chunk_bytes = 0;
+        let (mut end, mut chunk_bytes, mut shared_pieces) = (start, 0, 0);
         while let Some(piece) = pieces.get(end) {
             let length = shared_length(piece);
             if chunk_bytes + length > CHUNK_BYTES && end > start {
                 break;
             }
             chunk_bytes += length;
+            shared_pieces += usize::from(length > 0);
             end += 1;
         }
-        let shared_pieces = pieces[start..end]
-            .iter()
-            .filter(|piece| shared_length(piece) > 0)
-            .count();
         // A piece alone (a value polled alone without a key) needs no chunk.
         let chunk = (shared_pieces > 1).then(|| {
             let mut bytes = Vec::with_capacity(chunk_bytes);
@@ -90,6 +86,14 @@ pub(crate) fn copy_run(pieces: &[Option<&[u8]>]) -> Vec<Option<Bytes>> {
         start = end;
     }
     copies
+}
+
+/// A record's key and value, copied as a run of their own (a message polled alone).
+pub(crate) fn copy_record(pieces: [Option<&[u8]>; 2]) -> [Option<Bytes>; 2] {
+    copy_entries(&[pieces], |&pieces| Some(pieces))
+        .pop()
+        .flatten()
+        .unwrap_or_default()
 }
 
 /// Each of `entries` (records and others, in order) with its key and value copied, the

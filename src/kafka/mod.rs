@@ -128,8 +128,8 @@ pub(crate) fn topic_bytes<'a>(message: &'a BorrowedMessage<'_>) -> &'a [u8] {
 /// The buffer's copy of a message polled alone (its key and value a run of their own).
 pub(crate) fn to_record(message: &BorrowedMessage<'_>) -> Record {
     let message = RawMessage::of(message);
-    let mut copies = arena::copy_run(&[message.key(), message.payload()]).into_iter();
-    record_of(&message, copies.next().flatten(), copies.next().flatten())
+    let [key, payload] = arena::copy_record([message.key(), message.payload()]);
+    record_of(&message, key, payload)
 }
 
 /// The buffer's copy of `message`, with its `key` and `payload` already copied. Read from

@@ -79,13 +79,10 @@ impl PartitionBatches {
         // SAFETY: librdkafka wrote `count` (at most `max`) message pointers, which `batch`
         // now frees.
         unsafe { batch.0.set_len(count.min(max)) };
-        let is_record = |message: &rd::rd_kafka_message_t| {
-            message.err == RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR
-        };
         let messages: Vec<_> = batch.messages().collect();
         // The run's keys and values are copied together, into chunks of their own.
         let copies = copy_entries(&messages, |message| {
-            is_record(message).then(|| {
+            (message.err == RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR).then(|| {
                 let message = RawMessage::from_raw(message);
                 [message.key(), message.payload()]
             })
