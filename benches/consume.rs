@@ -36,6 +36,9 @@
 //! one's in `throughput` (for instance the system allocator's: `cargo build --release
 //! --no-default-features --features cli --target-dir target/system-alloc`).
 //!
+//! `CATCHUP_BENCH_SINK_DIR=DIR` puts the sinks of `catchup run` and `kcat -J` in `DIR` instead
+//! of a tmpfs (a disk: its fsyncs then count).
+//!
 //! `CATCHUP_BENCH_UNEVEN=1` makes the throughput topic's partitions unequal: partition `p`
 //! holds `p + 1` of every 36 records, so readers run on after the small ones are done (a
 //! caught-up partition beside others with records is what a consumer meets every day).
@@ -76,6 +79,8 @@ const PARTITIONS: i32 = 8;
 const CHILD_ENV: &str = "CATCHUP_BENCH_CHILD";
 /// Another build of the `catchup` binary to run beside this one's (its path).
 const CLI_ALT_ENV: &str = "CATCHUP_BENCH_CLI_ALT";
+/// The directory the sinks of `catchup run` and `kcat -J` write to (a tmpfs by default).
+const SINK_DIR_ENV: &str = "CATCHUP_BENCH_SINK_DIR";
 const WAIT: Duration = Duration::from_secs(600);
 /// The most records the `recv_many` reader takes in one run (the CLI's batch), unless
 /// `CATCHUP_BENCH_RUN` says otherwise.
@@ -1564,8 +1569,12 @@ fn partition_of(index: u64, uneven: bool) -> i32 {
     partition as i32
 }
 
-/// A tmpfs for the sink where there is one.
+/// Where the sinks write: `CATCHUP_BENCH_SINK_DIR` (a disk, to measure its fsyncs), else a
+/// tmpfs where there is one.
 fn shm_or_target() -> PathBuf {
+    if let Some(dir) = std::env::var_os(SINK_DIR_ENV) {
+        return PathBuf::from(dir);
+    }
     let shm = Path::new("/dev/shm");
     if shm.is_dir() {
         shm.to_path_buf()
