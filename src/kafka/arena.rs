@@ -66,7 +66,11 @@ fn copy_run(pieces: &[Option<&[u8]>]) -> Vec<Option<Bytes>> {
         // A piece alone (a value polled alone without a key) needs no chunk.
         let chunk = (shared_pieces > 1).then(|| {
             let mut bytes = Vec::with_capacity(chunk_bytes);
-            for piece in &pieces[start..end] {
+            for (index, piece) in pieces[start..end].iter().enumerate() {
+                // The next record's piece of this kind, while this one is copied.
+                if let Some(Some(next)) = pieces.get(start + index + 2) {
+                    prefetch(next);
+                }
                 if shared_length(piece) > 0 {
                     bytes.extend_from_slice(piece.unwrap_or_default());
                 }
@@ -86,6 +90,26 @@ fn copy_run(pieces: &[Option<&[u8]>]) -> Vec<Option<Bytes>> {
         start = end;
     }
     copies
+}
+
+/// Asks the core to bring `bytes` (up to 4 KiB) into its cache while it copies the piece
+/// before. librdkafka's fetch response was read from the socket on its broker thread and has
+/// left this core's cache: each piece's copy began with misses. Prefetched two pieces ahead
+/// (the next record's key or value), the copies took about a quarter fewer samples of the
+/// group member's thread at 1 KiB (8–34 %), and the thread 4–13 % fewer in all, in three
+/// alternating pairs of profiles of two runs each.
+fn prefetch(bytes: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in bytes[..bytes.len().min(4096)].chunks(64) {
+        // SAFETY: a prefetch is a hint; it never faults, and the address is of a live slice.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                line.as_ptr().cast(),
+            )
+        };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = bytes;
 }
 
 /// A record's key and value, copied as a run of their own (a message polled alone).
