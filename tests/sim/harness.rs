@@ -1280,7 +1280,14 @@ impl Sim {
                 continue;
             }
             turn_over.push(member);
-            rest_of_run = Some((member, self.rng.below(4)));
+            // Mostly a few entries; one error in ten, a long tail (the batch call hands out
+            // the rest of its run, up to a round's worth).
+            let left = if self.rng.chance(100) {
+                self.rng.below(40)
+            } else {
+                self.rng.below(4)
+            };
+            rest_of_run = Some((member, left));
         }
         round.feed(
             self.fetchers
