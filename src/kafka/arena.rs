@@ -67,8 +67,12 @@ fn copy_run(pieces: &[Option<&[u8]>]) -> Vec<Option<Bytes>> {
         let chunk = (shared_pieces > 1).then(|| {
             let mut bytes = Vec::with_capacity(chunk_bytes);
             for (index, piece) in pieces[start..end].iter().enumerate() {
-                // The next record's piece of this kind, while this one is copied.
-                if let Some(Some(next)) = pieces.get(start + index + 2) {
+                // The next record's piece of this kind (`copy_entries` lays a run out key,
+                // value, key, ...), while this one is copied.
+                if let Some(Some(next)) = pieces
+                    .get(start + index + PREFETCH_AHEAD)
+                    .filter(|next| shared_length(next) > 0)
+                {
                     prefetch(next);
                 }
                 if shared_length(piece) > 0 {
@@ -92,15 +96,21 @@ fn copy_run(pieces: &[Option<&[u8]>]) -> Vec<Option<Bytes>> {
     copies
 }
 
-/// Asks the core to bring `bytes` (up to 4 KiB) into its cache while it copies the piece
-/// before. librdkafka's fetch response was read from the socket on its broker thread and has
-/// left this core's cache: each piece's copy began with misses. Prefetched two pieces ahead
-/// (the next record's key or value), the copies took about a quarter fewer samples of the
-/// group member's thread at 1 KiB (8–34 %), and the thread 4–13 % fewer in all, in three
-/// alternating pairs of profiles of two runs each.
+/// How many pieces ahead of the one being copied a piece is prefetched: the next record's
+/// key while a key is copied, its value while a value is.
+const PREFETCH_AHEAD: usize = 2;
+
+/// A cache line.
+const CACHE_LINE: usize = 64;
+
+/// Asks the core to bring `bytes` (a piece of a chunk, at most [`OWN_ALLOCATION_ABOVE`])
+/// into its cache. librdkafka read the fetch response from the socket on its broker thread,
+/// and by the time the member copies a piece it has left this core's cache: profiles put
+/// the copy's samples on its first load. Measured in `docs/performance.md` ("The copy out of
+/// librdkafka's buffer").
 fn prefetch(bytes: &[u8]) {
     #[cfg(target_arch = "x86_64")]
-    for line in bytes[..bytes.len().min(4096)].chunks(64) {
+    for line in bytes.chunks(CACHE_LINE) {
         // SAFETY: a prefetch is a hint; it never faults, and the address is of a live slice.
         unsafe {
             std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
