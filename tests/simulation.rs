@@ -66,7 +66,7 @@ fn the_consumer_never_loses_a_record() {
     eprintln!(
         "{count} seeds over {} partitions, {} steps, {} splits ({} layouts with several ranges), \
          {} merges, {} truncations, {} positions held past the log end, {} errors naming no \
-         partition, {} transient errors taken in a run, {} entries taken after an error in its run, {} assignments of everything (eager), {} main-log writes refused, {} \
+         partition, {} transient errors taken in a run, {} entries taken after an error in its run ({} of them in a long tail), {} assignments of everything (eager), {} main-log writes refused, {} \
          partitions whose assignment waited for a write to Kafka, {} writes reported failed yet \
          applied, {} failed creations of the catch-up consumer, {} topic ids unreadable, {} assignments without \
          the group's offsets, {} partitions waiting for what could not be read, {} reuses refused and laid out afresh, {} partitions assigned \
@@ -84,6 +84,7 @@ fn the_consumer_never_loses_a_record() {
         stats.unnamed_errors,
         stats.transient_errors_in_runs,
         stats.taken_after_an_error,
+        stats.long_tails,
         stats.eager_reassigns,
         stats.commit_refusals,
         stats.assign_deferrals,
@@ -116,6 +117,7 @@ fn the_consumer_never_loses_a_record() {
                 && stats.unnamed_errors > 0
                 && stats.transient_errors_in_runs > 0
                 && stats.taken_after_an_error > 0
+                && stats.long_tails > 0
                 && stats.eager_reassigns > 0
                 && stats.commit_refusals > 0
                 && stats.assign_deferrals > 0

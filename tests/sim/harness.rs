@@ -98,6 +98,10 @@ impl Reader {
     }
 }
 
+/// Nine in ten of the catch-up consumer's errors are followed by fewer entries of their run
+/// than this (all of them were, before longer tails were drawn).
+const SHORT_TAIL: u64 = 4;
+
 /// The appends of a round, in order.
 #[derive(Clone, Copy)]
 enum Step {
@@ -260,6 +264,8 @@ pub struct Stats {
     /// Entries the catch-up consumer took in the same run after an error (the batch call
     /// hands out the rest of its run; the error ended the queue's turn).
     pub taken_after_an_error: u64,
+    /// Of those, entries taken more than [`SHORT_TAIL`] after their error.
+    pub long_tails: u64,
     /// Assignments of everything made to move a partition whose seek was refused (eager).
     pub eager_reassigns: u64,
     /// Main-log writes refused within a commit request (an assignment's included).
@@ -314,6 +320,7 @@ impl std::ops::AddAssign for Stats {
         self.unnamed_errors += other.unnamed_errors;
         self.transient_errors_in_runs += other.transient_errors_in_runs;
         self.taken_after_an_error += other.taken_after_an_error;
+        self.long_tails += other.long_tails;
         self.eager_reassigns += other.eager_reassigns;
         self.commit_refusals += other.commit_refusals;
         self.assign_deferrals += other.assign_deferrals;
@@ -1193,9 +1200,9 @@ impl Sim {
         let mut round = Round::new();
         let mut members = members;
         // Catch-up members whose queue's turn an error ended, and the entries left of the run
-        // the batch call was handing out when it took the error.
+        // the batch call was handing out when it took the error (with those taken so far).
         let mut turn_over: Vec<usize> = Vec::new();
-        let mut rest_of_run: Option<(usize, u64)> = None;
+        let mut rest_of_run: Option<(usize, u64, u64)> = None;
         for _ in 0..self.rng.below(40) {
             let group_member = lane == Lane::Live && !self.fetchers[members[0]].zombie;
             if group_member && self.faults && !round.is_empty() && self.rng.chance(10) {
@@ -1208,9 +1215,8 @@ impl Sim {
                 break;
             }
             let member = match rest_of_run {
-                Some((member, left)) if left > 0 => {
-                    rest_of_run = Some((member, left - 1));
-                    self.stats.taken_after_an_error += 1;
+                Some((member, left, taken)) if left > 0 => {
+                    rest_of_run = Some((member, left - 1, taken + 1));
                     member
                 }
                 _ => {
@@ -1233,6 +1239,12 @@ impl Sim {
                 rest_of_run = None; // the queue is empty: the run ends here
                 continue;
             };
+            if let Some((_, _, taken)) = rest_of_run {
+                self.stats.taken_after_an_error += 1;
+                if taken > SHORT_TAIL {
+                    self.stats.long_tails += 1;
+                }
+            }
             let kind = match polled {
                 Polled::Message(offset) => {
                     round.push(Some(key), LanePolled::Messages(vec![record(offset)]));
@@ -1280,14 +1292,17 @@ impl Sim {
                 continue;
             }
             turn_over.push(member);
-            // Mostly a few entries; one error in ten, a long tail (the batch call hands out
-            // the rest of its run, up to a round's worth).
-            let left = if self.rng.chance(100) {
-                self.rng.below(40)
+            // Mostly a few entries; one error in ten, a longer tail: the batch call hands out
+            // the rest of its run (up to 255 entries in production, `MAX_RUN` - 1; here what
+            // the round has left, at most 39). `draw % 4` is what `below(4)` drew before, so
+            // a seed replays its history unchanged wherever the tail stays short.
+            let draw = self.rng.below(40);
+            let left = if draw < 36 {
+                draw % SHORT_TAIL
             } else {
-                self.rng.below(4)
+                SHORT_TAIL + self.rng.below(36)
             };
-            rest_of_run = Some((member, left));
+            rest_of_run = Some((member, left, 0));
         }
         round.feed(
             self.fetchers
