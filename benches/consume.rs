@@ -139,15 +139,16 @@ enum Reader {
     /// kcat reading the partitions from the beginning, no group, printing offsets to a pipe.
     Kcat,
     /// kcat as above writing every record as a JSON line (`-J`, key and payload included)
-    /// to a file on the same tmpfs as `catchup run`'s sink: the same bytes written, for
-    /// comparing like with like (a file on tmpfs costs its pages).
+    /// to a file beside `catchup run`'s sink (a tmpfs unless `CATCHUP_BENCH_SINK_DIR` says
+    /// otherwise): the same bytes written, for comparing like with like (a file on tmpfs
+    /// costs its pages). kcat never fsyncs: on a disk, `catchup run` pays fsyncs it does not.
     KcatFile,
     /// The library in a mode, auto-acking, one `recv` per record.
     Library(Mode),
     /// The library in a mode, auto-acking, taking runs of up to `RUN` records with
     /// `recv_many`.
     LibraryRuns(Mode),
-    /// `catchup run` in a mode with its fsynced file sink on tmpfs.
+    /// `catchup run` in a mode with its fsynced file sink (on a tmpfs by default).
     CliSink(Mode),
     /// `catchup run --mode ordered` of another build of the binary
     /// (`CATCHUP_BENCH_CLI_ALT`, a path), e.g. one with another allocator, side by side in
@@ -441,7 +442,7 @@ impl Bench {
             Reader::KcatFile => {
                 let sink_dir = tempfile::Builder::new()
                     .prefix("catchup-bench-kcat")
-                    .tempdir_in(shm_or_target())?;
+                    .tempdir_in(sink_dir())?;
                 let path = sink_dir.path().join("kcat.jsonl");
                 let started = Instant::now();
                 let child = Command::new("kcat")
@@ -494,8 +495,8 @@ impl Bench {
         }
     }
 
-    /// `catchup run` in `mode` with a sink on tmpfs: timed from its start to the sink's last
-    /// line.
+    /// `catchup run` in `mode` with a sink in [`sink_dir`]: timed from its start to the
+    /// sink's last line.
     fn cli_sink(
         &self,
         binary: &Path,
@@ -507,7 +508,7 @@ impl Bench {
     ) -> Result<Measured> {
         let sink_dir = tempfile::Builder::new()
             .prefix("catchup-bench-sink")
-            .tempdir_in(shm_or_target())?;
+            .tempdir_in(sink_dir())?;
         let sink = sink_dir.path().join("sink.jsonl");
         let child = Command::new(binary)
             .args([
@@ -1569,10 +1570,10 @@ fn partition_of(index: u64, uneven: bool) -> i32 {
     partition as i32
 }
 
-/// Where the sinks write: `CATCHUP_BENCH_SINK_DIR` (a disk, to measure its fsyncs), else a
-/// tmpfs where there is one.
-fn shm_or_target() -> PathBuf {
-    if let Some(dir) = std::env::var_os(SINK_DIR_ENV) {
+/// Where the sinks write: `CATCHUP_BENCH_SINK_DIR` (a disk, to measure its fsyncs) unless
+/// empty, else a tmpfs where there is one.
+fn sink_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os(SINK_DIR_ENV).filter(|dir| !dir.is_empty()) {
         return PathBuf::from(dir);
     }
     let shm = Path::new("/dev/shm");
