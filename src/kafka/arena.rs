@@ -219,6 +219,7 @@ mod tests {
             "the large value took no chunk"
         );
         assert!(!adjacent(&copies[0], &copies[1]));
+        // Alone with a null: `copied` checks that each copy holds its piece's bytes.
         copied(&[Some(&large), None]);
         let largest_shared = vec![2u8; OWN_ALLOCATION_ABOVE];
         let copies = copied(&[Some(b"key"), Some(&largest_shared)]);
