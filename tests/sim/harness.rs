@@ -13,15 +13,17 @@
 //! eager protocol only an assignment of everything moves it. The production code runs as it
 //! is: the lane state machines ([`LanePartition`]) fed through [`Round`], reconciliation
 //! ([`reconcile`]) at every assignment with its writes sent as one commit cycle, then its
-//! local step ([`LocalStep`]) — a partition whose write failed waits and is retried —, the topic-id
-//! fallback ([`incarnation_unknown`]) when the id cannot be read, the commit plans
-//! ([`plan_commit`]) and the commit cycle ([`CommitCycle`]) with refused main-log writes and
-//! failed side-log writes — a scheduled cycle sent in one step and recorded in a later one, the
-//! lanes fetched and the readers reading and acking between, as the group member's commit
-//! thread sends it — and the real [`Buffer`] on a temporary directory, read by readers
-//! that ack in any order. The process crashes at any step, between two writes included;
-//! revokes leave stale writers behind. Time is simulated (`STEP_TIME` per step): holds and
-//! backoffs run on it.
+//! local step ([`LocalStep`]) — a partition whose write failed waits, paused at the log end
+//! under the member's client, and is retried; a retry that reconciles it hands that client to
+//! the live lane with its chain broken —, the topic-id fallback ([`incarnation_unknown`]) when
+//! the id cannot be read, the commit plans ([`plan_commit`]) and the commit cycle
+//! ([`CommitCycle`]) with refused main-log writes and failed side-log writes — a scheduled
+//! cycle sent in one step and recorded in a later one, the lanes fetched and the readers
+//! reading and acking between, as the group member's commit thread sends it — and the real
+//! [`Buffer`] on a temporary directory, read by readers that ack in any order. The process
+//! crashes at any step, between two writes included (to Kafka, or to the buffer at an
+//! assignment); revokes leave stale writers behind. Time is simulated (`STEP_TIME` per step):
+//! holds and backoffs run on it.
 //!
 //! Oracle: what Kafka claims processed — read back, after every write, by reconciliation as a
 //! restarted consumer would — holds only delivered records (invariant 1); deliveries strictly
@@ -34,7 +36,7 @@
 
 #![allow(dead_code)] // the fuzz target and the test use different parts
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -113,6 +115,13 @@ enum Step {
 enum RoundEnd {
     Keep,
     Remove,
+}
+
+/// How a partition's local step at an assignment ended: its fetchers started, or the process
+/// died inside it (and a new one has been assigned everything).
+enum Applied {
+    Started,
+    Crashed,
 }
 
 /// The buffer's answer to an append, as the adapters read it (`None`: the writer is stale and
@@ -288,6 +297,12 @@ pub struct Stats {
     pub waited_unread: u64,
     /// Reuses the buffer refused, laid out afresh instead (the member's fallback).
     pub reuse_fallbacks: u64,
+    /// Partitions reconciled on a retry whose live lane started from the member's client
+    /// parked at the log end (and was moved to the buffer's position).
+    pub parked_repositioned: u64,
+    /// Crashes inside an assignment's local steps: between a partition's two buffer writes,
+    /// or between two partitions.
+    pub local_step_crashes: u64,
     /// Histories whose buffer kept appends in memory (a small allowance: spills are common).
     pub memory_tier: u64,
     /// Crashes that lost records the memory tier held.
@@ -331,6 +346,8 @@ impl std::ops::AddAssign for Stats {
         self.offsets_unread += other.offsets_unread;
         self.waited_unread += other.waited_unread;
         self.reuse_fallbacks += other.reuse_fallbacks;
+        self.parked_repositioned += other.parked_repositioned;
+        self.local_step_crashes += other.local_step_crashes;
         self.memory_tier += other.memory_tier;
         self.memory_lost += other.memory_lost;
         self.spilled_bytes += other.spilled_bytes;
@@ -372,6 +389,11 @@ pub struct Sim {
     generations: u64,
     /// Partitions whose assignment failed: no runtime, no fetchers, retried from the loop.
     unreconciled: BTreeSet<usize>,
+    /// The group member's client of each unreconciled partition: assigned at the log end and
+    /// paused (`kafka/live/assign.rs`, `on_assign`), so never polled. A retry that reconciles
+    /// the partition gives it to the live lane with its chain broken, and the production
+    /// cursor has it moved to the buffer's position (`retry_unreconciled`).
+    parked: BTreeMap<usize, Client>,
     stats: Stats,
     /// The buffer's spilled bytes when this history began.
     spilled_from: u64,
@@ -502,6 +524,7 @@ impl Sim {
             create_hold: Hold::default(),
             generations: 0,
             unreconciled: BTreeSet::new(),
+            parked: BTreeMap::new(),
             stats: Stats {
                 partitions: count,
                 memory_tier: u64::from(memory > 0),
@@ -634,6 +657,7 @@ impl Sim {
 
     fn assign_all(&mut self) -> Result<(), Failure> {
         self.unreconciled.clear();
+        self.parked.clear();
         let all: Vec<usize> = (0..self.parts.len()).collect();
         self.assign(&all)
     }
@@ -649,7 +673,9 @@ impl Sim {
     fn assign(&mut self, parts: &[usize]) -> Result<(), Failure> {
         if self.faults && self.rng.chance(60) {
             self.stats.offsets_unread += 1;
-            self.unreconciled.extend(parts.iter().copied());
+            for &part in parts {
+                self.defer(part);
+            }
             return Ok(());
         }
         let stale_kept = self.check_incarnation(parts)?;
@@ -664,7 +690,7 @@ impl Sim {
                 .map(|committed| committed.metadata.as_str());
             if waits_unreconciled(metadata, side_log_read, stale_kept.contains(&part)) {
                 self.stats.waited_unread += 1;
-                self.unreconciled.insert(part);
+                self.defer(part);
                 continue;
             }
             let local = self
@@ -674,7 +700,7 @@ impl Sim {
             let decision = self.decide_reading(part, local.as_ref(), side_log_read);
             if decision.waits_for_side_log(side_log_read) {
                 self.stats.waited_unread += 1;
-                self.unreconciled.insert(part);
+                self.defer(part);
                 continue;
             }
             for event in &decision.events {
@@ -714,13 +740,36 @@ impl Sim {
             if self.commits_fail_for != Some(part) {
                 self.stats.assign_deferrals += 1;
             }
-            self.unreconciled.insert(part);
+            self.defer(part);
         }
-        for index in cycle.applied(&refused, &side_failed) {
+        for (nth, index) in cycle
+            .applied(&refused, &side_failed)
+            .into_iter()
+            .enumerate()
+        {
+            // A crash between two partitions' local steps (before the first, it is the one
+            // above).
+            if nth > 0 && self.crashes_here() {
+                self.stats.local_step_crashes += 1;
+                return self.crash();
+            }
             let (part, decision) = &decided[index];
-            self.apply_locally(*part, decision)?;
+            if let Applied::Crashed = self.apply_locally(*part, decision)? {
+                return Ok(());
+            }
         }
         Ok(())
+    }
+
+    /// `part` waits unreconciled, paused under the group member at the log end where its
+    /// assignment put it (or still where an earlier wait left it).
+    fn defer(&mut self, part: usize) {
+        self.unreconciled.insert(part);
+        let log = &self.parts[part].log;
+        let faults = self.faults;
+        self.parked
+            .entry(part)
+            .or_insert_with(|| Client::new(log.reported_high(), faults));
     }
 
     /// Assigns again the partitions whose assignment failed, as the live loop retries them
@@ -763,40 +812,47 @@ impl Sim {
     }
 
     /// A decision's local step, once its writes to Kafka happened, then the partition's
-    /// runtime, readers and fetchers from the buffer (`apply_locally`).
-    fn apply_locally(&mut self, part: usize, decision: &Decision) -> Result<(), Failure> {
+    /// runtime, readers and fetchers from the buffer (`apply_locally`). The process may die
+    /// between the step's two buffer writes (killed, or stopped by the second write failing:
+    /// a failed write to the buffer stops the consumer).
+    fn apply_locally(&mut self, part: usize, decision: &Decision) -> Result<Applied, Failure> {
         let partition = id(part);
         // The buffer refusing to move its cursors (one in forty, under faults): the member
         // then lays the partition out afresh with the decision's layout, and what cannot be
         // reused is fetched again.
         let reuse_fails = self.faults && self.rng.chance(40);
         let catchup_moved_first = self.rng.chance(2);
-        if reuse_fails && matches!(decision.local_step(), LocalStep::Reuse { .. }) {
-            self.stats.reuse_fallbacks += 1;
+        let step = decision.local_step();
+        if let LocalStep::Reuse {
+            catchup_committed, ..
+        } = step
+        {
+            if reuse_fails {
+                self.stats.reuse_fallbacks += 1;
+            }
+            // The member moves the catch-up lane's cursor first; a failed reuse may refuse
+            // that one already, or only the live lane's.
+            if !reuse_fails || catchup_moved_first {
+                self.buffer()?
+                    .record_resumed(Lane::Catchup, &self.topic, partition, catchup_committed)
+                    .map_err(|e| err("reuse", e))?;
+                if self.crashes_here() {
+                    self.stats.local_step_crashes += 1;
+                    self.crash()?;
+                    return Ok(Applied::Crashed);
+                }
+            }
         }
         let buffer = self.buffer()?;
-        match decision.local_step() {
-            LocalStep::Reuse {
-                catchup_committed, ..
-            } if reuse_fails => {
-                if catchup_moved_first {
-                    buffer
-                        .record_resumed(Lane::Catchup, &self.topic, partition, catchup_committed)
-                        .map_err(|e| err("reuse", e))?;
-                }
+        match step {
+            LocalStep::Reuse { .. } if reuse_fails => {
                 buffer
                     .reset_partition(&self.topic, partition, decision.layout.clone())
                     .map_err(|e| err("layout after a failed reuse", e))?;
             }
-            LocalStep::Reuse {
-                catchup_committed,
-                live_committed,
-            } => {
+            LocalStep::Reuse { live_committed, .. } => {
                 buffer
-                    .record_resumed(Lane::Catchup, &self.topic, partition, catchup_committed)
-                    .and_then(|_| {
-                        buffer.record_resumed(Lane::Live, &self.topic, partition, live_committed)
-                    })
+                    .record_resumed(Lane::Live, &self.topic, partition, live_committed)
                     .map_err(|e| err("reuse", e))?;
             }
             LocalStep::Reset { layout, .. } => {
@@ -822,7 +878,8 @@ impl Sim {
         runtime.side_entry = decision.side_entry.clone();
         // As the live fetcher sets it.
         runtime.main_committed = main_committed;
-        self.start_fetching(part, &state)
+        self.start_fetching(part, &state)?;
+        Ok(Applied::Started)
     }
 
     /// Readers at the committed offsets, fetchers at the fetched ones (the catch-up lane's
@@ -854,7 +911,7 @@ impl Sim {
             // As the live fetcher sets it up, with the high watermark it reads (a new leader
             // may report a lower one for a while).
             let log = &runtime.log;
-            let high = log.lowered_high.unwrap_or(log.high()).min(log.high());
+            let high = log.reported_high();
             let seen_end = high.max(runtime.live_handed_next.unwrap_or(high));
             runtime.index = KeyIndex::for_assignment(state, seen_end);
         }
@@ -898,13 +955,24 @@ impl Sim {
                 rebuild: None,
             });
         }
+        let mut live = LanePartition::live(layout, state.live.fetched_next);
+        let client = match self.parked.remove(&part) {
+            Some(parked) => {
+                // As `retry_unreconciled` does: the member's client stands at the log end,
+                // and the broken chain has the live lane move it to the buffer's position.
+                live.break_chain();
+                self.stats.parked_repositioned += 1;
+                parked
+            }
+            None => Client::new(state.live.fetched_next, self.faults),
+        };
         self.generations += 1;
         self.fetchers.push(Fetcher {
             lane: Lane::Live,
             part,
             generation: self.generations,
-            client: Client::new(state.live.fetched_next, self.faults),
-            state: LanePartition::live(layout, state.live.fetched_next),
+            client,
+            state: live,
             zombie: false,
             rebuild: None,
         });
@@ -1348,8 +1416,7 @@ impl Sim {
                     let watermarks = if self.faults && self.rng.chance(50) {
                         Err("watermarks timed out".to_owned())
                     } else {
-                        let high = log.high();
-                        Ok((log.low, log.lowered_high.unwrap_or(high).min(high)))
+                        Ok((log.low, log.reported_high()))
                     };
                     match fetcher.state.handle_watermarks(watermarks, now) {
                         AfterOutOfRange::Truncated { append, .. } => {
@@ -1453,6 +1520,10 @@ impl Sim {
                 fetcher.state.restarted_at(at);
             }
         }
+        // A partition not reconciled yet is assigned at the log end again, still paused.
+        for (&part, client) in &mut self.parked {
+            client.assign(self.parts[part].log.reported_high(), &mut self.rng);
+        }
     }
 
     /// `part` is revoked (after a commit attempt, as the live fetcher does) and assigned
@@ -1483,6 +1554,8 @@ impl Sim {
                 fetcher.zombie = true;
             }
         }
+        // Unassigned by the revoke: a new assignment starts it afresh.
+        self.parked.remove(&part);
         self.assign(&[part])
     }
 

@@ -80,6 +80,11 @@ impl Log {
         self.entries.len() as i64
     }
 
+    /// The high watermark the leader reports (a new one may report a lower one for a while).
+    pub(super) fn reported_high(&self) -> i64 {
+        self.lowered_high.unwrap_or(self.high()).min(self.high())
+    }
+
     pub(super) fn produce(&mut self, rng: &mut Rng) {
         let entry = match rng.below(20) {
             0 => Entry::Marker,
@@ -293,7 +298,7 @@ impl Client {
                 self.fetch_pos = None;
                 return Some(Polled::OutOfRange);
             }
-            let high = log.lowered_high.unwrap_or(log.high()).min(log.high());
+            let high = log.reported_high();
             let high = self.told_high.map_or(high, |told| told.min(high));
             if pos > high {
                 // A new leader whose high watermark is below the fetch position: out of range,
