@@ -69,7 +69,7 @@ fn the_consumer_never_loses_a_record() {
          partition, {} transient errors taken in a run, {} entries taken after an error in its run ({} of them in a long tail), {} assignments of everything (eager), {} main-log writes refused, {} \
          partitions whose assignment waited for a write to Kafka, {} writes reported failed yet \
          applied, {} failed creations of the catch-up consumer, {} topic ids unreadable, {} assignments without \
-         the group's offsets, {} partitions waiting for what could not be read, {} reuses refused and laid out afresh, {} partitions reconciled on a retry and moved from the log end, {} crashes inside an assignment's local steps, {} partitions assigned \
+         the group's offsets, {} partitions waiting for what could not be read, {} reuses refused and laid out afresh, {} partitions reconciled on a retry and moved from the log end, {} crashes inside an assignment's local steps, {} histories with a free-space floor ({} stops below it, {} appends refused, {} resumes on a drained buffer), {} partitions assigned \
          again within a poll round, {} histories with a memory tier ({} crashes losing what it \
          held, {} bytes spilled to sled), {} histories in mode latest ({} records superseded, {} \
          assignments waiting for their keys to be read again), {} reads waiting for commits, {} \
@@ -96,6 +96,10 @@ fn the_consumer_never_loses_a_record() {
         stats.reuse_fallbacks,
         stats.parked_repositioned,
         stats.local_step_crashes,
+        stats.disks,
+        stats.disk_stops,
+        stats.disk_refusals,
+        stats.disk_reuses,
         stats.rebalances_in_a_round,
         stats.memory_tier,
         stats.memory_lost,
@@ -131,6 +135,9 @@ fn the_consumer_never_loses_a_record() {
                 && stats.reuse_fallbacks > 0
                 && stats.parked_repositioned > 0
                 && stats.local_step_crashes > 0
+                && stats.disk_stops > 0
+                && stats.disk_refusals > 0
+                && stats.disk_reuses > 0
                 && stats.rebalances_in_a_round > 0
                 && stats.memory_tier > 0
                 && stats.memory_lost > 0

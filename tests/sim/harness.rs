@@ -22,8 +22,9 @@
 //! reading and acking between, as the group member's commit thread sends it — and the real
 //! [`Buffer`] on a temporary directory, read by readers that ack in any order. The process
 //! crashes at any step, between two writes included (to Kafka, or to the buffer at an
-//! assignment); revokes leave stale writers behind. Time is simulated (`STEP_TIME` per step):
-//! holds and backoffs run on it.
+//! assignment); revokes leave stale writers behind. One history in three has a free-space
+//! floor ([`DiskGuard`] over a simulated disk): below it every append fails, as the fetchers
+//! answer it. Time is simulated (`STEP_TIME` per step): holds and backoffs run on it.
 //!
 //! Oracle: what Kafka claims processed — read back, after every write, by reconciliation as a
 //! restarted consumer would — holds only delivered records (invariant 1); deliveries strictly
@@ -41,8 +42,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use catchup::fetch::{
-    AfterOutOfRange, AppendResult, Facts, Hold, LanePartition, PollErrorKind, Polled as LanePolled,
-    Round, Schedule,
+    AfterOutOfRange, AppendResult, DiskFloor, DiskGuard, DiskSpace, Facts, Hold, LanePartition,
+    PollErrorKind, Polled as LanePolled, Round, Schedule,
 };
 use catchup::plan::{
     AckTracker, CommitCycle, CommitPlan, Committed, Decision, Inputs, KeyIndex, LocalStep,
@@ -303,6 +304,12 @@ pub struct Stats {
     /// Crashes inside an assignment's local steps: between a partition's two buffer writes,
     /// or between two partitions.
     pub local_step_crashes: u64,
+    /// The free-space floor: histories with a simulated disk, times writing stopped below
+    /// the floor, appends refused meanwhile, and resumes below the floor on a drained buffer.
+    pub disks: u64,
+    pub disk_stops: u64,
+    pub disk_refusals: u64,
+    pub disk_reuses: u64,
     /// Histories whose buffer kept appends in memory (a small allowance: spills are common).
     pub memory_tier: u64,
     /// Crashes that lost records the memory tier held.
@@ -348,6 +355,10 @@ impl std::ops::AddAssign for Stats {
         self.reuse_fallbacks += other.reuse_fallbacks;
         self.parked_repositioned += other.parked_repositioned;
         self.local_step_crashes += other.local_step_crashes;
+        self.disks += other.disks;
+        self.disk_stops += other.disk_stops;
+        self.disk_refusals += other.disk_refusals;
+        self.disk_reuses += other.disk_reuses;
         self.memory_tier += other.memory_tier;
         self.memory_lost += other.memory_lost;
         self.spilled_bytes += other.spilled_bytes;
@@ -394,6 +405,8 @@ pub struct Sim {
     /// the partition gives it to the live lane with its chain broken, and the production
     /// cursor has it moved to the buffer's position (`retry_unreconciled`).
     parked: BTreeMap<usize, Client>,
+    /// The buffer's filesystem, when this history has a free-space floor.
+    disk: Option<Disk>,
     stats: Stats,
     /// The buffer's spilled bytes when this history began.
     spilled_from: u64,
@@ -430,6 +443,23 @@ struct SentCycle {
     started: Instant,
     reader_waits: bool,
 }
+
+/// The buffer's filesystem, for the free-space floor: the production guard ([`DiskGuard`])
+/// fed its free space — what other files leave (they come and go under faults), less
+/// `RECORD_DISK` a record the buffer holds uncommitted — and whether the buffer holds
+/// nothing unacknowledged, as the engine's `may_write` feeds it.
+struct Disk {
+    guard: DiskGuard,
+    floor: DiskFloor,
+    total: u64,
+    /// Bytes of other files.
+    others: u64,
+}
+
+/// What a record takes on the simulated disk, and the floor: its margin (a tenth, at least
+/// 1 MiB) is about 25 records.
+const RECORD_DISK: u64 = 64 << 10;
+const DISK_FLOOR: u64 = 16 << 20;
 
 /// How much simulated time a step takes (holds of 1 s to 30 s last 20 to 600 steps).
 const STEP_TIME: Duration = Duration::from_millis(50);
@@ -506,6 +536,15 @@ impl Sim {
             .set_memory_bytes(memory)
             .map_err(|e| err("memory allowance", e))?;
         let spilled_from = buffer.spilled_bytes();
+        // One history in three has a floor, with room for a few to a few hundred records
+        // above it.
+        let disk = rng.chance(333).then(|| Disk {
+            guard: DiskGuard::default(),
+            floor: DiskFloor::new(DISK_FLOOR, 0.0),
+            total: DiskGuard::resume_at(DISK_FLOOR) + (4 + rng.below(200)) * RECORD_DISK,
+            others: 0,
+        });
+        let disks = u64::from(disk.is_some());
         let mut sim = Self {
             rng,
             dir,
@@ -525,8 +564,10 @@ impl Sim {
             generations: 0,
             unreconciled: BTreeSet::new(),
             parked: BTreeMap::new(),
+            disk,
             stats: Stats {
                 partitions: count,
+                disks,
                 memory_tier: u64::from(memory > 0),
                 latest: u64::from(latest),
                 ..Stats::default()
@@ -1024,6 +1065,19 @@ impl Sim {
         for fetcher in &mut self.fetchers {
             fetcher.client.faults = false;
         }
+        // The operator makes room: the other files go, and the disk holds every record
+        // (this simulation has no byte budget bounding what the lanes buffer).
+        let records: u64 = self
+            .parts
+            .iter()
+            .map(|part| part.log.high() as u64 + FAILING_DRAIN_BACKLOG as u64 + 1)
+            .sum();
+        if let Some(disk) = self.disk.as_mut() {
+            disk.others = 0;
+            disk.total = disk
+                .total
+                .max(DiskGuard::resume_at(DISK_FLOOR) + 2 * records * RECORD_DISK);
+        }
         if self.parts.len() > 1 && self.rng.chance(333) {
             self.drain_while_one_partition_fails()?;
         }
@@ -1162,6 +1216,13 @@ impl Sim {
             15 if faults && self.rng.chance(300) => {
                 let part = self.random_part();
                 self.revoke_and_reassign(part)?
+            }
+            16 if faults && self.disk.is_some() => {
+                // Other files fill the disk, or are deleted.
+                let fill = self.rng.below(1000);
+                if let Some(disk) = self.disk.as_mut() {
+                    disk.others = disk.total / 1000 * fill;
+                }
             }
             16..=59 => {
                 let index = self.rng.below(self.fetchers.len() as u64) as usize;
@@ -1396,6 +1457,7 @@ impl Sim {
         index: usize,
         refused: &mut Vec<(usize, i64)>,
     ) -> Result<RoundEnd, Failure> {
+        let may_write = self.may_write()?;
         let buffer = self.buffer.as_ref().ok_or("buffer closed")?;
         let now = self.now;
         let fetcher = &mut self.fetchers[index];
@@ -1451,6 +1513,12 @@ impl Sim {
                     .handle_appended(AppendResult::Stored { fetched_next: next });
                 continue;
             }
+            if !may_write {
+                // Below the free-space floor: refetched later from the buffer's position.
+                self.stats.disk_refusals += 1;
+                fetcher.state.handle_appended(AppendResult::Failed);
+                continue;
+            }
             let result = buffer.append(lane, &self.topic, partition, append.as_fetched());
             let stored = result.is_ok();
             match answer(result, zombie, lane)? {
@@ -1497,6 +1565,49 @@ impl Sim {
             let _ = fetcher.state.handle_moved(at, moved);
         }
         Ok(RoundEnd::Keep)
+    }
+
+    /// Whether a fetcher may append now, as the engine's `may_write` decides it: the
+    /// production guard fed the simulated disk's free space and whether the buffer holds
+    /// nothing unacknowledged.
+    fn may_write(&mut self) -> Result<bool, Failure> {
+        if self.disk.is_none() {
+            return Ok(true);
+        }
+        let (mut held, mut drained) = (0, true);
+        for part in 0..self.parts.len() {
+            let Some(state) = self
+                .buffer()?
+                .partition_state(&self.topic, id(part))
+                .map_err(|e| err("state", e))?
+            else {
+                continue;
+            };
+            let runtime = !self.unreconciled.contains(&part);
+            for (lane, cursors) in [(Lane::Catchup, state.catchup), (Lane::Live, state.live)] {
+                held += (cursors.fetched_next - cursors.committed_next).max(0) as u64;
+                let acked = self.parts[part].readers[lane_index(lane)]
+                    .acks
+                    .committable();
+                drained &= !runtime || acked >= cursors.fetched_next;
+            }
+        }
+        let Some(disk) = self.disk.as_mut() else {
+            return Ok(true);
+        };
+        let used = disk.others + held * RECORD_DISK;
+        let space = DiskSpace {
+            available: disk.total.saturating_sub(used),
+            total: disk.total,
+        };
+        if let Some(change) = disk.guard.observe(&disk.floor, space, drained) {
+            if change.low {
+                self.stats.disk_stops += 1;
+            } else if change.reusing {
+                self.stats.disk_reuses += 1;
+            }
+        }
+        Ok(!disk.guard.is_low())
     }
 
     /// Under an eager protocol: the whole assignment assigned again, every live lane
