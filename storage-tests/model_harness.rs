@@ -49,6 +49,9 @@ pub enum Op {
     Sync,
     /// Crash without sync and recover.
     Crash,
+    /// Power lost without sync: each page written since the last sync persisted or not, on
+    /// its own (chosen with `seed`), each file's length and a new or deleted file likewise.
+    TornCrash { seed: u16 },
     /// Close cleanly and reopen.
     Reopen,
 }
@@ -83,7 +86,10 @@ pub fn ops_from_bytes(data: &[u8]) -> Vec<Op> {
                     from: u16::from(b[3]),
                 },
                 13 => Op::Sync,
-                14 => Op::Crash,
+                14 if b[2] & 4 == 0 => Op::Crash,
+                14 => Op::TornCrash {
+                    seed: u16::from_be_bytes([b[1], b[3]]),
+                },
                 _ => Op::Reopen,
             }
         })
@@ -181,6 +187,89 @@ impl PartitionModel {
     }
 }
 
+/// Tears the crash image in `image` against the files of the last durable point in
+/// `synced`: every 4 KiB page that differs comes from either, a file's length is either, and a
+/// file present in only one of them is there or not. The choices follow `seed`. Returns how
+/// many differing pages (or files) came from `synced`.
+fn tear(synced: &Path, image: &Path, seed: u16) -> std::io::Result<u32> {
+    const PAGE: usize = 4096;
+    let mut state = u64::from(seed).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut coin = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state & 1 == 0
+    };
+    let mut from_synced = 0;
+    let mut names = std::collections::BTreeSet::new();
+    for dir in [synced, image] {
+        for path in files_under(dir, dir)? {
+            names.insert(path);
+        }
+    }
+    for name in names {
+        let old = std::fs::read(synced.join(&name)).ok();
+        let new = std::fs::read(image.join(&name)).ok();
+        let target = image.join(&name);
+        let torn = match (old, new) {
+            (Some(old), Some(new)) if old == new => continue,
+            (Some(old), Some(new)) => {
+                let len = if coin() { old.len() } else { new.len() };
+                let mut torn = vec![0u8; len];
+                for (index, page) in torn.chunks_mut(PAGE).enumerate() {
+                    let at = index * PAGE;
+                    let page_of = |file: &[u8]| -> Vec<u8> {
+                        file.iter().skip(at).take(PAGE).copied().collect()
+                    };
+                    let differs = page_of(&old) != page_of(&new);
+                    let from = if coin() {
+                        from_synced += u32::from(differs);
+                        &old
+                    } else {
+                        &new
+                    };
+                    if let Some(rest) = from.get(at..) {
+                        let have = rest.len().min(page.len());
+                        page[..have].copy_from_slice(&rest[..have]);
+                    }
+                }
+                Some(torn)
+            }
+            (None, Some(new)) => coin().then_some(new).or_else(|| {
+                from_synced += 1;
+                None
+            }),
+            (Some(old), None) => coin().then_some(old).inspect(|_| from_synced += 1),
+            (None, None) => continue,
+        };
+        match torn {
+            Some(bytes) => {
+                if let Some(parent) = target.parent() {
+                    std::fs::create_dir_all(parent)?;
+                }
+                std::fs::write(&target, bytes)?;
+            }
+            None if target.exists() => std::fs::remove_file(&target)?,
+            None => {}
+        }
+    }
+    Ok(from_synced)
+}
+
+/// The files under `dir`, relative to `root`.
+fn files_under(root: &Path, dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        if entry.file_type()?.is_dir() {
+            files.extend(files_under(root, &entry.path())?);
+        } else if let Ok(relative) = entry.path().strip_prefix(root) {
+            files.push(relative.to_path_buf());
+        }
+    }
+    Ok(files)
+}
+
 /// The real buffer next to the model.
 pub struct Harness {
     root: tempfile::TempDir,
@@ -190,6 +279,12 @@ pub struct Harness {
     /// Model states since the last sync, oldest first: what a crash may leave.
     since_sync: Vec<Observed>,
     next_epoch: u64,
+    /// Torn crashes whose image sled could not recover, and which therefore started empty
+    /// (as the consumer starts on a damaged buffer).
+    pub emptied: u32,
+    /// Pages (or whole files) torn crashes took from the last durable point while the
+    /// crashed files differed there.
+    pub torn: u32,
 }
 
 fn options() -> BufferOptions {
@@ -230,14 +325,31 @@ impl Harness {
             model: Observed::new(),
             since_sync: Vec::new(),
             next_epoch: 1,
+            emptied: 0,
+            torn: 0,
         };
         harness.buffer = Some(Buffer::open(harness.dir(), options()).map_err(|e| e.to_string())?);
         harness.since_sync.push(harness.model.clone());
+        harness.keep_synced()?;
         Ok(harness)
     }
 
     fn dir(&self) -> PathBuf {
         self.root.path().join(format!("gen{}", self.generation))
+    }
+
+    /// Where the files stood at the last durable point, which a torn crash mixes with the
+    /// files as they are.
+    fn synced_dir(&self) -> PathBuf {
+        self.root.path().join("synced")
+    }
+
+    fn keep_synced(&self) -> Result<(), String> {
+        let synced = self.synced_dir();
+        if synced.exists() {
+            std::fs::remove_dir_all(&synced).map_err(|e| e.to_string())?;
+        }
+        copy_dir(&self.dir(), &synced).map_err(|e| format!("copying the synced files: {e}"))
     }
 
     fn buffer(&self) -> Result<&Buffer, String> {
@@ -246,15 +358,15 @@ impl Harness {
             .ok_or_else(|| "no open buffer".to_string())
     }
 
-    /// Runs `ops` and checks after each one.
-    pub fn run(ops: &[Op]) -> Result<(), String> {
+    /// Runs `ops` and checks after each one; returns the harness, for its counts.
+    pub fn run(ops: &[Op]) -> Result<Self, String> {
         let mut harness = Self::new()?;
         for (index, op) in ops.iter().enumerate() {
             harness
                 .apply(op)
                 .map_err(|e| format!("op {index} {op:?}: {e}"))?;
         }
-        Ok(())
+        Ok(harness)
     }
 
     /// Applies one operation to both and compares them.
@@ -359,13 +471,16 @@ impl Harness {
             Op::Sync => {
                 self.buffer()?.sync().map_err(err)?;
                 self.since_sync.clear();
+                self.keep_synced()?;
             }
             Op::Reopen => {
                 self.buffer = None; // sled flushes on a clean close
                 self.buffer = Some(Buffer::open(self.dir(), options()).map_err(err)?);
                 self.since_sync.clear();
+                self.keep_synced()?;
             }
-            Op::Crash => return self.crash(),
+            Op::Crash => return self.crash(None),
+            Op::TornCrash { seed } => return self.crash(Some(seed)),
         }
         self.since_sync.push(self.model.clone());
         let observed = self.observe()?;
@@ -378,14 +493,30 @@ impl Harness {
         Ok(())
     }
 
-    fn crash(&mut self) -> Result<(), String> {
+    fn crash(&mut self, torn: Option<u16>) -> Result<(), String> {
         let from = self.dir();
         self.generation += 1;
         let to = self.dir();
         copy_dir(&from, &to).map_err(|e| format!("copying the crash image: {e}"))?;
         self.buffer = None;
-        let buffer =
-            Buffer::open(&to, options()).map_err(|e| format!("reopen after crash: {e}"))?;
+        if let Some(seed) = torn {
+            self.torn += tear(&self.synced_dir(), &to, seed)
+                .map_err(|e| format!("tearing the image: {e}"))?;
+        }
+        let buffer = match Buffer::open(&to, options()) {
+            Err(StoreError::Damaged { .. }) if torn.is_some() => {
+                // Beyond sled's recovery: the consumer starts such a buffer empty.
+                self.emptied += 1;
+                Buffer::empty(&to).map_err(|e| e.to_string())?;
+                let buffer = Buffer::open(&to, options()).map_err(|e| e.to_string())?;
+                self.buffer = Some(buffer);
+                self.model = Observed::new();
+                self.since_sync = vec![self.model.clone()];
+                self.keep_synced()?;
+                return Ok(());
+            }
+            other => other.map_err(|e| format!("reopen after crash: {e}"))?,
+        };
         let findings = buffer.verify().map_err(|e| e.to_string())?;
         if !findings.is_empty() {
             return Err(format!("verify after crash: {findings:?}"));
@@ -397,7 +528,7 @@ impl Harness {
             Some(_) => {
                 self.model = observed;
                 self.since_sync = vec![self.model.clone()];
-                Ok(())
+                self.keep_synced()
             }
             None => Err(format!(
                 "after a crash the buffer matches no state since the last sync:\n buffer {observed:?}\n candidates {:?}",
