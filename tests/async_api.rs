@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use catchup::{CatchupConsumer, Error, Mode};
-use support::{Kafka, unique};
+use support::{Backlog, Kafka, unique};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -54,11 +54,7 @@ async fn connect_leaves_the_runtime_free() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn subscribe_returns_at_once_and_recv_reports_what_the_client_refused() {
     let kafka = Kafka::connect();
-    let topic = unique("async-subscribe");
-    kafka.create_topic(&topic, 1).await;
-    kafka.produce(&topic, 1, 10).await;
-    let group = unique("async-subscribe-group");
-    kafka.commit_as_operator(&group, &topic, &[0]);
+    let Backlog { topic, group, .. } = kafka.backlog("async-subscribe", 1, 10).await;
     let dir = tempfile::tempdir().expect("tempdir");
     let config = support::test_config(dir.path(), Mode::Ordered, 1_000).auto_ack(true);
     let consumer = CatchupConsumer::connect(&kafka.consumer_config(&group), config)

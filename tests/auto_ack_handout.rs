@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use catchup::{CatchupConfig, CatchupConsumer, Mode};
-use support::{Kafka, catchup_consumer, unique};
+use support::{Backlog, Kafka, catchup_consumer, unique};
 
 const RECORDS: i64 = 2_000;
 const TAKEN: i64 = 10;
@@ -109,11 +109,7 @@ async fn a_revoke_commits_only_what_recv_handed_out() {
     const PER_PARTITION: i64 = 100;
     const TOTAL: usize = 2 * PER_PARTITION as usize;
     let kafka = Kafka::connect();
-    let topic = unique("auto-ack-revoke");
-    kafka.create_topic(&topic, 2).await;
-    kafka.produce(&topic, 2, TOTAL).await;
-    let group = unique("auto-ack-revoke-group");
-    kafka.commit_as_operator(&group, &topic, &[0, 0]);
+    let Backlog { topic, group, .. } = kafka.backlog("auto-ack-revoke", 2, TOTAL).await;
 
     let dir_a = tempfile::tempdir().expect("tempdir");
     let first = catchup_consumer(&kafka, &group, config(&dir_a));

@@ -9,7 +9,7 @@ mod support;
 use std::time::Duration;
 
 use catchup::{CatchupConfig, Event, Mode};
-use support::{Kafka, catchup_consumer, take_unacked_until_event, unique, wait_for_event};
+use support::{Backlog, Kafka, catchup_consumer, take_unacked_until_event, wait_for_event};
 
 const WAIT: Duration = Duration::from_secs(60);
 const RECORDS: usize = 20_000;
@@ -18,11 +18,7 @@ const BUDGET: u64 = 32 << 10;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fetchers_pause_at_the_budget_and_resume_below_half() {
     let kafka = Kafka::connect();
-    let topic = unique("budget");
-    kafka.create_topic(&topic, 1).await;
-    kafka.produce(&topic, 1, RECORDS).await;
-    let group = unique("budget-group");
-    kafka.commit_as_operator(&group, &topic, &[0]);
+    let Backlog { topic, group, .. } = kafka.backlog("budget", 1, RECORDS).await;
     let dir = tempfile::tempdir().expect("tempdir");
     let config = CatchupConfig::new(dir.path())
         .mode(Mode::Ordered)

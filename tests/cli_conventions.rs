@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use support::cli::wait_with_deadline;
-use support::{Kafka, unique};
+use support::{Backlog, Kafka};
 
 fn catchup() -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_catchup"));
@@ -37,11 +37,7 @@ const SCHEMA: [&str; 9] = [
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn environment_config_file_and_sink_on_stdout() {
     let kafka = Kafka::connect();
-    let topic = unique("cli-conventions");
-    kafka.create_topic(&topic, 1).await;
-    kafka.produce(&topic, 1, 50).await;
-    let group = unique("cli-conventions-group");
-    kafka.commit_as_operator(&group, &topic, &[0]);
+    let Backlog { topic, group, .. } = kafka.backlog("cli-conventions", 1, 50).await;
     let temp = tempfile::tempdir().expect("tempdir");
     let properties = temp.path().join("client.properties");
     std::fs::write(

@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use support::cli::{sink_lines, wait_with_deadline};
-use support::{Kafka, unique};
+use support::{Backlog, Kafka, unique};
 
 fn sink_offsets(sink: &Path) -> Vec<i64> {
     sink_lines(sink)
@@ -53,11 +53,7 @@ fn run(kafka: &Kafka, group: &str, topic: &str, dir: &Path, sink: &Path, extra: 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_right_after_a_sigkill_processes_the_backlog() {
     let kafka = Kafka::connect();
-    let topic = unique("idle-restart");
-    kafka.create_topic(&topic, 1).await;
-    kafka.produce(&topic, 1, 2_000).await;
-    let group = unique("idle-restart-group");
-    kafka.commit_as_operator(&group, &topic, &[0]);
+    let Backlog { topic, group, .. } = kafka.backlog("idle-restart", 1, 2_000).await;
     let temp = tempfile::tempdir().expect("tempdir");
 
     // A slow first consumer, killed once it has processed something.

@@ -8,7 +8,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use catchup::{DeliveryLane, Mode};
-use support::{Kafka, catchup_consumer, test_config, unique};
+use support::{Backlog, Kafka, catchup_consumer, test_config};
 
 const BACKLOG: usize = 6_000;
 const RUN_FOR: Duration = Duration::from_secs(12);
@@ -18,11 +18,7 @@ const PER_RECORD: Duration = Duration::from_millis(4);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_backlog_gets_a_share_while_fresh_records_outpace_the_application() {
     let kafka = Kafka::connect();
-    let topic = unique("share");
-    kafka.create_topic(&topic, 1).await;
-    kafka.produce(&topic, 1, BACKLOG).await;
-    let group = unique("share-group");
-    kafka.commit_as_operator(&group, &topic, &[0]);
+    let Backlog { topic, group, .. } = kafka.backlog("share", 1, BACKLOG).await;
     let dir = tempfile::tempdir().expect("tempdir");
     let consumer = catchup_consumer(
         &kafka,

@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use catchup::{DeliveryLane, Mode, SideStatus};
-use support::{Kafka, catchup_consumer, test_config, unique};
+use support::{Backlog, Kafka, catchup_consumer, test_config, unique};
 
 const WAIT: Duration = Duration::from_secs(60);
 const BACKLOG: usize = 2000;
@@ -17,11 +17,7 @@ const BACKLOG: usize = 2000;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lag_during_a_split_agrees_with_the_consumer() {
     let kafka = Kafka::connect();
-    let topic = unique("lag");
-    kafka.create_topic(&topic, 1).await;
-    kafka.produce(&topic, 1, BACKLOG).await;
-    let group = unique("lag-group");
-    kafka.commit_as_operator(&group, &topic, &[0]);
+    let Backlog { topic, group, .. } = kafka.backlog("lag", 1, BACKLOG).await;
     let dir = tempfile::tempdir().expect("tempdir");
     let consumer = catchup_consumer(
         &kafka,

@@ -10,7 +10,7 @@ use std::time::Duration;
 use catchup::{Event, Mode};
 use metrics::Unit;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-use support::{Kafka, catchup_consumer, unique, wait_for_event};
+use support::{Backlog, Kafka, catchup_consumer, wait_for_event};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -23,11 +23,7 @@ async fn a_split_reports_its_metrics() {
         .expect("the only recorder of this test binary");
 
     let kafka = Kafka::connect();
-    let topic = unique("metrics");
-    kafka.create_topic(&topic, 1).await;
-    kafka.produce(&topic, 1, 300).await;
-    let group = unique("metrics-group");
-    kafka.commit_as_operator(&group, &topic, &[0]);
+    let Backlog { topic, group, .. } = kafka.backlog("metrics", 1, 300).await;
     let dir = tempfile::tempdir().expect("tempdir");
     let config = support::test_config(dir.path(), Mode::Concurrent, 100);
     let consumer = catchup_consumer(&kafka, &group, config);
@@ -128,11 +124,7 @@ async fn a_split_reports_its_metrics() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn catchup_run_serves_prometheus_metrics() {
     let kafka = Kafka::connect();
-    let topic = unique("metrics-cli");
-    kafka.create_topic(&topic, 1).await;
-    kafka.produce(&topic, 1, 200).await;
-    let group = unique("metrics-cli-group");
-    kafka.commit_as_operator(&group, &topic, &[0]);
+    let Backlog { topic, group, .. } = kafka.backlog("metrics-cli", 1, 200).await;
     let dir = tempfile::tempdir().expect("tempdir");
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())

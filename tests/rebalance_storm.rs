@@ -19,7 +19,7 @@ use catchup::{CatchupConsumer, Event, Mode};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rdkafka::ClientConfig;
-use support::{Kafka, unique};
+use support::{Backlog, Kafka};
 
 const PARTITIONS: i32 = 4;
 const BACKLOG: usize = 20_000;
@@ -332,11 +332,7 @@ async fn storm(protocol: Protocol) {
         "rebalance storm {protocol:?}: seed {seed} (CATCHUP_STORM_SEED={seed} replays the schedule)"
     );
     let kafka = Arc::new(Kafka::connect());
-    let topic = unique("storm");
-    kafka.create_topic(&topic, PARTITIONS).await;
-    kafka.produce(&topic, PARTITIONS, BACKLOG).await;
-    let group = unique("storm-group");
-    kafka.commit_as_operator(&group, &topic, &[0; PARTITIONS as usize]);
+    let Backlog { topic, group, .. } = kafka.backlog("storm", PARTITIONS, BACKLOG).await;
     let client = client_config(&kafka, &group, protocol);
 
     let deliveries: Deliveries = Arc::default();

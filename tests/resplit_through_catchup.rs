@@ -15,7 +15,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use catchup::{CatchupConfig, CatchupConsumer, DeliveryLane, Event, Mode};
-use support::{Kafka, catchup_consumer, side_value, unique, wait_for_event};
+use support::{Backlog, Kafka, catchup_consumer, side_value, wait_for_event};
 
 const BACKLOG: i64 = 3000;
 /// Records produced after the first split, so the live lane has some.
@@ -132,11 +132,7 @@ async fn first_life(kafka: &Kafka, consumer: &CatchupConsumer, topic: &str, grou
 async fn a_resplit_fetches_both_catch_up_ranges() {
     let started = Instant::now();
     let kafka = Kafka::connect();
-    let topic = unique("resplit");
-    kafka.create_topic(&topic, 1).await;
-    kafka.produce(&topic, 1, BACKLOG as usize).await;
-    let group = unique("resplit-group");
-    kafka.commit_as_operator(&group, &topic, &[0]);
+    let Backlog { topic, group, .. } = kafka.backlog("resplit", 1, BACKLOG as usize).await;
 
     let dir_a = tempfile::tempdir().expect("tempdir");
     let first_epoch = {

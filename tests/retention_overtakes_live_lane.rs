@@ -14,7 +14,7 @@ use catchup::{CatchupConfig, CatchupConsumer, Event, Mode};
 use rdkafka::admin::{AdminClient, AdminOptions};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
-use support::{Kafka, subscribe_until_split, take_unacked_until_event, unique, wait_for_event};
+use support::{Backlog, Kafka, subscribe_until_split, take_unacked_until_event, wait_for_event};
 
 const WAIT: Duration = Duration::from_secs(60);
 const BACKLOG: usize = 3_000;
@@ -36,11 +36,7 @@ async fn a_truncated_live_lane_continues_under_an_eager_assignor() {
 
 async fn truncated_live_lane(assignor: Option<&str>) {
     let kafka = Kafka::connect();
-    let topic = unique("retention");
-    kafka.create_topic(&topic, 1).await;
-    kafka.produce(&topic, 1, BACKLOG).await;
-    let group = unique("retention-group");
-    kafka.commit_as_operator(&group, &topic, &[0]);
+    let Backlog { topic, group, .. } = kafka.backlog("retention", 1, BACKLOG).await;
     let dir = tempfile::tempdir().expect("tempdir");
     let config = CatchupConfig::new(dir.path())
         .mode(Mode::Ordered)

@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use catchup::{CatchupConsumer, ClientHooks, DeliveryLane, Error, Event, Mode};
 use rdkafka::client::OAuthToken;
 use support::cli::wait_with_deadline;
-use support::{Kafka, secure_client, side_value, unique, wait_for_event};
+use support::{Backlog, Kafka, secure_client, side_value, unique, wait_for_event};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -276,11 +276,7 @@ async fn a_wrong_password_is_refused_through_the_api() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn catchup_run_connects_from_a_properties_file() {
     let kafka = Kafka::connect();
-    let topic = unique("secure-cli");
-    kafka.create_topic(&topic, 1).await;
-    kafka.produce(&topic, 1, 30).await;
-    let group = unique("secure-cli-group");
-    kafka.commit_as_operator(&group, &topic, &[0]);
+    let Backlog { topic, group, .. } = kafka.backlog("secure-cli", 1, 30).await;
     let temp = tempfile::tempdir().expect("tempdir");
     let child = Command::new(env!("CARGO_BIN_EXE_catchup"))
         // No --brokers: the file's bootstrap.servers (the SASL_SSL listener) is all it has.

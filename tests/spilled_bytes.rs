@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use catchup::{Event, Mode};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-use support::{Kafka, catchup_consumer, unique, wait_for_event};
+use support::{Backlog, Kafka, catchup_consumer, wait_for_event};
 
 const WAIT: Duration = Duration::from_secs(60);
 const BACKLOG: usize = 300;
@@ -38,11 +38,7 @@ async fn fresh_records_behind_a_backlog_are_spilled_and_counted() {
     };
 
     let kafka = Kafka::connect();
-    let topic = unique("spilled");
-    kafka.create_topic(&topic, 1).await;
-    kafka.produce(&topic, 1, BACKLOG).await;
-    let group = unique("spilled-group");
-    kafka.commit_as_operator(&group, &topic, &[0]);
+    let Backlog { topic, group, .. } = kafka.backlog("spilled", 1, BACKLOG).await;
     let dir = tempfile::tempdir().expect("tempdir");
     let config = support::test_config(dir.path(), Mode::Ordered, 100).buffer_budget_bytes(BUDGET);
     let consumer = catchup_consumer(&kafka, &group, config);

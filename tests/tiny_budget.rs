@@ -8,7 +8,7 @@ mod support;
 use std::time::Duration;
 
 use catchup::{CatchupConfig, Event, Mode};
-use support::{Kafka, catchup_consumer, unique};
+use support::{Backlog, Kafka, catchup_consumer};
 
 const RECORDS: usize = 40;
 const WAIT: Duration = Duration::from_secs(30);
@@ -16,11 +16,7 @@ const WAIT: Duration = Duration::from_secs(30);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_budget_of_zero_still_drains_a_split() {
     let kafka = Kafka::connect();
-    let topic = unique("tiny-budget");
-    kafka.create_topic(&topic, 1).await;
-    kafka.produce(&topic, 1, RECORDS).await;
-    let group = unique("tiny-budget-group");
-    kafka.commit_as_operator(&group, &topic, &[0]);
+    let Backlog { topic, group, .. } = kafka.backlog("tiny-budget", 1, RECORDS).await;
     let dir = tempfile::tempdir().expect("tempdir");
     let config = CatchupConfig::new(dir.path())
         .mode(Mode::Ordered)

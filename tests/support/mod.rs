@@ -120,6 +120,14 @@ pub struct Produced {
     pub payload: Vec<u8>,
 }
 
+/// A topic with records behind a group's committed offsets ([`Kafka::backlog`]).
+pub struct Backlog {
+    pub topic: String,
+    pub group: String,
+    /// What was produced, in the order produced.
+    pub produced: Vec<Produced>,
+}
+
 /// The key and payload of the `index`-th record produced to `topic`.
 pub fn key_and_payload(topic: &str, index: usize) -> (Vec<u8>, Vec<u8>) {
     (
@@ -263,6 +271,24 @@ impl Kafka {
             .iter()
             .all(|p| p.leader() >= 0)
             .then_some(partitions.len())
+    }
+
+    /// The setup most scenarios start from: a new topic (named from `name`) of `partitions`
+    /// partitions with `count` records produced over them ([`Kafka::produce`]), and a new
+    /// group whose offsets an operator committed at 0, so that its consumer starts behind all
+    /// of them.
+    pub async fn backlog(&self, name: &str, partitions: i32, count: usize) -> Backlog {
+        let topic = unique(name);
+        self.create_topic(&topic, partitions).await;
+        let produced = self.produce(&topic, partitions, count).await;
+        let group = unique(&format!("{name}-group"));
+        let starts = vec![0; usize::try_from(partitions).expect("a partition count")];
+        self.commit_as_operator(&group, &topic, &starts);
+        Backlog {
+            topic,
+            group,
+            produced,
+        }
     }
 
     /// Produces `count` records round-robin over `partitions` partitions: record `i` goes to
