@@ -184,6 +184,7 @@ impl CatchupConsumer {
             },
         )?;
         let shared = Arc::new(Shared::new(buffer, config, group, health));
+        shared.warn_if_room_short();
         let (catchup, catchup_thread) = CatchupFetcher::spawn(client, shared.clone())?;
         let (live, live_thread) =
             LiveFetcher::spawn(client, shared.clone(), side_log, catchup.clone())?;

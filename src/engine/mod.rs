@@ -330,6 +330,34 @@ impl Shared {
         })
     }
 
+    /// Warns once, at start, when the buffer's filesystem leaves it less room above the
+    /// free-space floor than its byte budget may take ([`crate::fetch::room_short`]). A
+    /// measurement that fails says nothing here: the floor's own checks report it.
+    pub fn warn_if_room_short(&self) {
+        let config = &self.config;
+        let (Ok(space), Ok(held)) = (self.buffer.free_space(), self.buffer.disk_bytes()) else {
+            return;
+        };
+        let Some(short) = crate::fetch::room_short(
+            &config.disk_floor,
+            space,
+            held,
+            config.buffer_budget_bytes,
+            config.disk_allowance_bytes,
+        ) else {
+            return;
+        };
+        tracing::warn!(
+            path = %self.buffer.dir().display(),
+            room_bytes = short.room,
+            needed_bytes = short.needed,
+            "the buffer's filesystem leaves it {} above the free-space floor, and a byte budget of {} may take about {}: once that room is full fetching pauses, and a split partition in Ordered mode then waits for free space (its backlog cannot be written, its live records wait for the backlog); give the buffer more disk or a smaller budget",
+            mib(short.room),
+            mib(config.buffer_budget_bytes),
+            mib(short.needed)
+        );
+    }
+
     /// Whether the buffer may write its memory out at a clean close, and how much (the write
     /// allowance): measured once more, since a fetcher's last measurement may be minutes old,
     /// and never counted as drained (its partitions are gone, not processed), which would

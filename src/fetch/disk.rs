@@ -164,6 +164,49 @@ impl DiskGuard {
     }
 }
 
+/// What the buffer may come to occupy on disk with a byte budget of `budget_bytes` of
+/// unprocessed payload and a compaction allowance of `allowance_bytes`: sled stores payload
+/// at up to three times its size, and a compaction copies what is left (the sizing rule in
+/// the operations notes).
+pub fn room_for_budget(budget_bytes: u64, allowance_bytes: u64) -> u64 {
+    budget_bytes
+        .saturating_mul(3)
+        .saturating_add(allowance_bytes)
+        .saturating_add(16 << 20)
+}
+
+/// A buffer's filesystem too small for its budget, as [`room_short`] finds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RoomShort {
+    /// Bytes the buffer may occupy before the floor: what it holds plus what is free above
+    /// the floor.
+    pub room: u64,
+    /// What the budget may take ([`room_for_budget`]).
+    pub needed: u64,
+}
+
+/// Whether the buffer's filesystem leaves it less room than its budget may take, with
+/// `space` measured now and `held` bytes the buffer already occupies (space it reuses).
+/// Below the floor nothing is written; in `Ordered`, a split partition whose live records
+/// fill the room waits for free space there, since its backlog cannot be written and its
+/// live records wait for the backlog. Without a floor (`DiskFloor::DISABLED`) nothing is
+/// short: the disk's end is the limit the user chose.
+pub fn room_short(
+    floor: &DiskFloor,
+    space: DiskSpace,
+    held: u64,
+    budget_bytes: u64,
+    allowance_bytes: u64,
+) -> Option<RoomShort> {
+    let floor = floor.bytes(space.total);
+    if floor == 0 {
+        return None;
+    }
+    let room = space.available.saturating_sub(floor).saturating_add(held);
+    let needed = room_for_budget(budget_bytes, allowance_bytes);
+    (room < needed).then_some(RoomShort { room, needed })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -304,5 +347,53 @@ mod tests {
                 "{available} drained={drained}"
             );
         }
+    }
+
+    #[test]
+    fn the_room_above_the_floor_against_what_the_budget_may_take() {
+        let needed = |budget| room_for_budget(budget, 64 * MIB);
+        assert_eq!(needed(256 * MIB), 768 * MIB + 64 * MIB + 16 * MIB);
+        assert_eq!(room_for_budget(u64::MAX, 0), u64::MAX);
+        // (available, held, budget) on a 10 GiB filesystem with a 100 MiB floor.
+        let table: [(u64, u64, u64, Option<RoomShort>); 5] = [
+            // Room for the default budget.
+            (2 * GIB, 0, 256 * MIB, None),
+            // 900 MiB above the floor, 848 MiB needed.
+            (1000 * MIB, 0, 256 * MIB, None),
+            // 500 MiB above the floor: short.
+            (
+                600 * MIB,
+                0,
+                256 * MIB,
+                Some(RoomShort {
+                    room: 500 * MIB,
+                    needed: needed(256 * MIB),
+                }),
+            ),
+            // What the buffer holds already counts: it reuses it.
+            (600 * MIB, 400 * MIB, 256 * MIB, None),
+            // Below the floor already, with nothing held: no room at all.
+            (
+                50 * MIB,
+                0,
+                MIB,
+                Some(RoomShort {
+                    room: 0,
+                    needed: needed(MIB),
+                }),
+            ),
+        ];
+        for (available, held, budget, expected) in table {
+            assert_eq!(
+                room_short(&FLOOR_100_MIB, space(available), held, budget, 64 * MIB),
+                expected,
+                "available {available}, held {held}, budget {budget}"
+            );
+        }
+        // No floor: the user chose the disk's end as the limit.
+        assert_eq!(
+            room_short(&DiskFloor::DISABLED, space(MIB), 0, GIB, 0),
+            None
+        );
     }
 }

@@ -21,7 +21,9 @@ mod schedule;
 
 pub use budget::{PauseChange, PausePolicy, read_ahead_bytes, read_ahead_room};
 pub use cursor::{AppendResult, FetchCursor, PendingAppend};
-pub use disk::{DiskChange, DiskFloor, DiskGuard, DiskSpace};
+pub use disk::{
+    DiskChange, DiskFloor, DiskGuard, DiskSpace, RoomShort, room_for_budget, room_short,
+};
 pub use hold::{HOLD_FIRST, HOLD_MAX, Hold, Standing, standing};
 pub use lane::{AfterOutOfRange, LanePartition, Polled};
 pub use poll_error::{FatalKind, PollErrorKind, classify_poll_error, fatal_kind};
