@@ -1,9 +1,10 @@
 //! A full disk. The buffer directory lives on a small filesystem of its own (a tmpfs mount:
 //! the test needs root, as in CI, and skips with a message elsewhere).
 //!
-//! * With the free-space floor, `catchup run` pauses fetching before the disk fills, says so
-//!   once, stops within the deadline on SIGTERM with exit 0, and a second run after space
-//!   was freed processes every record.
+//! * With the free-space floor, `catchup run` says at start that the room above it is short of
+//!   its budget, pauses fetching before the disk fills, says so once, stops within the
+//!   deadline on SIGTERM with exit 0, and a second run after space was freed processes every
+//!   record.
 //! * With the floor disabled, the disk fills for real: sled fails the write, the run exits 1
 //!   with a message naming the buffer instead of hanging, and after the filesystem grows a
 //!   second run processes every record.
@@ -242,8 +243,14 @@ async fn below_the_floor_fetching_pauses_sigterm_exits_and_nothing_is_lost() {
         &first_sink,
         &[&floor[..], &slow[..], &WAITS_ON_DISK[..]].concat(),
     );
+    // 8 MiB above the floor, and a budget that may take 176 MiB: said at start.
+    let short = first.wait_for_line("above the free-space floor", Duration::from_secs(30));
+    assert!(
+        short.contains("WARN") && short.contains("Ordered mode"),
+        "a WARN at start that the room above the floor is short of the budget: {short}"
+    );
     produce_fresh(&kafka, &topic, &first_sink).await;
-    let warning = first.wait_for_line("free-space floor", Duration::from_secs(90));
+    let warning = first.wait_for_line("below its free-space floor", Duration::from_secs(90));
     assert!(
         warning.contains("WARN") && warning.contains(&buffer.display().to_string()),
         "one WARN line naming the buffer: {warning}"
