@@ -2,9 +2,10 @@
 //! the test needs root, as in CI, and skips with a message elsewhere).
 //!
 //! * With the free-space floor, `catchup run` says at start that the room above it is short of
-//!   its budget, pauses fetching before the disk fills, says so once, stops within the
-//!   deadline on SIGTERM with exit 0, and a second run after space was freed processes every
-//!   record.
+//!   its budget, pauses fetching before the disk fills and says so once; once the backlog it
+//!   buffered is processed (its live records wait behind the backlog) it fetches the backlog
+//!   on below the floor; it stops within the deadline on SIGTERM with exit 0, and a second run
+//!   after space was freed processes every record.
 //! * With the floor disabled, the disk fills for real: sled fails the write, the run exits 1
 //!   with a message naming the buffer instead of hanging, and after the filesystem grows a
 //!   second run processes every record.
@@ -227,13 +228,14 @@ async fn below_the_floor_fetching_pauses_sigterm_exits_and_nothing_is_lost() {
         return;
     };
     let (kafka, topic, group) = topic_and_group("disk-floor").await;
-    // 24 MiB left; the floor is 16 MiB: fetching must stop after about 8 MiB.
+    // 40 MiB left; the floor is 32 MiB: fetching must stop after about 8 MiB. (A floor this
+    // high above its half, the hard limit, leaves room to go on below it after an overshoot.)
     let filler_file = fs.path().join("filler");
-    filler(&filler_file, 40);
+    filler(&filler_file, 24);
     let buffer = fs.path().join("buffer");
     let sinks_dir = tempfile::tempdir().expect("tempdir");
     let first_sink = sinks_dir.path().join("first.jsonl");
-    let floor = ["--min-free-mib", "16", "--min-free-percent", "0"];
+    let floor = ["--min-free-mib", "32", "--min-free-percent", "0"];
     let slow = ["--process-us", "2000"];
     let first = run(
         &kafka,
@@ -263,14 +265,34 @@ async fn below_the_floor_fetching_pauses_sigterm_exits_and_nothing_is_lost() {
     // buffer still wrote 7-9 MiB below it when one append's spill was not bounded by the
     // free space and sled's unwritten buffers were not counted.
     assert!(
-        space > 10 << 20,
-        "fetching paused with {space} bytes still free (the floor keeps the last 16 MiB)"
+        space > 26 << 20,
+        "fetching paused with {space} bytes still free (the floor keeps the last 32 MiB)"
     );
     let before = processed(std::slice::from_ref(&first_sink)).len();
     assert!(
         before < every_offset().len(),
         "paused before everything was processed ({before})"
     );
+    // The live records wait behind the backlog (`ordered`): once the backlog the buffer holds
+    // is processed, nothing in it can be processed before more is written, and the backlog
+    // is fetched on below the floor. Before, the run waited here for free space for good.
+    let resumed = first.wait_for_line("fetching resumes below", Duration::from_secs(60));
+    assert!(
+        resumed.contains(&buffer.display().to_string()),
+        "the resume names the buffer: {resumed}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let after = loop {
+        let now = processed(std::slice::from_ref(&first_sink)).len();
+        if now > before + 1000 {
+            break now;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the backlog went on only to {now} records processed (paused at {before})"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
 
     let Run { child, stderr } = first;
     signal(&child, "TERM");
@@ -284,13 +306,19 @@ async fn below_the_floor_fetching_pauses_sigterm_exits_and_nothing_is_lost() {
         "SIGTERM took {took:?} to stop the run"
     );
     eprintln!(
-        "paused with {:.1} MiB free after {before} records processed; SIGTERM stopped the run in {took:?}",
+        "paused with {:.1} MiB free after {before} records processed, {after} once it went on below the floor; SIGTERM stopped the run in {took:?}",
         space as f64 / (1 << 20) as f64
     );
-    assert_eq!(
-        rest.matches("free-space floor").count(),
-        0,
-        "the WARN line is said once per change, not repeated:\n{rest}"
+    // Said once per change: pauses and resumes alternate (a resume was the last line read).
+    let changes: Vec<bool> = rest
+        .lines()
+        .filter(|line| line.contains("fetching paused") || line.contains("fetching resumes"))
+        .map(|line| line.contains("fetching paused"))
+        .collect();
+    assert!(
+        changes.iter().step_by(2).all(|&pause| pause)
+            && changes.iter().skip(1).step_by(2).all(|&pause| !pause),
+        "pauses and resumes alternate, each said once:\n{rest}"
     );
 
     // Space comes back; a second run processes the rest.

@@ -323,10 +323,17 @@ impl Shared {
     /// the buffer spent the write allowance the last measurement gave it; a change is
     /// reported once).
     pub fn may_write(&self) -> bool {
+        let ordered = self.config.mode == Mode::Ordered;
         self.check_disk(self.buffer.write_allowance_spent(), || {
-            self.partitions()
-                .values()
-                .all(|runtime| Lane::ALL.iter().all(|&lane| runtime.buffered(lane) == 0))
+            crate::fetch::nothing_deliverable(self.partitions().values().map(|runtime| {
+                crate::fetch::Unprocessed {
+                    catchup_bytes: runtime.buffered(Lane::Catchup),
+                    live_bytes: runtime.buffered(Lane::Live),
+                    live_waits_for_backlog: ordered
+                        && runtime.token.is_some()
+                        && runtime.catchup_fetching(),
+                }
+            }))
         })
     }
 
@@ -351,11 +358,32 @@ impl Shared {
             path = %self.buffer.dir().display(),
             room_bytes = short.room,
             needed_bytes = short.needed,
-            "the buffer's filesystem leaves it {} above the free-space floor, and a byte budget of {} may take about {}: once that room is full fetching pauses, and a split partition in Ordered mode then waits for free space (its backlog cannot be written, its live records wait for the backlog); give the buffer more disk or a smaller budget",
+            "the buffer's filesystem leaves it {} above the free-space floor, and a byte budget of {} may take about {}: once that room is full fetching pauses, and a backlog in Ordered mode goes on only into the space the buffer frees, down to half the floor; give the buffer more disk or a smaller budget",
             mib(short.room),
             mib(config.buffer_budget_bytes),
             mib(short.needed)
         );
+    }
+
+    /// Whether a fetcher of `lane` may append to `key` now ([`may_write`](Self::may_write),
+    /// and not [`held_below_floor`](Self::held_below_floor)).
+    pub fn may_write_to(&self, lane: Lane, key: &PartitionId) -> bool {
+        self.may_write() && !(lane == Lane::Live && self.held_below_floor().contains(key))
+    }
+
+    /// The partitions whose live lane may not be written while writing goes on below the
+    /// floor, into the space the buffer holds: split partitions in `Ordered` whose backlog is
+    /// not all delivered. Their live records could not be processed before the backlog, which
+    /// needs that room (their live lanes took the room once already). Empty above the floor.
+    pub fn held_below_floor(&self) -> BTreeSet<PartitionId> {
+        if self.config.mode != Mode::Ordered || !self.writability.below_floor() {
+            return BTreeSet::new();
+        }
+        self.partitions()
+            .iter()
+            .filter(|(_, runtime)| runtime.token.is_some() && runtime.catchup_fetching())
+            .map(|(key, _)| key.clone())
+            .collect()
     }
 
     /// Whether the buffer may write its memory out at a clean close, and how much (the write
@@ -403,10 +431,10 @@ impl Shared {
                         mib(change.floor)
                     );
                 } else if change.reusing {
-                    tracing::info!(
+                    tracing::warn!(
                         path = %path.display(),
                         available_bytes = change.available,
-                        "the buffer is drained: fetching resumes below the free-space floor ({} free, floor {}) into the space the buffer already holds",
+                        "nothing the buffer holds can be processed before more is written: fetching resumes below the free-space floor ({} free, floor {}) into the space the buffer already holds",
                         mib(change.available),
                         mib(change.floor)
                     );

@@ -19,6 +19,8 @@ pub(crate) struct Writability {
     /// The guard, when it last measured, and whether that measurement was near the floor.
     guard: Mutex<(DiskGuard, Option<Instant>, bool)>,
     low: AtomicBool,
+    /// Writing goes on below the floor (`DiskGuard::writes_below_floor`), as last measured.
+    below_floor: AtomicBool,
     failure: OnceLock<String>,
     unreadable_reported: AtomicBool,
 }
@@ -39,6 +41,7 @@ impl Writability {
             floor,
             guard: Mutex::new((DiskGuard::default(), None, true)),
             low: AtomicBool::new(false),
+            below_floor: AtomicBool::new(false),
             failure: OnceLock::new(),
             unreadable_reported: AtomicBool::new(false),
         }
@@ -47,6 +50,12 @@ impl Writability {
     /// Whether the disk is below its floor (as last measured).
     pub fn disk_low(&self) -> bool {
         self.low.load(Ordering::Relaxed)
+    }
+
+    /// Whether writing goes on below the floor, into the space the buffer holds (as last
+    /// measured).
+    pub fn below_floor(&self) -> bool {
+        self.below_floor.load(Ordering::Relaxed)
     }
 
     /// The write failure that stopped the buffer, if any.
@@ -120,6 +129,8 @@ impl Writability {
                     }
                     None => Measured::Unchanged,
                 };
+                let below = disk.writes_below_floor(&self.floor, space);
+                self.below_floor.store(below, Ordering::Relaxed);
                 (measured, Some(disk.write_allowance(&self.floor, space)))
             }
             Err(_) if self.unreadable_reported.swap(true, Ordering::Relaxed) => {

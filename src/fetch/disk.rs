@@ -9,9 +9,11 @@
 //!
 //! sled hands space back to the filesystem only when its file's tail is free, so a buffer
 //! that itself pushed the disk below the floor may hold that space after draining, as space
-//! it reuses. Waiting for the filesystem would then wait forever. So once nothing is left
-//! unprocessed in the buffer, writing resumes even below the floor, and stops again one
-//! margin lower; it never resumes below half the floor — the hard limit.
+//! it reuses. Waiting for the filesystem would then wait forever. So once nothing the buffer
+//! holds can be processed — everything is, but live records of `Ordered` waiting behind a
+//! backlog that must be written first ([`nothing_deliverable`]) — writing resumes even below
+//! the floor, and stops again one margin lower; it never resumes below half the floor — the
+//! hard limit.
 
 pub use crate::store::DiskSpace;
 
@@ -98,6 +100,12 @@ impl DiskGuard {
         self.low
     }
 
+    /// Whether writing goes on below the floor (into the space a drained buffer holds), after
+    /// `observe` saw `space`.
+    pub fn writes_below_floor(&self, floor: &DiskFloor, space: DiskSpace) -> bool {
+        !self.low && space.available < floor.bytes(space.total)
+    }
+
     /// The hysteresis margin: a tenth of the floor, at least 1 MiB (none without a floor).
     pub fn margin(floor: u64) -> u64 {
         if floor == 0 {
@@ -113,8 +121,8 @@ impl DiskGuard {
         floor.saturating_add(Self::margin(floor))
     }
 
-    /// Feeds one measurement; `drained` says the buffer holds nothing unprocessed. Returns
-    /// the change to apply, if any.
+    /// Feeds one measurement; `drained` says nothing the buffer holds can be processed before
+    /// more is written ([`nothing_deliverable`]). Returns the change to apply, if any.
     pub fn observe(
         &mut self,
         floor: &DiskFloor,
@@ -162,6 +170,31 @@ impl DiskGuard {
         let stop_below = self.stop_below.unwrap_or(floor).min(floor);
         space.available.saturating_sub(stop_below) / 2
     }
+}
+
+/// What one partition holds that is not processed yet, for [`nothing_deliverable`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Unprocessed {
+    /// Bytes of the catch-up lane fetched and not yet acknowledged.
+    pub catchup_bytes: u64,
+    /// Bytes of the live lane fetched and not yet acknowledged.
+    pub live_bytes: u64,
+    /// Its live records wait until the backlog is delivered (`Ordered`, split, the backlog
+    /// not all delivered yet).
+    pub live_waits_for_backlog: bool,
+}
+
+/// Whether nothing the buffer holds can be processed before more is written: what
+/// [`DiskGuard::observe`] takes as drained. Every lane is empty, except live records waiting
+/// behind a backlog that is not all written yet: they can be delivered only once the backlog
+/// is, which needs the space. Counting them as waiting to be processed kept a split partition
+/// in `Ordered` below the floor for good, its backlog unwritten and its live records waiting
+/// for it.
+pub fn nothing_deliverable(partitions: impl IntoIterator<Item = Unprocessed>) -> bool {
+    partitions.into_iter().all(|partition| {
+        partition.catchup_bytes == 0
+            && (partition.live_bytes == 0 || partition.live_waits_for_backlog)
+    })
 }
 
 /// What the buffer may come to occupy on disk with a byte budget of `budget_bytes` of
@@ -320,30 +353,32 @@ mod tests {
         let mut guard = DiskGuard::default();
         let mut observe = |available, drained| {
             let change = guard.observe(&floor, space(available), drained);
-            (change.map(|c| (c.low, c.reusing)), guard.is_low())
+            let below = guard.writes_below_floor(&floor, space(available));
+            (change.map(|c| (c.low, c.reusing)), guard.is_low(), below)
         };
-        // (free space, drained, the change it causes as (low, reusing), low afterwards)
+        // (free space, drained, the change it causes as (low, reusing), low afterwards,
+        // writing below the floor afterwards)
         let table = [
-            (90 * MIB, false, Some((true, false)), true),
-            (90 * MIB, false, None, true),
+            (90 * MIB, false, Some((true, false)), true, false),
+            (90 * MIB, false, None, true, false),
             // Drained, still below the floor: sled reuses what it holds; stop 10 MiB lower.
-            (90 * MIB, true, Some((false, true)), false),
-            (85 * MIB, false, None, false),
-            (80 * MIB - 1, false, Some((true, false)), true),
-            (70 * MIB, true, Some((false, true)), false),
-            (60 * MIB - 1, false, Some((true, false)), true),
+            (90 * MIB, true, Some((false, true)), false, true),
+            (85 * MIB, false, None, false, true),
+            (80 * MIB - 1, false, Some((true, false)), true, false),
+            (70 * MIB, true, Some((false, true)), false, true),
+            (60 * MIB - 1, false, Some((true, false)), true, false),
             // Half the floor plus the margin is the lowest a drained buffer resumes at.
-            (60 * MIB - 1, true, None, true),
-            (59 * MIB, true, None, true),
+            (60 * MIB - 1, true, None, true, false),
+            (59 * MIB, true, None, true, false),
             // Space comes back: the ordinary rule, and the floor is the floor again.
-            (110 * MIB, false, Some((false, false)), false),
-            (100 * MIB, false, None, false),
-            (100 * MIB - 1, false, Some((true, false)), true),
+            (110 * MIB, false, Some((false, false)), false, false),
+            (100 * MIB, false, None, false, false),
+            (100 * MIB - 1, false, Some((true, false)), true, false),
         ];
-        for (available, drained, expected, low) in table {
+        for (available, drained, expected, low, below) in table {
             assert_eq!(
                 observe(available, drained),
-                (expected, low),
+                (expected, low, below),
                 "{available} drained={drained}"
             );
         }
@@ -395,5 +430,34 @@ mod tests {
             room_short(&DiskFloor::DISABLED, space(MIB), 0, GIB, 0),
             None
         );
+    }
+
+    #[test]
+    fn live_records_behind_a_backlog_do_not_keep_the_buffer_from_draining() {
+        let part = |catchup_bytes, live_bytes, live_waits_for_backlog| Unprocessed {
+            catchup_bytes,
+            live_bytes,
+            live_waits_for_backlog,
+        };
+        let table: [(&[Unprocessed], bool); 7] = [
+            (&[], true),
+            (&[part(0, 0, false)], true),
+            // Records that can be processed.
+            (&[part(10, 0, false)], false),
+            (&[part(0, 10, false)], false),
+            // Live records behind a backlog still to be written: they wait for the space.
+            (&[part(0, 10, true)], true),
+            // Backlog records still to process come first.
+            (&[part(10, 10, true)], false),
+            // Every partition counts.
+            (&[part(0, 10, true), part(0, 5, false)], false),
+        ];
+        for (partitions, expected) in table {
+            assert_eq!(
+                nothing_deliverable(partitions.iter().copied()),
+                expected,
+                "{partitions:?}"
+            );
+        }
     }
 }

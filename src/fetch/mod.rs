@@ -22,7 +22,8 @@ mod schedule;
 pub use budget::{PauseChange, PausePolicy, read_ahead_bytes, read_ahead_room};
 pub use cursor::{AppendResult, FetchCursor, PendingAppend};
 pub use disk::{
-    DiskChange, DiskFloor, DiskGuard, DiskSpace, RoomShort, room_for_budget, room_short,
+    DiskChange, DiskFloor, DiskGuard, DiskSpace, RoomShort, Unprocessed, nothing_deliverable,
+    room_for_budget, room_short,
 };
 pub use hold::{HOLD_FIRST, HOLD_MAX, Hold, Standing, standing};
 pub use lane::{AfterOutOfRange, LanePartition, Polled};

@@ -69,6 +69,9 @@ pub(crate) struct Budget {
     /// Every partition is paused because the buffer may not be written (disk below its
     /// floor, or a failed write).
     writes_stopped: bool,
+    /// Live lanes paused while writing goes on below the floor and their backlog waits
+    /// (`Shared::held_below_floor`).
+    held_below_floor: BTreeSet<PartitionId>,
 }
 
 impl Budget {
@@ -83,13 +86,14 @@ impl Budget {
             read_ahead_share: None,
             known: BTreeSet::new(),
             writes_stopped: false,
+            held_below_floor: BTreeSet::new(),
         }
     }
 
     /// Whether `key` must stay paused: by the budget, or because the buffer may not be
     /// written.
     pub fn is_paused(&self, key: &PartitionId) -> bool {
-        self.writes_stopped || self.policy.is_paused(key)
+        self.writes_stopped || self.held_below_floor.contains(key) || self.policy.is_paused(key)
     }
 
     /// Whether `key` is held to its read-ahead: its reader has not taken what the lane read
@@ -129,19 +133,30 @@ impl Budget {
     ) {
         // Measured here too: with every partition paused no append asks any more.
         let stopped = !shared.may_write();
+        let held = match self.lane {
+            Lane::Live if !stopped => shared.held_below_floor(),
+            _ => BTreeSet::new(),
+        };
         let mut usage = shared.buffered_by_partition(self.lane);
         usage.retain(|key, _| fetching(key));
         for key in usage.keys().filter(|key| !self.known.contains(*key)) {
-            self.set_paused(shared, consumer, key, stopped);
+            self.set_paused(shared, consumer, key, stopped || held.contains(key));
         }
         self.known = usage.keys().cloned().collect();
-        if stopped != self.writes_stopped {
-            self.writes_stopped = stopped;
-            for key in usage.keys() {
-                let paused = stopped || self.policy.is_paused(key);
-                self.set_paused(shared, consumer, key, paused);
-            }
+        let changed: Vec<&PartitionId> = if stopped != self.writes_stopped {
+            usage.keys().collect()
+        } else {
+            usage
+                .keys()
+                .filter(|key| held.contains(*key) != self.held_below_floor.contains(*key))
+                .collect()
+        };
+        self.writes_stopped = stopped;
+        for key in changed {
+            let paused = stopped || held.contains(key) || self.policy.is_paused(key);
+            self.set_paused(shared, consumer, key, paused);
         }
+        self.held_below_floor = held;
         let slots = shared.budget_slots();
         let mut ahead = shared.undelivered_by_partition(self.lane);
         ahead.retain(|key, _| fetching(key));
@@ -161,9 +176,9 @@ impl Budget {
         let changes = self.policy.decide(self.limit, slots, &usage);
         for change in changes {
             let (topic, partition) = &change.partition;
-            // While writes are stopped everything stays paused; the budget's own state
-            // moves on and applies when they resume.
-            if !stopped {
+            // While writes are stopped everything stays paused (a live lane held below the
+            // floor, that lane); the budget's own state moves on and applies when they resume.
+            if !stopped && !self.held_below_floor.contains(&change.partition) {
                 self.set_paused(shared, consumer, &change.partition, change.paused);
             }
             tracing::debug!(

@@ -43,7 +43,7 @@ use std::time::{Duration, Instant};
 
 use catchup::fetch::{
     AfterOutOfRange, AppendResult, DiskFloor, DiskGuard, DiskSpace, Facts, Hold, LanePartition,
-    PollErrorKind, Polled as LanePolled, Round, Schedule,
+    PollErrorKind, Polled as LanePolled, Round, Schedule, Unprocessed, nothing_deliverable,
 };
 use catchup::plan::{
     AckTracker, CommitCycle, CommitPlan, Committed, Decision, Inputs, KeyIndex, LocalStep,
@@ -310,6 +310,8 @@ pub struct Stats {
     pub disk_stops: u64,
     pub disk_refusals: u64,
     pub disk_reuses: u64,
+    /// Live appends refused below the floor while a split partition waited for its backlog.
+    pub disk_live_stops: u64,
     /// Histories whose buffer kept appends in memory (a small allowance: spills are common).
     pub memory_tier: u64,
     /// Crashes that lost records the memory tier held.
@@ -359,6 +361,7 @@ impl std::ops::AddAssign for Stats {
         self.disk_stops += other.disk_stops;
         self.disk_refusals += other.disk_refusals;
         self.disk_reuses += other.disk_reuses;
+        self.disk_live_stops += other.disk_live_stops;
         self.memory_tier += other.memory_tier;
         self.memory_lost += other.memory_lost;
         self.spilled_bytes += other.spilled_bytes;
@@ -1457,13 +1460,13 @@ impl Sim {
         index: usize,
         refused: &mut Vec<(usize, i64)>,
     ) -> Result<RoundEnd, Failure> {
-        let may_write = self.may_write()?;
+        let (lane, part) = (self.fetchers[index].lane, self.fetchers[index].part);
+        let may_write = self.may_write(lane, part)?;
         let buffer = self.buffer.as_ref().ok_or("buffer closed")?;
         let now = self.now;
         let fetcher = &mut self.fetchers[index];
         let log = &self.parts[fetcher.part].log;
         let partition = id(fetcher.part);
-        let lane = fetcher.lane;
         let zombie = fetcher.zombie;
         if zombie && fetcher.rebuild.is_some() {
             // A rebuild of a revoked assignment: its index is gone, and so is it.
@@ -1516,6 +1519,9 @@ impl Sim {
             if !may_write {
                 // Below the free-space floor: refetched later from the buffer's position.
                 self.stats.disk_refusals += 1;
+                if self.disk.as_ref().is_some_and(|disk| !disk.guard.is_low()) {
+                    self.stats.disk_live_stops += 1;
+                }
                 fetcher.state.handle_appended(AppendResult::Failed);
                 continue;
             }
@@ -1567,31 +1573,53 @@ impl Sim {
         Ok(RoundEnd::Keep)
     }
 
-    /// Whether a fetcher may append now, as the engine's `may_write` decides it: the
-    /// production guard fed the simulated disk's free space and whether the buffer holds
-    /// nothing unacknowledged.
-    fn may_write(&mut self) -> Result<bool, Failure> {
+    /// Whether a fetcher of `lane` may append to `part` now, as the engine's `may_write_to`
+    /// decides it: the production guard fed the simulated disk's free space and whether
+    /// anything the buffer holds can be processed ([`nothing_deliverable`]); below the floor,
+    /// the live lane of a split partition in `Ordered` stays stopped while its backlog waits.
+    fn may_write(&mut self, lane: Lane, part: usize) -> Result<bool, Failure> {
         if self.disk.is_none() {
             return Ok(true);
         }
-        let (mut held, mut drained) = (0, true);
-        for part in 0..self.parts.len() {
+        let mut held = 0;
+        let mut unprocessed = Vec::new();
+        let mut held_below_floor = false;
+        for index in 0..self.parts.len() {
             let Some(state) = self
                 .buffer()?
-                .partition_state(&self.topic, id(part))
+                .partition_state(&self.topic, id(index))
                 .map_err(|e| err("state", e))?
             else {
                 continue;
             };
-            let runtime = !self.unreconciled.contains(&part);
-            for (lane, cursors) in [(Lane::Catchup, state.catchup), (Lane::Live, state.live)] {
+            let lanes = [(Lane::Catchup, state.catchup), (Lane::Live, state.live)];
+            for (_, cursors) in lanes {
                 held += (cursors.fetched_next - cursors.committed_next).max(0) as u64;
-                let acked = self.parts[part].readers[lane_index(lane)]
-                    .acks
-                    .committable();
-                drained &= !runtime || acked >= cursors.fetched_next;
             }
+            if self.unreconciled.contains(&index) {
+                continue; // no runtime: the engine does not count it
+            }
+            let runtime = &self.parts[index];
+            let [catchup_bytes, live_bytes] = lanes.map(|(lane, cursors)| {
+                let acked = runtime.readers[lane_index(lane)].acks.committable();
+                (cursors.fetched_next - acked).max(0) as u64
+            });
+            let backlog_delivered = runtime.layout.catchup_ranges.last().is_none_or(|range| {
+                runtime.readers[lane_index(Lane::Catchup)]
+                    .acks
+                    .delivered_next()
+                    >= range.end
+            });
+            let live_waits_for_backlog =
+                self.ordered && runtime.token.is_some() && !backlog_delivered;
+            held_below_floor |= index == part && live_waits_for_backlog;
+            unprocessed.push(Unprocessed {
+                catchup_bytes,
+                live_bytes,
+                live_waits_for_backlog,
+            });
         }
+        let drained = nothing_deliverable(unprocessed);
         let Some(disk) = self.disk.as_mut() else {
             return Ok(true);
         };
@@ -1607,7 +1635,10 @@ impl Sim {
                 self.stats.disk_reuses += 1;
             }
         }
-        Ok(!disk.guard.is_low())
+        let held = lane == Lane::Live
+            && held_below_floor
+            && disk.guard.writes_below_floor(&disk.floor, space);
+        Ok(!disk.guard.is_low() && !held)
     }
 
     /// Under an eager protocol: the whole assignment assigned again, every live lane
