@@ -76,8 +76,8 @@ fn a_crash_right_after_a_sync_keeps_everything() {
 }
 
 /// A power loss tears what sled wrote since the last sync, page by page: whichever pages
-/// persisted, the buffer recovers a state since that sync (the harness checks it, or starts
-/// empty where sled cannot recover, as the consumer does). The appends after the sync are
+/// persisted, the buffer recovers a state since that sync (the harness checks it; where sled
+/// could not recover, the consumer would start empty, and here none such is expected). The appends after the sync are
 /// large enough for sled to write its log, so the tears hit written pages.
 #[test]
 fn a_torn_crash_recovers_a_state_since_the_sync() {
@@ -87,7 +87,7 @@ fn a_torn_crash_recovers_a_state_since_the_sync() {
         back: 0,
         count,
     };
-    let mut torn = 0;
+    let (mut torn, mut emptied) = (0, 0);
     for seed in 0..8 {
         let mut ops = vec![
             Op::Reset {
@@ -114,9 +114,12 @@ fn a_torn_crash_recovers_a_state_since_the_sync() {
         ops.push(Op::TornCrash { seed });
         let harness = Harness::run(&ops).unwrap_or_else(|problem| panic!("seed {seed}: {problem}"));
         torn += harness.torn;
+        emptied += harness.emptied;
     }
     eprintln!("8 torn crashes took {torn} pages or files from the last sync");
     assert!(torn > 0, "no torn crash took a page written since the sync");
+    // sled recovered each of these (none was emptied): its log stops at the first torn page.
+    assert_eq!(emptied, 0, "torn images sled could not recover");
 }
 
 /// Appends (and commits) after the sync in the torn-crash test.

@@ -174,9 +174,24 @@ impl PartitionRuntime {
         self.buffered_bytes[lane_index(lane)].max(0) as u64
     }
 
-    /// Whether the catch-up lane still has offsets to fetch (it is one of the budget's slots).
-    pub fn catchup_fetching(&self) -> bool {
+    /// Whether the backlog is not all delivered yet (until then the catch-up lane is one of
+    /// the budget's slots).
+    pub fn backlog_undelivered(&self) -> bool {
         !self.drained
+    }
+
+    /// What the partition holds that is not handed out, for the free-space floor's decisions
+    /// (`ordered`: the mode is `Ordered`).
+    fn unprocessed(&self, ordered: bool) -> crate::fetch::Unprocessed {
+        crate::fetch::Unprocessed {
+            catchup_bytes: self.undelivered(Lane::Catchup),
+            live_bytes: self.undelivered(Lane::Live),
+            live_waits_for_backlog: crate::fetch::live_waits_for_backlog(
+                ordered,
+                self.token.is_some(),
+                self.drained,
+            ),
+        }
     }
 
     fn delivery_lane(&self, lane: Lane) -> DeliveryLane {
@@ -325,15 +340,11 @@ impl Shared {
     pub fn may_write(&self) -> bool {
         let ordered = self.config.mode == Mode::Ordered;
         self.check_disk(self.buffer.write_allowance_spent(), || {
-            crate::fetch::nothing_deliverable(self.partitions().values().map(|runtime| {
-                crate::fetch::Unprocessed {
-                    catchup_bytes: runtime.buffered(Lane::Catchup),
-                    live_bytes: runtime.buffered(Lane::Live),
-                    live_waits_for_backlog: ordered
-                        && runtime.token.is_some()
-                        && runtime.catchup_fetching(),
-                }
-            }))
+            crate::fetch::nothing_deliverable(
+                self.partitions()
+                    .values()
+                    .map(|runtime| runtime.unprocessed(ordered)),
+            )
         })
     }
 
@@ -365,25 +376,25 @@ impl Shared {
         );
     }
 
-    /// Whether a fetcher of `lane` may append to `key` now ([`may_write`](Self::may_write),
-    /// and not [`held_below_floor`](Self::held_below_floor)).
-    pub fn may_write_to(&self, lane: Lane, key: &PartitionId) -> bool {
-        self.may_write() && !(lane == Lane::Live && self.held_below_floor().contains(key))
+    /// Whether the live fetcher may append to `key` now ([`may_write`](Self::may_write), and
+    /// `key` not [`held_below_floor`](Self::held_below_floor)).
+    pub fn may_write_live(&self, key: &PartitionId) -> bool {
+        self.may_write() && !self.held_below_floor().contains(key)
     }
 
     /// The partitions whose live lane may not be written while writing goes on below the
-    /// floor, into the space the buffer holds: split partitions in `Ordered` whose backlog is
-    /// not all delivered. Their live records could not be processed before the backlog, which
-    /// needs that room (their live lanes took the room once already). Empty above the floor.
+    /// floor ([`crate::fetch::held_below_floor`]). Empty above the floor.
     pub fn held_below_floor(&self) -> BTreeSet<PartitionId> {
-        if self.config.mode != Mode::Ordered || !self.writability.below_floor() {
+        let ordered = self.config.mode == Mode::Ordered;
+        if !ordered || !self.writability.below_floor() {
             return BTreeSet::new();
         }
-        self.partitions()
-            .iter()
-            .filter(|(_, runtime)| runtime.token.is_some() && runtime.catchup_fetching())
-            .map(|(key, _)| key.clone())
-            .collect()
+        crate::fetch::held_below_floor(
+            true,
+            self.partitions()
+                .iter()
+                .map(|(key, runtime)| (key.clone(), runtime.unprocessed(ordered))),
+        )
     }
 
     /// Whether the buffer may write its memory out at a clean close, and how much (the write
@@ -614,7 +625,7 @@ impl Shared {
     pub fn budget_slots(&self) -> usize {
         self.partitions()
             .values()
-            .map(|runtime| 1 + usize::from(runtime.catchup_fetching()))
+            .map(|runtime| 1 + usize::from(runtime.backlog_undelivered()))
             .sum()
     }
 

@@ -144,6 +144,10 @@ impl DiskGuard {
                 self.stop_below = None;
                 return Some(change(true, false));
             }
+            if space.available >= Self::resume_at(floor) {
+                // The space is back: the floor is the floor again.
+                self.stop_below = None;
+            }
             return None;
         }
         if space.available >= Self::resume_at(floor) {
@@ -172,29 +176,55 @@ impl DiskGuard {
     }
 }
 
-/// What one partition holds that is not processed yet, for [`nothing_deliverable`].
+/// What one partition holds that the application has not been handed yet, for
+/// [`nothing_deliverable`] and [`held_below_floor`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Unprocessed {
-    /// Bytes of the catch-up lane fetched and not yet acknowledged.
+    /// Bytes of the catch-up lane fetched and not handed out yet.
     pub catchup_bytes: u64,
-    /// Bytes of the live lane fetched and not yet acknowledged.
+    /// Bytes of the live lane fetched and not handed out yet.
     pub live_bytes: u64,
-    /// Its live records wait until the backlog is delivered (`Ordered`, split, the backlog
-    /// not all delivered yet).
+    /// Its live records wait until the backlog is delivered ([`live_waits_for_backlog`]).
     pub live_waits_for_backlog: bool,
 }
 
-/// Whether nothing the buffer holds can be processed before more is written: what
-/// [`DiskGuard::observe`] takes as drained. Every lane is empty, except live records waiting
-/// behind a backlog that is not all written yet: they can be delivered only once the backlog
-/// is, which needs the space. Counting them as waiting to be processed kept a split partition
-/// in `Ordered` below the floor for good, its backlog unwritten and its live records waiting
-/// for it.
+/// Whether a partition's live records wait until its backlog is delivered: in `Ordered`
+/// (`ordered`), while it is split and its backlog is not all delivered.
+pub fn live_waits_for_backlog(ordered: bool, split: bool, backlog_delivered: bool) -> bool {
+    ordered && split && !backlog_delivered
+}
+
+/// Whether nothing the buffer holds can be delivered before more is written: what
+/// [`DiskGuard::observe`] takes as drained. Every lane is handed out, except live records
+/// waiting behind a backlog not yet delivered: they can be delivered only once the backlog
+/// is, which needs the space. Counting them kept a split partition in `Ordered` below the
+/// floor for good, its backlog unwritten and its live records waiting for it. Records handed
+/// out and not acknowledged do not count either: an application that acknowledges a batch
+/// once it has all of it would wait for good.
 pub fn nothing_deliverable(partitions: impl IntoIterator<Item = Unprocessed>) -> bool {
     partitions.into_iter().all(|partition| {
         partition.catchup_bytes == 0
             && (partition.live_bytes == 0 || partition.live_waits_for_backlog)
     })
+}
+
+/// The partitions whose live lane may not be written while writing goes on below the floor
+/// ([`DiskGuard::writes_below_floor`], `below_floor`): those whose live records wait for their
+/// backlog. Their records could not be processed before the backlog, which needs that room
+/// (their live lanes took it once already). None above the floor; the other partitions' live
+/// lanes go on.
+pub fn held_below_floor<K: Ord>(
+    below_floor: bool,
+    partitions: impl IntoIterator<Item = (K, Unprocessed)>,
+) -> std::collections::BTreeSet<K> {
+    if !below_floor {
+        return std::collections::BTreeSet::new();
+    }
+    partitions
+        .into_iter()
+        .filter(|(_, partition)| partition.live_waits_for_backlog)
+        .map(|(key, _)| key)
+        .collect()
 }
 
 /// What the buffer may come to occupy on disk with a byte budget of `budget_bytes` of
@@ -220,10 +250,10 @@ pub struct RoomShort {
 
 /// Whether the buffer's filesystem leaves it less room than its budget may take, with
 /// `space` measured now and `held` bytes the buffer already occupies (space it reuses).
-/// Below the floor nothing is written; in `Ordered`, a split partition whose live records
-/// fill the room waits for free space there, since its backlog cannot be written and its
-/// live records wait for the backlog. Without a floor (`DiskFloor::DISABLED`) nothing is
-/// short: the disk's end is the limit the user chose.
+/// Once the room is full nothing is written until the buffer is processed; in `Ordered`, a
+/// split partition whose live records fill the room has its backlog go on only into the
+/// space the buffer frees, down to half the floor ([`held_below_floor`]). Without a floor
+/// (`DiskFloor::DISABLED`) nothing is short: the disk's end is the limit the user chose.
 pub fn room_short(
     floor: &DiskFloor,
     space: DiskSpace,
@@ -320,7 +350,8 @@ mod tests {
             // Drained below the floor: it stops one margin lower, at 80 MiB.
             (90 * MIB, true, 5 * MIB),
             (84 * MIB, false, 2 * MIB),
-            (110 * MIB, false, 15 * MIB),
+            // The space is back: the floor is the floor again.
+            (110 * MIB, false, 5 * MIB),
         ];
         for (available, drained, allowance) in table {
             guard.observe(&floor, space(available), drained);
@@ -364,6 +395,10 @@ mod tests {
             // Drained, still below the floor: sled reuses what it holds; stop 10 MiB lower.
             (90 * MIB, true, Some((false, true)), false, true),
             (85 * MIB, false, None, false, true),
+            // The space comes back while writing goes on: the floor is the floor again.
+            (115 * MIB, false, None, false, false),
+            (100 * MIB - 1, false, Some((true, false)), true, false),
+            (90 * MIB, true, Some((false, true)), false, true),
             (80 * MIB - 1, false, Some((true, false)), true, false),
             (70 * MIB, true, Some((false, true)), false, true),
             (60 * MIB - 1, false, Some((true, false)), true, false),
@@ -459,5 +494,34 @@ mod tests {
                 "{partitions:?}"
             );
         }
+    }
+
+    #[test]
+    fn below_the_floor_only_live_lanes_behind_their_backlog_are_held() {
+        // (ordered, split, backlog delivered) → live waits for the backlog
+        let waits = [
+            ((true, true, false), true),
+            ((true, true, true), false),
+            ((true, false, false), false),
+            ((false, true, false), false),
+        ];
+        for ((ordered, split, delivered), expected) in waits {
+            assert_eq!(
+                live_waits_for_backlog(ordered, split, delivered),
+                expected,
+                "ordered={ordered} split={split} delivered={delivered}"
+            );
+        }
+        let part = |live_waits_for_backlog| Unprocessed {
+            catchup_bytes: 0,
+            live_bytes: 10,
+            live_waits_for_backlog,
+        };
+        let partitions = [("a", part(true)), ("b", part(false)), ("c", part(true))];
+        assert_eq!(
+            held_below_floor(true, partitions),
+            ["a", "c"].into_iter().collect()
+        );
+        assert!(held_below_floor(false, partitions).is_empty());
     }
 }

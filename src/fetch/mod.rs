@@ -22,8 +22,8 @@ mod schedule;
 pub use budget::{PauseChange, PausePolicy, read_ahead_bytes, read_ahead_room};
 pub use cursor::{AppendResult, FetchCursor, PendingAppend};
 pub use disk::{
-    DiskChange, DiskFloor, DiskGuard, DiskSpace, RoomShort, Unprocessed, nothing_deliverable,
-    room_for_budget, room_short,
+    DiskChange, DiskFloor, DiskGuard, DiskSpace, RoomShort, Unprocessed, held_below_floor,
+    live_waits_for_backlog, nothing_deliverable, room_for_budget, room_short,
 };
 pub use hold::{HOLD_FIRST, HOLD_MAX, Hold, Standing, standing};
 pub use lane::{AfterOutOfRange, LanePartition, Polled};

@@ -31,8 +31,9 @@
 //! and `catchup run` in `off` spilled again (106k records/s at 255 MiB). Now that each of the
 //! group member's partitions has a queue of its own, a held one could be left unpolled alone,
 //! as the catch-up fetcher does: not built yet.
-//! A live lane behind its backlog in `Ordered` is never held: those records wait, and sled is
-//! where they wait.
+//! A live lane behind its backlog in `Ordered` is never held to its read-ahead: those records
+//! wait, and sled is where they wait. Below the free-space floor it is paused instead
+//! (`Shared::held_below_floor`): its backlog needs the room.
 
 use rdkafka::TopicPartitionList;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
@@ -90,8 +91,8 @@ impl Budget {
         }
     }
 
-    /// Whether `key` must stay paused: by the budget, or because the buffer may not be
-    /// written.
+    /// Whether `key` must stay paused: by the budget, because the buffer may not be written,
+    /// or (a live lane) held below the floor while its backlog waits.
     pub fn is_paused(&self, key: &PartitionId) -> bool {
         self.writes_stopped || self.held_below_floor.contains(key) || self.policy.is_paused(key)
     }
@@ -123,8 +124,8 @@ impl Budget {
     }
 
     /// Pauses and resumes the partitions of `consumer` that `fetching` says it fetches,
-    /// by their bytes in this fetcher's lane, and all of them while the buffer may not be
-    /// written.
+    /// by their bytes in this fetcher's lane, all of them while the buffer may not be
+    /// written, and (the live lanes) those held below the floor.
     pub fn apply<C: ConsumerContext>(
         &mut self,
         shared: &Shared,

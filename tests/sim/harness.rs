@@ -43,7 +43,8 @@ use std::time::{Duration, Instant};
 
 use catchup::fetch::{
     AfterOutOfRange, AppendResult, DiskFloor, DiskGuard, DiskSpace, Facts, Hold, LanePartition,
-    PollErrorKind, Polled as LanePolled, Round, Schedule, Unprocessed, nothing_deliverable,
+    PollErrorKind, Polled as LanePolled, Round, Schedule, Unprocessed, held_below_floor,
+    live_waits_for_backlog, nothing_deliverable,
 };
 use catchup::plan::{
     AckTracker, CommitCycle, CommitPlan, Committed, Decision, Inputs, KeyIndex, LocalStep,
@@ -449,8 +450,8 @@ struct SentCycle {
 
 /// The buffer's filesystem, for the free-space floor: the production guard ([`DiskGuard`])
 /// fed its free space — what other files leave (they come and go under faults), less
-/// `RECORD_DISK` a record the buffer holds uncommitted — and whether the buffer holds
-/// nothing unacknowledged, as the engine's `may_write` feeds it.
+/// `RECORD_DISK` a record the buffer holds uncommitted — and whether anything it holds can be
+/// delivered, as the engine's `may_write` feeds it.
 struct Disk {
     guard: DiskGuard,
     floor: DiskFloor,
@@ -1573,8 +1574,8 @@ impl Sim {
         Ok(RoundEnd::Keep)
     }
 
-    /// Whether a fetcher of `lane` may append to `part` now, as the engine's `may_write_to`
-    /// decides it: the production guard fed the simulated disk's free space and whether
+    /// Whether a fetcher of `lane` may append to `part` now, as the engine's `may_write` and
+    /// `may_write_live` decide it: the production guard fed the simulated disk's free space and whether
     /// anything the buffer holds can be processed ([`nothing_deliverable`]); below the floor,
     /// the live lane of a split partition in `Ordered` stays stopped while its backlog waits.
     fn may_write(&mut self, lane: Lane, part: usize) -> Result<bool, Failure> {
@@ -1583,7 +1584,6 @@ impl Sim {
         }
         let mut held = 0;
         let mut unprocessed = Vec::new();
-        let mut held_below_floor = false;
         for index in 0..self.parts.len() {
             let Some(state) = self
                 .buffer()?
@@ -1599,27 +1599,28 @@ impl Sim {
             if self.unreconciled.contains(&index) {
                 continue; // no runtime: the engine does not count it
             }
+            // As the engine's runtime counts them: fetched and not handed out.
             let runtime = &self.parts[index];
-            let [catchup_bytes, live_bytes] = lanes.map(|(lane, cursors)| {
-                let acked = runtime.readers[lane_index(lane)].acks.committable();
-                (cursors.fetched_next - acked).max(0) as u64
-            });
-            let backlog_delivered = runtime.layout.catchup_ranges.last().is_none_or(|range| {
-                runtime.readers[lane_index(Lane::Catchup)]
-                    .acks
-                    .delivered_next()
-                    >= range.end
-            });
-            let live_waits_for_backlog =
-                self.ordered && runtime.token.is_some() && !backlog_delivered;
-            held_below_floor |= index == part && live_waits_for_backlog;
-            unprocessed.push(Unprocessed {
+            let delivered = |lane| runtime.readers[lane_index(lane)].acks.delivered_next();
+            let [catchup_bytes, live_bytes] =
+                lanes.map(|(lane, cursors)| (cursors.fetched_next - delivered(lane)).max(0) as u64);
+            let backlog_delivered = runtime
+                .layout
+                .catchup_ranges
+                .last()
+                .is_none_or(|range| delivered(Lane::Catchup) >= range.end);
+            let unprocessed_here = Unprocessed {
                 catchup_bytes,
                 live_bytes,
-                live_waits_for_backlog,
-            });
+                live_waits_for_backlog: live_waits_for_backlog(
+                    self.ordered,
+                    runtime.token.is_some(),
+                    backlog_delivered,
+                ),
+            };
+            unprocessed.push((index, unprocessed_here));
         }
-        let drained = nothing_deliverable(unprocessed);
+        let drained = nothing_deliverable(unprocessed.iter().map(|(_, part)| *part));
         let Some(disk) = self.disk.as_mut() else {
             return Ok(true);
         };
@@ -1635,9 +1636,8 @@ impl Sim {
                 self.stats.disk_reuses += 1;
             }
         }
-        let held = lane == Lane::Live
-            && held_below_floor
-            && disk.guard.writes_below_floor(&disk.floor, space);
+        let below_floor = disk.guard.writes_below_floor(&disk.floor, space);
+        let held = lane == Lane::Live && held_below_floor(below_floor, unprocessed).contains(&part);
         Ok(!disk.guard.is_low() && !held)
     }
 

@@ -217,7 +217,7 @@ pub(super) fn append_live(
     key: &PartitionId,
     append: PendingAppend,
 ) -> AppendResult {
-    if !shared.may_write_to(Lane::Live, key) {
+    if !shared.may_write_live(key) {
         // Below the free-space floor (or after a failed write): refetch later.
         return AppendResult::Failed;
     }
