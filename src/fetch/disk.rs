@@ -10,10 +10,11 @@
 //! sled hands space back to the filesystem only when its file's tail is free, so a buffer
 //! that itself pushed the disk below the floor may hold that space after draining, as space
 //! it reuses. Waiting for the filesystem would then wait forever. So once nothing the buffer
-//! holds can be processed — everything is, but live records of `Ordered` waiting behind a
-//! backlog that must be written first ([`nothing_deliverable`]) — writing resumes even below
-//! the floor, and stops again one margin lower; it never resumes below half the floor — the
-//! hard limit.
+//! holds is left to hand out — but live records of `Ordered` waiting behind a backlog that
+//! must be written first ([`nothing_deliverable`]) — writing resumes even below the floor,
+//! and stops again one margin lower; it never resumes below half the floor — the hard limit.
+//! Below the floor those waiting live lanes stay paused ([`held_below_floor`]): the room goes
+//! to their backlog.
 
 pub use crate::store::DiskSpace;
 

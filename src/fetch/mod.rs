@@ -18,6 +18,7 @@ mod lane;
 mod poll_error;
 mod round;
 mod schedule;
+mod write_stops;
 
 pub use budget::{PauseChange, PausePolicy, read_ahead_bytes, read_ahead_room};
 pub use cursor::{AppendResult, FetchCursor, PendingAppend};
@@ -30,6 +31,7 @@ pub use lane::{AfterOutOfRange, LanePartition, Polled};
 pub use poll_error::{FatalKind, PollErrorKind, classify_poll_error, fatal_kind};
 pub use round::Round;
 pub use schedule::{Due, Facts, Schedule, TrimWatch, early_commit_bytes};
+pub use write_stops::WriteStops;
 
 /// A record at `offset` with no key or payload, for the fetch layer's tests.
 #[cfg(test)]

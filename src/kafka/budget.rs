@@ -42,7 +42,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::engine::types::Event;
 use crate::engine::{PartitionId, Shared};
-use crate::fetch::{PausePolicy, read_ahead_room};
+use crate::fetch::{PausePolicy, WriteStops, read_ahead_room};
 use crate::store::Lane;
 
 /// A lane stops reading ahead of the reader once it is its share divided by this
@@ -64,15 +64,10 @@ pub(crate) struct Budget {
     ahead: BTreeMap<PartitionId, u64>,
     /// A partition's read-ahead as of the last `apply` (`None` before the first).
     read_ahead_share: Option<u64>,
-    /// The partitions seen last round: one that appears (again) is resumed once, because
-    /// librdkafka keeps an application pause across a revoke and a new assignment.
-    known: BTreeSet<PartitionId>,
-    /// Every partition is paused because the buffer may not be written (disk below its
-    /// floor, or a failed write).
-    writes_stopped: bool,
-    /// Live lanes paused while writing goes on below the floor and their backlog waits
-    /// (`Shared::held_below_floor`).
-    held_below_floor: BTreeSet<PartitionId>,
+    /// The partitions paused because the buffer may not take their records: all of them
+    /// while it may not be written (disk below its floor, or a failed write), and live lanes
+    /// held below the floor while their backlog waits (`Shared::held_below_floor`).
+    stops: WriteStops<PartitionId>,
 }
 
 impl Budget {
@@ -85,16 +80,14 @@ impl Budget {
             read_ahead: PausePolicy::new(),
             ahead: BTreeMap::new(),
             read_ahead_share: None,
-            known: BTreeSet::new(),
-            writes_stopped: false,
-            held_below_floor: BTreeSet::new(),
+            stops: WriteStops::new(),
         }
     }
 
     /// Whether `key` must stay paused: by the budget, because the buffer may not be written,
     /// or (a live lane) held below the floor while its backlog waits.
     pub fn is_paused(&self, key: &PartitionId) -> bool {
-        self.writes_stopped || self.held_below_floor.contains(key) || self.policy.is_paused(key)
+        self.stops.stops(key) || self.policy.is_paused(key)
     }
 
     /// Whether `key` is held to its read-ahead: its reader has not taken what the lane read
@@ -120,7 +113,7 @@ impl Budget {
     /// Forgets `key`, paused by its fetcher out of band: when its runtime comes back it is
     /// resumed like a newly assigned partition.
     pub fn forget(&mut self, key: &PartitionId) {
-        self.known.remove(key);
+        self.stops.forget(key);
     }
 
     /// Pauses and resumes the partitions of `consumer` that `fetching` says it fetches,
@@ -140,24 +133,15 @@ impl Budget {
         };
         let mut usage = shared.buffered_by_partition(self.lane);
         usage.retain(|key, _| fetching(key));
-        for key in usage.keys().filter(|key| !self.known.contains(*key)) {
-            self.set_paused(shared, consumer, key, stopped || held.contains(key));
+        let policy = &self.policy;
+        let changes = self
+            .stops
+            .round(usage.keys().cloned(), stopped, held, |key| {
+                policy.is_paused(key)
+            });
+        for (key, paused) in changes {
+            self.set_paused(shared, consumer, &key, paused);
         }
-        self.known = usage.keys().cloned().collect();
-        let changed: Vec<&PartitionId> = if stopped != self.writes_stopped {
-            usage.keys().collect()
-        } else {
-            usage
-                .keys()
-                .filter(|key| held.contains(*key) != self.held_below_floor.contains(*key))
-                .collect()
-        };
-        self.writes_stopped = stopped;
-        for key in changed {
-            let paused = stopped || held.contains(key) || self.policy.is_paused(key);
-            self.set_paused(shared, consumer, key, paused);
-        }
-        self.held_below_floor = held;
         let slots = shared.budget_slots();
         let mut ahead = shared.undelivered_by_partition(self.lane);
         ahead.retain(|key, _| fetching(key));
@@ -179,7 +163,7 @@ impl Budget {
             let (topic, partition) = &change.partition;
             // While writes are stopped everything stays paused (a live lane held below the
             // floor, that lane); the budget's own state moves on and applies when they resume.
-            if !stopped && !self.held_below_floor.contains(&change.partition) {
+            if !self.stops.stops(&change.partition) {
                 self.set_paused(shared, consumer, &change.partition, change.paused);
             }
             tracing::debug!(
