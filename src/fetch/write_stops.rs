@@ -48,9 +48,8 @@ impl<K: Ord + Clone> WriteStops<K> {
     /// One round: the partitions the fetcher fetches, whether the buffer may not be written
     /// (`stopped`), the partitions held below the floor (none while stopped), and whether the
     /// budget pauses a partition. Returns the pauses (`true`) and resumes (`false`) to apply,
-    /// one at most per partition: a partition whose stop changed gets its stop's state, or the
-    /// budget's once no stop holds it; a partition seen for the first time gets its stop's
-    /// state.
+    /// one at most per partition: a partition whose stop changed, or seen for the first time
+    /// (again), gets its stop's state, or the budget's where no stop holds it.
     pub fn round(
         &mut self,
         fetching: impl IntoIterator<Item = K>,
@@ -62,15 +61,14 @@ impl<K: Ord + Clone> WriteStops<K> {
         let held = if stopped { BTreeSet::new() } else { held };
         let changes = fetching
             .iter()
-            .filter_map(|key| {
+            .filter(|key| {
+                stopped != self.stopped
+                    || held.contains(*key) != self.held.contains(*key)
+                    || !self.known.contains(*key)
+            })
+            .map(|key| {
                 let stop = stopped || held.contains(key);
-                if stopped != self.stopped || held.contains(key) != self.held.contains(key) {
-                    Some((key.clone(), stop || budget_pauses(key)))
-                } else if !self.known.contains(key) {
-                    Some((key.clone(), stop))
-                } else {
-                    None
-                }
+                (key.clone(), stop || budget_pauses(key))
             })
             .collect();
         self.known = fetching;
@@ -98,8 +96,8 @@ mod tests {
         let budget_pauses = |key: &u8| *key == 2;
         // (stopped, held, the changes applied)
         let table: [Expected; 8] = [
-            // New partitions are resumed once (librdkafka keeps an old pause).
-            (false, &[], &[(1, false), (2, false)]),
+            // New partitions are set once (librdkafka keeps an old pause): the budget's state.
+            (false, &[], &[(1, false), (2, true)]),
             (false, &[], &[]),
             // The buffer may not be written: everything pauses.
             (true, &[], &[(1, true), (2, true)]),
@@ -142,6 +140,30 @@ mod tests {
         assert_eq!(
             stops.round([1, 2], false, set(&[1]), no_budget),
             [(2, false)]
+        );
+    }
+
+    /// A partition set again after it was paused out of band (its damaged lane refetched)
+    /// keeps the budget's pause: its resume would let it fetch past its share until the
+    /// budget's own state changed.
+    #[test]
+    fn a_partition_set_again_keeps_the_budget_s_pause() {
+        let mut stops = WriteStops::new();
+        let budget_pauses = |key: &u8| *key == 2;
+        assert_eq!(
+            stops.round([1, 2], false, set(&[]), budget_pauses),
+            [(1, false), (2, true)]
+        );
+        stops.forget(&2);
+        assert_eq!(
+            stops.round([1, 2], false, set(&[]), budget_pauses),
+            [(2, true)]
+        );
+        // While writes are stopped the stop decides.
+        stops.forget(&1);
+        assert_eq!(
+            stops.round([1, 2], true, set(&[]), |_: &u8| false),
+            [(1, true), (2, true)]
         );
     }
 }
