@@ -22,7 +22,9 @@
 //! reading and acking between, as the group member's commit thread sends it — and the real
 //! [`Buffer`] on a temporary directory, read by readers that ack in any order. The process
 //! crashes at any step, between two writes included (to Kafka, or to the buffer at an
-//! assignment); revokes leave stale writers behind. One history in three has a free-space
+//! assignment); revokes leave stale writers behind. A read may find a partition's records
+//! damaged: its runtime goes at once, and the live thread later discards its records and
+//! reconciles it again from Kafka (`refetch_damaged`). One history in three has a free-space
 //! floor ([`DiskGuard`] over a simulated disk): below it every append fails, as the fetchers
 //! answer it. Time is simulated (`STEP_TIME` per step): holds and backoffs run on it.
 //!
@@ -101,6 +103,9 @@ impl Reader {
         }
     }
 }
+
+/// One read in this many finds its partition's records damaged (under faults).
+const DAMAGE_ODDS: u64 = 500;
 
 /// Nine in ten of the catch-up consumer's errors are followed by fewer entries of their run
 /// than this (all of them were, before longer tails were drawn).
@@ -305,6 +310,10 @@ pub struct Stats {
     /// Crashes inside an assignment's local steps: between a partition's two buffer writes,
     /// or between two partitions.
     pub local_step_crashes: u64,
+    /// Reads that found a partition's records damaged, and partitions discarded for it and
+    /// reconciled again (a revoke or a crash may come first).
+    pub damaged_reads: u64,
+    pub damaged_refetched: u64,
     /// The free-space floor: histories with a simulated disk, times writing stopped below
     /// the floor, appends refused meanwhile, and resumes below the floor on a drained buffer.
     pub disks: u64,
@@ -358,6 +367,8 @@ impl std::ops::AddAssign for Stats {
         self.reuse_fallbacks += other.reuse_fallbacks;
         self.parked_repositioned += other.parked_repositioned;
         self.local_step_crashes += other.local_step_crashes;
+        self.damaged_reads += other.damaged_reads;
+        self.damaged_refetched += other.damaged_refetched;
         self.disks += other.disks;
         self.disk_stops += other.disk_stops;
         self.disk_refusals += other.disk_refusals;
@@ -409,6 +420,9 @@ pub struct Sim {
     /// the partition gives it to the live lane with its chain broken, and the production
     /// cursor has it moved to the buffer's position (`retry_unreconciled`).
     parked: BTreeMap<usize, Client>,
+    /// Partitions the reader took off as damaged (their runtime gone), for the live thread to
+    /// discard and reconcile again (`Shared::take_damaged`, `refetch_damaged`).
+    damaged: BTreeSet<usize>,
     /// The buffer's filesystem, when this history has a free-space floor.
     disk: Option<Disk>,
     stats: Stats,
@@ -568,6 +582,7 @@ impl Sim {
             generations: 0,
             unreconciled: BTreeSet::new(),
             parked: BTreeMap::new(),
+            damaged: BTreeSet::new(),
             disk,
             stats: Stats {
                 partitions: count,
@@ -703,6 +718,7 @@ impl Sim {
     fn assign_all(&mut self) -> Result<(), Failure> {
         self.unreconciled.clear();
         self.parked.clear();
+        self.damaged.clear();
         let all: Vec<usize> = (0..self.parts.len()).collect();
         self.assign(&all)
     }
@@ -815,6 +831,57 @@ impl Sim {
         self.parked
             .entry(part)
             .or_insert_with(|| Client::new(log.reported_high(), faults));
+    }
+
+    /// Whether the engine keeps a runtime for `part`: not while it waits to be reconciled,
+    /// nor once the reader took it off as damaged.
+    fn has_runtime(&self, part: usize) -> bool {
+        !self.unreconciled.contains(&part) && !self.damaged.contains(&part)
+    }
+
+    /// The reader found `part`'s buffered records damaged (as the engine's fill takes a
+    /// `StoreError::Damaged`: `damaged_on_read`). Its runtime goes at once: what it handed
+    /// out is acknowledged in vain, and its live lane — whose state the runtime held — appends
+    /// nothing more, while the group member's client fetches on until the live thread pauses
+    /// it. The catch-up fetcher goes on until the live thread stops it (`refetch_damaged`).
+    fn damaged_on_read(&mut self, part: usize) {
+        self.stats.damaged_reads += 1;
+        self.damaged.insert(part);
+        for reader in &mut self.parts[part].readers {
+            reader.unacked.clear();
+        }
+        if let Some(live) = self
+            .fetchers
+            .iter()
+            .position(|f| f.part == part && f.lane == Lane::Live && !f.zombie)
+        {
+            let fetcher = self.fetchers.remove(live);
+            self.parked.insert(part, fetcher.client);
+        }
+    }
+
+    /// The live thread refetches the partitions taken off as damaged, as `refetch_damaged`
+    /// does: the cycle under way recorded, each partition's catch-up lanes stopped (the
+    /// fetcher answers before the discard: none appends after it), its records discarded,
+    /// and it waits to be reconciled again from Kafka's offsets, its member's client paused
+    /// where it got to.
+    fn refetch_damaged(&mut self) -> Result<(), Failure> {
+        if self.damaged.is_empty() {
+            return Ok(());
+        }
+        self.finish_cycle()?;
+        for part in std::mem::take(&mut self.damaged) {
+            self.fetchers.retain(|f| f.part != part || f.zombie);
+            self.buffer()?
+                .discard_partition(&self.topic, id(part))
+                .map_err(|e| err("discard (damaged)", e))?;
+            self.stats.damaged_refetched += 1;
+            self.defer(part);
+            if self.crashes_here() {
+                return self.crash();
+            }
+        }
+        Ok(())
     }
 
     /// Assigns again the partitions whose assignment failed, as the live loop retries them
@@ -1183,6 +1250,14 @@ impl Sim {
         // The answers of the cycle under way come in some step after it was sent.
         if self.in_flight.is_some() && self.rng.chance(2) {
             self.finish_cycle()?;
+        }
+        // After its poll round the live thread refetches what the reader found damaged, and
+        // retries those at once.
+        if !self.damaged.is_empty() && (!faults || self.rng.chance(300)) {
+            self.refetch_damaged()?;
+            if self.rng.chance(500) {
+                self.retry_unreconciled()?;
+            }
         }
         if !self.unreconciled.is_empty() && (!faults || self.rng.chance(100)) {
             self.retry_unreconciled()?;
@@ -1596,7 +1671,7 @@ impl Sim {
             for (_, cursors) in lanes {
                 held += (cursors.fetched_next - cursors.committed_next).max(0) as u64;
             }
-            if self.unreconciled.contains(&index) {
+            if !self.has_runtime(index) {
                 continue; // no runtime: the engine does not count it
             }
             // As the engine's runtime counts them: fetched and not handed out.
@@ -1696,8 +1771,10 @@ impl Sim {
                 fetcher.zombie = true;
             }
         }
-        // Unassigned by the revoke: a new assignment starts it afresh.
+        // Unassigned by the revoke: a new assignment starts it afresh (and it is no longer
+        // this member's to refetch, had the reader found it damaged: `forget_damaged`).
         self.parked.remove(&part);
+        self.damaged.remove(&part);
         self.assign(&[part])
     }
 
@@ -1705,7 +1782,7 @@ impl Sim {
     /// order (`Buffer::read_ordered`, as the engine's reader does: the catch-up ranges, then
     /// the live lane), in `Concurrent` mode the next records of `lane`.
     fn read(&mut self, part: usize, lane: Lane) -> Result<(), Failure> {
-        if self.unreconciled.contains(&part) {
+        if !self.has_runtime(part) {
             return Ok(());
         }
         // `Latest`: the backlog waits while its keys are read again (the engine's fill skips
@@ -1725,7 +1802,7 @@ impl Sim {
                 .sum()
         };
         let runtimes: Vec<usize> = (0..self.parts.len())
-            .filter(|part| !self.unreconciled.contains(part))
+            .filter(|&part| self.has_runtime(part))
             .collect();
         let awaiting: u64 = runtimes
             .iter()
@@ -1736,6 +1813,10 @@ impl Sim {
         let readable = may_read(own, awaiting, runtimes.len(), READER_BUDGET);
         self.stats.commit_waits += u64::from(!readable);
         self.failing_held |= !readable && self.commits_fail_for == Some(part);
+        if !waits && readable && self.faults && self.rng.below(DAMAGE_ODDS) == 0 {
+            self.damaged_on_read(part);
+            return Ok(());
+        }
         if !waits && readable {
             self.fill(part, lane)?;
         }
@@ -2022,10 +2103,15 @@ impl Sim {
     /// Plans the commits of `parts` and sends the cycle's writes; `None` when the process
     /// crashed during the sends.
     fn plan_and_send(&mut self, parts: &[usize]) -> Result<Option<SentCycle>, Failure> {
-        // A partition waiting for its reconciliation has no runtime to commit.
-        let plans: Vec<(usize, CommitPlan, i64, [u64; 2])> = parts
+        // A partition waiting for its reconciliation, or taken off as damaged, has no runtime
+        // to commit.
+        let with_runtime: Vec<usize> = parts
             .iter()
-            .filter(|part| !self.unreconciled.contains(part))
+            .copied()
+            .filter(|&part| self.has_runtime(part))
+            .collect();
+        let plans: Vec<(usize, CommitPlan, i64, [u64; 2])> = with_runtime
+            .iter()
             .filter_map(|&part| {
                 let state = &mut self.parts[part];
                 let catchup_processed = state.readers[0].acks.committable();
@@ -2073,6 +2159,9 @@ impl Sim {
         } = sent;
         for index in cycle.applied(&refused, &side_failed) {
             let (part, plan, catchup_processed, acked) = &plans[index];
+            if !self.has_runtime(*part) {
+                continue; // `commit_applied` finds no runtime of the plan's generation
+            }
             let lanes = self.parts[*part].readers.each_mut();
             commit_landed(lanes.map(|reader| &mut reader.acks), *acked);
             self.applied(*part, plan, *catchup_processed)?;
