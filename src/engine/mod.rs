@@ -432,7 +432,18 @@ impl Shared {
             Measured::Unchanged => {}
             Measured::Changed(change) => {
                 let path = self.buffer.dir().to_path_buf();
-                if change.low {
+                if change.repeated {
+                    // A drained buffer going on below the floor, a margin at a time: the
+                    // first stop and resume said so.
+                    tracing::info!(
+                        path = %path.display(),
+                        available_bytes = change.available,
+                        "below the free-space floor ({} free, floor {}): fetching {}",
+                        mib(change.available),
+                        mib(change.floor),
+                        if change.low { "paused again" } else { "resumes again into the space the buffer already holds" }
+                    );
+                } else if change.low {
                     tracing::warn!(
                         path = %path.display(),
                         available_bytes = change.available,

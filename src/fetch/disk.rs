@@ -85,6 +85,11 @@ pub struct DiskChange {
     pub floor: u64,
     /// Writing resumes below the floor because the buffer is drained (see the module docs).
     pub reusing: bool,
+    /// A step of a drained buffer going on below the floor: writing resumed there before
+    /// since the space was last back above the floor plus its margin. The first stop and the
+    /// first resume below the floor are worth an operator's attention; the steps after them
+    /// (one every margin written) are not.
+    pub repeated: bool,
 }
 
 /// Tracks whether the buffer is below its floor, with hysteresis.
@@ -93,6 +98,8 @@ pub struct DiskGuard {
     low: bool,
     /// Writing stops below this; `None`: the floor. Lower after a resume on a drained buffer.
     stop_below: Option<u64>,
+    /// Writing resumed below the floor since the space was last back above its margin.
+    resumed_below: bool,
 }
 
 impl DiskGuard {
@@ -132,12 +139,19 @@ impl DiskGuard {
     ) -> Option<DiskChange> {
         let floor = floor.bytes(space.total);
         let margin = Self::margin(floor);
+        let repeated = self.resumed_below;
         let change = |low, reusing| DiskChange {
             low,
             available: space.available,
             floor,
             reusing,
+            repeated,
         };
+        if space.available >= Self::resume_at(floor) {
+            // The space is back: the floor is the floor again.
+            self.stop_below = None;
+            self.resumed_below = false;
+        }
         if !self.low {
             let stop_below = self.stop_below.unwrap_or(floor).min(floor);
             if space.available < stop_below {
@@ -145,19 +159,19 @@ impl DiskGuard {
                 self.stop_below = None;
                 return Some(change(true, false));
             }
-            if space.available >= Self::resume_at(floor) {
-                // The space is back: the floor is the floor again.
-                self.stop_below = None;
-            }
             return None;
         }
         if space.available >= Self::resume_at(floor) {
             self.low = false;
-            return Some(change(false, false));
+            return Some(DiskChange {
+                repeated: false,
+                ..change(false, false)
+            });
         }
         if drained && space.available >= (floor / 2).saturating_add(margin) {
             self.low = false;
             self.stop_below = Some(space.available - margin);
+            self.resumed_below = true;
             return Some(change(false, true));
         }
         None
@@ -313,6 +327,7 @@ mod tests {
                 available,
                 floor: 100 * MIB,
                 reusing: false,
+                repeated: false,
             })
         };
         // (free space, the change it causes, low afterwards)
@@ -386,30 +401,47 @@ mod tests {
         let mut observe = |available, drained| {
             let change = guard.observe(&floor, space(available), drained);
             let below = guard.writes_below_floor(&floor, space(available));
-            (change.map(|c| (c.low, c.reusing)), guard.is_low(), below)
+            (
+                change.map(|c| (c.low, c.reusing, c.repeated)),
+                guard.is_low(),
+                below,
+            )
         };
-        // (free space, drained, the change it causes as (low, reusing), low afterwards,
-        // writing below the floor afterwards)
+        // (free space, drained, the change it causes as (low, reusing, repeated), low
+        // afterwards, writing below the floor afterwards)
         let table = [
-            (90 * MIB, false, Some((true, false)), true, false),
+            (90 * MIB, false, Some((true, false, false)), true, false),
             (90 * MIB, false, None, true, false),
             // Drained, still below the floor: sled reuses what it holds; stop 10 MiB lower.
-            (90 * MIB, true, Some((false, true)), false, true),
+            (90 * MIB, true, Some((false, true, false)), false, true),
             (85 * MIB, false, None, false, true),
             // The space comes back while writing goes on: the floor is the floor again.
             (115 * MIB, false, None, false, false),
-            (100 * MIB - 1, false, Some((true, false)), true, false),
-            (90 * MIB, true, Some((false, true)), false, true),
-            (80 * MIB - 1, false, Some((true, false)), true, false),
-            (70 * MIB, true, Some((false, true)), false, true),
-            (60 * MIB - 1, false, Some((true, false)), true, false),
+            (
+                100 * MIB - 1,
+                false,
+                Some((true, false, false)),
+                true,
+                false,
+            ),
+            (90 * MIB, true, Some((false, true, false)), false, true),
+            // Further steps down are repeats.
+            (80 * MIB - 1, false, Some((true, false, true)), true, false),
+            (70 * MIB, true, Some((false, true, true)), false, true),
+            (60 * MIB - 1, false, Some((true, false, true)), true, false),
             // Half the floor plus the margin is the lowest a drained buffer resumes at.
             (60 * MIB - 1, true, None, true, false),
             (59 * MIB, true, None, true, false),
             // Space comes back: the ordinary rule, and the floor is the floor again.
-            (110 * MIB, false, Some((false, false)), false, false),
+            (110 * MIB, false, Some((false, false, false)), false, false),
             (100 * MIB, false, None, false, false),
-            (100 * MIB - 1, false, Some((true, false)), true, false),
+            (
+                100 * MIB - 1,
+                false,
+                Some((true, false, false)),
+                true,
+                false,
+            ),
         ];
         for (available, drained, expected, low, below) in table {
             assert_eq!(
