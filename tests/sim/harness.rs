@@ -26,7 +26,10 @@
 //! damaged: its runtime goes at once, and the live thread later discards its records and
 //! reconciles it again from Kafka (`refetch_damaged`). One history in three has a free-space
 //! floor ([`DiskGuard`] over a simulated disk): below it every append fails, as the fetchers
-//! answer it. Time is simulated (`STEP_TIME` per step): holds and backoffs run on it.
+//! answer it. Some histories have a byte budget: before each round a fetcher pauses and
+//! resumes its partitions' clients by the production decisions ([`WriteStops`] for the
+//! floor's stops, [`PausePolicy`] for each partition's share), and such a history with a
+//! floor drains on the disk it has, often smaller than its budget. Time is simulated (`STEP_TIME` per step): holds and backoffs run on it.
 //!
 //! Oracle: what Kafka claims processed — read back, after every write, by reconciliation as a
 //! restarted consumer would — holds only delivered records (invariant 1); deliveries strictly
@@ -45,8 +48,8 @@ use std::time::{Duration, Instant};
 
 use catchup::fetch::{
     AfterOutOfRange, AppendResult, DiskFloor, DiskGuard, DiskSpace, Facts, Hold, LanePartition,
-    PollErrorKind, Polled as LanePolled, Round, Schedule, Unprocessed, held_below_floor,
-    live_waits_for_backlog, nothing_deliverable,
+    PausePolicy, PollErrorKind, Polled as LanePolled, Round, Schedule, Unprocessed, WriteStops,
+    held_below_floor, live_waits_for_backlog, nothing_deliverable,
 };
 use catchup::plan::{
     AckTracker, CommitCycle, CommitPlan, Committed, Decision, Inputs, KeyIndex, LocalStep,
@@ -322,6 +325,12 @@ pub struct Stats {
     pub disk_reuses: u64,
     /// Live appends refused below the floor while a split partition waited for its backlog.
     pub disk_live_stops: u64,
+    /// Histories with a byte budget, and the pauses its policy decided.
+    pub budgets: u64,
+    pub budget_pauses: u64,
+    /// Histories that drained on a disk with less room than their budget may take
+    /// (`fetch::room_short`), through the floor.
+    pub short_drains: u64,
     /// Histories whose buffer kept appends in memory (a small allowance: spills are common).
     pub memory_tier: u64,
     /// Crashes that lost records the memory tier held.
@@ -374,6 +383,9 @@ impl std::ops::AddAssign for Stats {
         self.disk_refusals += other.disk_refusals;
         self.disk_reuses += other.disk_reuses;
         self.disk_live_stops += other.disk_live_stops;
+        self.budgets += other.budgets;
+        self.budget_pauses += other.budget_pauses;
+        self.short_drains += other.short_drains;
         self.memory_tier += other.memory_tier;
         self.memory_lost += other.memory_lost;
         self.spilled_bytes += other.spilled_bytes;
@@ -425,6 +437,8 @@ pub struct Sim {
     damaged: BTreeSet<usize>,
     /// The buffer's filesystem, when this history has a free-space floor.
     disk: Option<Disk>,
+    /// The byte budget, in histories that have one.
+    budget: Option<ByteBudget>,
     stats: Stats,
     /// The buffer's spilled bytes when this history began.
     spilled_from: u64,
@@ -472,6 +486,21 @@ struct Disk {
     total: u64,
     /// Bytes of other files.
     others: u64,
+}
+
+/// The byte budget of a history that has one: each fetcher's pause decisions, as the
+/// production fetchers keep them (`kafka::budget::Budget`), over a limit of a few to a few
+/// dozen records.
+struct ByteBudget {
+    limit: u64,
+    /// The catch-up fetcher's and the group member's.
+    lanes: [LaneBudget; 2],
+}
+
+#[derive(Default)]
+struct LaneBudget {
+    policy: PausePolicy<usize>,
+    stops: WriteStops<usize>,
 }
 
 /// What a record takes on the simulated disk, and the floor: its margin (a tenth, at least
@@ -563,6 +592,23 @@ impl Sim {
             others: 0,
         });
         let disks = u64::from(disk.is_some());
+        // Two histories in three with a floor have a byte budget (and so one in two of those
+        // drains on the disk it has): one in nine without.
+        let budgeted = if disk.is_some() {
+            rng.chance(667)
+        } else {
+            rng.chance(111)
+        };
+        // A budget of a few to a few dozen records; on a disk, of up to twice the room above
+        // the floor (one in two is short of it).
+        let records = match &disk {
+            Some(disk) => 2 * (disk.total - DISK_FLOOR) / RECORD_DISK,
+            None => 60,
+        };
+        let budget = budgeted.then(|| ByteBudget {
+            limit: (4 + rng.below(records)) * RECORD_BYTES as u64,
+            lanes: Default::default(),
+        });
         let mut sim = Self {
             rng,
             dir,
@@ -584,9 +630,11 @@ impl Sim {
             parked: BTreeMap::new(),
             damaged: BTreeSet::new(),
             disk,
+            budget,
             stats: Stats {
                 partitions: count,
                 disks,
+                budgets: u64::from(budgeted),
                 memory_tier: u64::from(memory > 0),
                 latest: u64::from(latest),
                 ..Stats::default()
@@ -1136,20 +1184,32 @@ impl Sim {
         for fetcher in &mut self.fetchers {
             fetcher.client.faults = false;
         }
-        // The operator makes room: the other files go, and the disk holds every record
-        // (this simulation has no byte budget bounding what the lanes buffer).
+        // The operator makes room: the other files go. A history with a byte budget drains
+        // on the disk it has, however short of the budget: the budget and the floor must
+        // carry it through. Without a budget (or with one partition's commits failing, which
+        // holds its records on disk) the disk grows to hold every record.
         let records: u64 = self
             .parts
             .iter()
             .map(|part| part.log.high() as u64 + FAILING_DRAIN_BACKLOG as u64 + 1)
             .sum();
+        let failing_drain = self.parts.len() > 1 && self.rng.chance(333);
+        let limit = self.budget.as_ref().map(|budget| budget.limit);
         if let Some(disk) = self.disk.as_mut() {
             disk.others = 0;
-            disk.total = disk
-                .total
-                .max(DiskGuard::resume_at(DISK_FLOOR) + 2 * records * RECORD_DISK);
+            match limit {
+                Some(limit) if !failing_drain => {
+                    let room = disk.total - DISK_FLOOR;
+                    self.stats.short_drains += u64::from(room < limit);
+                }
+                _ => {
+                    disk.total = disk
+                        .total
+                        .max(DiskGuard::resume_at(DISK_FLOOR) + 2 * records * RECORD_DISK);
+                }
+            }
         }
-        if self.parts.len() > 1 && self.rng.chance(333) {
+        if failing_drain {
             self.drain_while_one_partition_fails()?;
         }
         for _ in 0..5000 {
@@ -1363,6 +1423,9 @@ impl Sim {
                 })
                 .collect()
         };
+        if !zombie && !rebuild {
+            self.apply_budget(lane)?;
+        }
         let members = self.poll_round(lane, members)?;
         let mut refused = Vec::new();
         let mut leaving = Vec::new();
@@ -1654,8 +1717,17 @@ impl Sim {
     /// anything the buffer holds can be processed ([`nothing_deliverable`]); below the floor,
     /// the live lane of a split partition in `Ordered` stays stopped while its backlog waits.
     fn may_write(&mut self, lane: Lane, part: usize) -> Result<bool, Failure> {
+        let (stopped, held) = self.measure_disk()?;
+        let held_here = lane == Lane::Live && held.contains(&part);
+        Ok(!(stopped || held_here))
+    }
+
+    /// The simulated disk measured and fed to the production guard, as the engine's
+    /// `may_write` does: whether writing is stopped, and the live lanes held below the floor
+    /// while their backlog waits ([`held_below_floor`]).
+    fn measure_disk(&mut self) -> Result<(bool, BTreeSet<usize>), Failure> {
         if self.disk.is_none() {
-            return Ok(true);
+            return Ok((false, BTreeSet::new()));
         }
         let mut held = 0;
         let mut unprocessed = Vec::new();
@@ -1697,7 +1769,7 @@ impl Sim {
         }
         let drained = nothing_deliverable(unprocessed.iter().map(|(_, part)| *part));
         let Some(disk) = self.disk.as_mut() else {
-            return Ok(true);
+            return Ok((false, BTreeSet::new()));
         };
         let used = disk.others + held * RECORD_DISK;
         let space = DiskSpace {
@@ -1712,8 +1784,99 @@ impl Sim {
             }
         }
         let below_floor = disk.guard.writes_below_floor(&disk.floor, space);
-        let held = lane == Lane::Live && held_below_floor(below_floor, unprocessed).contains(&part);
-        Ok(!disk.guard.is_low() && !held)
+        Ok((
+            disk.guard.is_low(),
+            held_below_floor(below_floor, unprocessed),
+        ))
+    }
+
+    /// The byte budget of the fetcher of `lane`, as `kafka::budget::Budget::apply` runs it
+    /// before a round: the stops ([`WriteStops`]: writing stopped, live lanes held below the
+    /// floor) and the budget's own pauses ([`PausePolicy`] over each partition's
+    /// unacknowledged bytes in the lane, a share of the budget per slot) applied to the
+    /// partitions' clients.
+    fn apply_budget(&mut self, lane: Lane) -> Result<(), Failure> {
+        let Some(mut budget) = self.budget.take() else {
+            return Ok(());
+        };
+        let result = self.apply_budget_of(lane, &mut budget);
+        self.budget = Some(budget);
+        result
+    }
+
+    fn apply_budget_of(&mut self, lane: Lane, budget: &mut ByteBudget) -> Result<(), Failure> {
+        let (stopped, held) = self.measure_disk()?;
+        let held = if lane == Lane::Live && !stopped {
+            held
+        } else {
+            BTreeSet::new()
+        };
+        let mut usage = BTreeMap::new();
+        for fetcher in &self.fetchers {
+            let part = fetcher.part;
+            if fetcher.lane != lane || fetcher.zombie || fetcher.rebuild.is_some() {
+                continue;
+            }
+            if !self.has_runtime(part) {
+                continue;
+            }
+            usage.insert(part, self.unacked_bytes(part, lane)?);
+        }
+        let slots: usize = (0..self.parts.len())
+            .filter(|&part| self.has_runtime(part))
+            .map(|part| 1 + usize::from(!self.backlog_delivered(part)))
+            .sum();
+        let lane_budget = &mut budget.lanes[lane_index(lane)];
+        let policy = &lane_budget.policy;
+        let mut changes = lane_budget
+            .stops
+            .round(usage.keys().copied(), stopped, held, |part| {
+                policy.is_paused(part)
+            });
+        for change in lane_budget.policy.decide(budget.limit, slots, &usage) {
+            self.stats.budget_pauses += u64::from(change.paused);
+            if !lane_budget.stops.stops(&change.partition) {
+                changes.push((change.partition, change.paused));
+            }
+        }
+        for (part, paused) in changes {
+            for fetcher in &mut self.fetchers {
+                let ours = fetcher.part == part && fetcher.lane == lane;
+                if ours && !fetcher.zombie && fetcher.rebuild.is_none() {
+                    fetcher.client.set_paused(paused);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Bytes of `part`'s `lane` in the buffer and not acknowledged (`PartitionRuntime::buffered`):
+    /// fetched, less what its reader acknowledged.
+    fn unacked_bytes(&self, part: usize, lane: Lane) -> Result<u64, Failure> {
+        let state = self
+            .buffer()?
+            .partition_state(&self.topic, id(part))
+            .map_err(|e| err("state", e))?;
+        let fetched = state.map_or(0, |state| match lane {
+            Lane::Catchup => state.catchup.fetched_next,
+            Lane::Live => state.live.fetched_next,
+        });
+        let acked = self.parts[part].readers[lane_index(lane)]
+            .acks
+            .committable();
+        Ok((fetched - acked).max(0) as u64 * RECORD_BYTES as u64)
+    }
+
+    /// Whether `part`'s backlog is all delivered (its catch-up lane is no longer a slot of
+    /// the budget: `PartitionRuntime::backlog_undelivered`).
+    fn backlog_delivered(&self, part: usize) -> bool {
+        let runtime = &self.parts[part];
+        let delivered = runtime.readers[0].acks.delivered_next();
+        runtime
+            .layout
+            .catchup_ranges
+            .last()
+            .is_none_or(|range| delivered >= range.end)
     }
 
     /// Under an eager protocol: the whole assignment assigned again, every live lane

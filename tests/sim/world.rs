@@ -153,6 +153,9 @@ pub(super) struct Client {
     /// runs, after a spurious end of partition: a new leader, or a follower it fetches from,
     /// behind); it rises one offset a poll until it has caught up.
     pub(super) told_high: Option<i64>,
+    /// Paused by the application (the byte budget, the free-space floor): it hands out
+    /// nothing, and librdkafka drops what it prefetched.
+    pub(super) paused: bool,
 }
 
 impl Client {
@@ -165,6 +168,7 @@ impl Client {
             faults,
             runs: false,
             told_high: None,
+            paused: false,
         }
     }
 
@@ -178,6 +182,7 @@ impl Client {
             faults,
             runs: false,
             told_high: None,
+            paused: false,
         }
     }
 
@@ -217,6 +222,19 @@ impl Client {
         self.app_pos
     }
 
+    /// librdkafka's pause and resume: a resumed partition fetches again from the application
+    /// position (what was prefetched before the pause is gone); one stopped out of range
+    /// stays stopped. An assignment keeps the pause.
+    pub(super) fn set_paused(&mut self, paused: bool) {
+        if self.paused && !paused && self.fetch_pos.is_some() {
+            if let Some(at) = self.app_pos {
+                self.fetch_pos = Some(at);
+                self.eof_at = None;
+            }
+        }
+        self.paused = paused;
+    }
+
     /// The same client, taken from in runs.
     pub(super) fn taking_runs(self) -> Self {
         Self { runs: true, ..self }
@@ -228,6 +246,9 @@ impl Client {
     /// from its main queue, which names no partition and moves nothing; an end of partition
     /// is always its partition's.
     pub(super) fn poll(&mut self, log: &Log, rng: &mut Rng) -> Option<(Polled, Option<i64>)> {
+        if self.paused {
+            return None;
+        }
         // Tried more often while the batch call's position stands past the fetch (after an
         // end of partition): where a resume can pass an offset never fetched.
         let past_fetch = self.app_pos > self.fetch_pos;
