@@ -34,7 +34,8 @@
 //!
 //! `CATCHUP_BENCH_CLI_ALT=PATH` adds `catchup run` of another build of the binary beside this
 //! one's in `throughput` (for instance the system allocator's: `cargo build --release
-//! --no-default-features --features cli --target-dir target/system-alloc`).
+//! --no-default-features --features cli --target-dir target/system-alloc`), in the mode
+//! `CATCHUP_BENCH_CLI_ALT_MODE` names (`ordered` unless it says `off` or `concurrent`).
 //!
 //! `CATCHUP_BENCH_SINK_DIR=DIR` puts the sinks of `catchup run` and `kcat -J` in `DIR` instead
 //! of a tmpfs (a disk: its fsyncs then count).
@@ -464,7 +465,12 @@ impl Bench {
                 let binary = std::env::var_os(CLI_ALT_ENV)
                     .map(PathBuf::from)
                     .ok_or(format!("{CLI_ALT_ENV} is not set"))?;
-                self.cli_sink(&binary, Mode::Ordered, topic, &group, &dir, records)
+                let mode = match std::env::var("CATCHUP_BENCH_CLI_ALT_MODE").as_deref() {
+                    Ok("off") => Mode::Off,
+                    Ok("concurrent") => Mode::Concurrent,
+                    _ => Mode::Ordered,
+                };
+                self.cli_sink(&binary, mode, topic, &group, &dir, records)
             }
             Reader::Bare | Reader::BareKeeping | Reader::Library(_) | Reader::LibraryRuns(_) => {
                 let spec = serde_json::json!({
