@@ -69,7 +69,7 @@ fn the_consumer_never_loses_a_record() {
          partition, {} transient errors taken in a run, {} entries taken after an error in its run ({} of them in a long tail), {} assignments of everything (eager), {} main-log writes refused, {} \
          partitions whose assignment waited for a write to Kafka, {} writes reported failed yet \
          applied, {} failed creations of the catch-up consumer, {} topic ids unreadable, {} assignments without \
-         the group's offsets, {} partitions waiting for what could not be read, {} reuses refused and laid out afresh, {} partitions reconciled on a retry and moved from the log end, {} crashes inside an assignment's local steps, {} reads finding a partition damaged ({} partitions discarded and reconciled again), {} histories with a free-space floor ({} stops below it, {} appends refused, {} resumes on a drained buffer, {} live appends refused below it while a backlog waited), {} histories with a byte budget ({} pauses, {} drains on a disk with less room than the budget), {} partitions assigned \
+         the group's offsets, {} partitions waiting for what could not be read, {} reuses refused and laid out afresh, {} partitions reconciled on a retry and moved from the log end, {} crashes inside an assignment's local steps, {} reads finding a partition damaged ({} partitions discarded and reconciled again), {} local steps failing without stopping the consumer, {} histories with a free-space floor ({} stops below it, {} appends refused, {} resumes on a drained buffer, {} live appends refused below it while a backlog waited), {} histories with a byte budget ({} pauses, {} drains on a disk with less room than the budget), {} partitions assigned \
          again within a poll round, {} histories with a memory tier ({} crashes losing what it \
          held, {} bytes spilled to sled), {} histories in mode latest ({} records superseded, {} \
          assignments waiting for their keys to be read again), {} reads waiting for commits, {} \
@@ -98,6 +98,7 @@ fn the_consumer_never_loses_a_record() {
         stats.local_step_crashes,
         stats.damaged_reads,
         stats.damaged_refetched,
+        stats.local_failures,
         stats.disks,
         stats.disk_stops,
         stats.disk_refusals,
@@ -142,6 +143,7 @@ fn the_consumer_never_loses_a_record() {
                 && stats.parked_repositioned > 0
                 && stats.local_step_crashes > 0
                 && stats.damaged_refetched > 0
+                && stats.local_failures > 0
                 && stats.disk_stops > 0
                 && stats.disk_refusals > 0
                 && stats.disk_reuses > 0

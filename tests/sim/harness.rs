@@ -15,7 +15,9 @@
 //! ([`reconcile`]) at every assignment with its writes sent as one commit cycle, then its
 //! local step ([`LocalStep`]) — a partition whose write failed waits, paused at the log end
 //! under the member's client, and is retried; a retry that reconciles it hands that client to
-//! the live lane with its chain broken —, the topic-id fallback ([`incarnation_unknown`]) when
+//! the live lane with its chain broken; a local step may also fail without stopping the
+//! consumer (a state read back damaged, a start offset not set once the catch-up lane was
+//! handed the partition), and the partition waits the same way —, the topic-id fallback ([`incarnation_unknown`]) when
 //! the id cannot be read, the commit plans ([`plan_commit`]) and the commit cycle
 //! ([`CommitCycle`]) with refused main-log writes and failed side-log writes — a scheduled
 //! cycle sent in one step and recorded in a later one, the lanes fetched and the readers
@@ -131,6 +133,9 @@ enum RoundEnd {
 /// died inside it (and a new one has been assigned everything).
 enum Applied {
     Started,
+    /// A step failed without stopping the consumer: the partition waits to be reconciled
+    /// again.
+    Deferred,
     Crashed,
 }
 
@@ -317,6 +322,9 @@ pub struct Stats {
     /// reconciled again (a revoke or a crash may come first).
     pub damaged_reads: u64,
     pub damaged_refetched: u64,
+    /// Local steps that failed without stopping the consumer (a state read back damaged, a
+    /// start offset not set): the partition waited to be reconciled again.
+    pub local_failures: u64,
     /// The free-space floor: histories with a simulated disk, times writing stopped below
     /// the floor, appends refused meanwhile, and resumes below the floor on a drained buffer.
     pub disks: u64,
@@ -378,6 +386,7 @@ impl std::ops::AddAssign for Stats {
         self.local_step_crashes += other.local_step_crashes;
         self.damaged_reads += other.damaged_reads;
         self.damaged_refetched += other.damaged_refetched;
+        self.local_failures += other.local_failures;
         self.disks += other.disks;
         self.disk_stops += other.disk_stops;
         self.disk_refusals += other.disk_refusals;
@@ -1021,6 +1030,13 @@ impl Sim {
                     .map_err(|e| err("layout", e))?;
             }
         }
+        // The state read back is damaged (an error that is not a failed write): the partition
+        // waits, laid out, and is reconciled again (`assign_failed`).
+        if self.faults && self.rng.chance(15) {
+            self.stats.local_failures += 1;
+            self.defer(part);
+            return Ok(Applied::Deferred);
+        }
         let state = self
             .buffer()?
             .partition_state(&self.topic, partition)
@@ -1038,7 +1054,21 @@ impl Sim {
         runtime.side_entry = decision.side_entry.clone();
         // As the live fetcher sets it.
         runtime.main_committed = main_committed;
+        let retried = self.parked.contains_key(&part);
         self.start_fetching(part, &state)?;
+        // At an assignment (not a retry) the group member's start offset may not be set
+        // (`start_at`): the partition waits at the log end, its runtime gone, while the
+        // catch-up lane it was handed already goes on (`assign_failed`).
+        if !retried && self.faults && self.rng.chance(15) {
+            self.stats.local_failures += 1;
+            self.fetchers
+                .retain(|f| f.part != part || f.lane != Lane::Live || f.zombie);
+            for reader in &mut self.parts[part].readers {
+                reader.unacked.clear();
+            }
+            self.defer(part);
+            return Ok(Applied::Deferred);
+        }
         Ok(Applied::Started)
     }
 
