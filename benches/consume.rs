@@ -468,7 +468,13 @@ impl Bench {
                 let mode = match std::env::var("CATCHUP_BENCH_CLI_ALT_MODE").as_deref() {
                     Ok("off") => Mode::Off,
                     Ok("concurrent") => Mode::Concurrent,
-                    _ => Mode::Ordered,
+                    Ok("ordered") | Err(_) => Mode::Ordered,
+                    Ok(other) => {
+                        return Err(format!(
+                            "CATCHUP_BENCH_CLI_ALT_MODE={other}: off, ordered or concurrent"
+                        )
+                        .into());
+                    }
                 };
                 self.cli_sink(&binary, mode, topic, &group, &dir, records)
             }

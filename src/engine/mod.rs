@@ -438,6 +438,7 @@ impl Shared {
                     tracing::info!(
                         path = %path.display(),
                         available_bytes = change.available,
+                        floor_bytes = change.floor,
                         "below the free-space floor ({} free, floor {}): fetching {}",
                         mib(change.available),
                         mib(change.floor),

@@ -76,6 +76,7 @@ impl DiskFloor {
 
 /// A change of the low-space state, to apply and report once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DiskChange {
     /// `true`: below the floor, writing stops; `false`: writing resumes.
     pub low: bool,
@@ -86,9 +87,10 @@ pub struct DiskChange {
     /// Writing resumes below the floor because the buffer is drained (see the module docs).
     pub reusing: bool,
     /// A step of a drained buffer going on below the floor: writing resumed there before
-    /// since the space was last back above the floor plus its margin. The first stop and the
-    /// first resume below the floor are worth an operator's attention; the steps after them
-    /// (one every margin written) are not.
+    /// since the space was last back above the floor plus its margin, and (a stop) a drained
+    /// buffer may still resume from here. The first stop and the first resume below the floor
+    /// are worth an operator's attention, and so is a stop at the hard limit, where writing
+    /// waits for space; the steps between them (one every margin written) are not.
     pub repeated: bool,
 }
 
@@ -139,7 +141,9 @@ impl DiskGuard {
     ) -> Option<DiskChange> {
         let floor = floor.bytes(space.total);
         let margin = Self::margin(floor);
-        let repeated = self.resumed_below;
+        // The least free space a drained buffer resumes at: the hard limit.
+        let lowest_resume = (floor / 2).saturating_add(margin);
+        let repeated = self.resumed_below && space.available >= lowest_resume;
         let change = |low, reusing| DiskChange {
             low,
             available: space.available,
@@ -168,7 +172,7 @@ impl DiskGuard {
                 ..change(false, false)
             });
         }
-        if drained && space.available >= (floor / 2).saturating_add(margin) {
+        if drained && space.available >= lowest_resume {
             self.low = false;
             self.stop_below = Some(space.available - margin);
             self.resumed_below = true;
@@ -428,7 +432,8 @@ mod tests {
             // Further steps down are repeats.
             (80 * MIB - 1, false, Some((true, false, true)), true, false),
             (70 * MIB, true, Some((false, true, true)), false, true),
-            (60 * MIB - 1, false, Some((true, false, true)), true, false),
+            // A stop at the hard limit is not a step: writing waits for space.
+            (60 * MIB - 1, false, Some((true, false, false)), true, false),
             // Half the floor plus the margin is the lowest a drained buffer resumes at.
             (60 * MIB - 1, true, None, true, false),
             (59 * MIB, true, None, true, false),

@@ -159,11 +159,16 @@ mod tests {
             stops.round([1, 2], false, set(&[]), budget_pauses),
             [(2, true)]
         );
-        // While writes are stopped the stop decides.
-        stops.forget(&1);
+        // While writes are stopped the stop decides: a partition set again is paused, the
+        // others are left as they are.
         assert_eq!(
             stops.round([1, 2], true, set(&[]), |_: &u8| false),
             [(1, true), (2, true)]
+        );
+        stops.forget(&1);
+        assert_eq!(
+            stops.round([1, 2], true, set(&[]), |_: &u8| false),
+            [(1, true)]
         );
     }
 }

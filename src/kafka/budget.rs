@@ -115,7 +115,7 @@ impl Budget {
     }
 
     /// Forgets `key`, paused by its fetcher out of band: when its runtime comes back it is
-    /// resumed like a newly assigned partition.
+    /// set like a newly assigned partition (resumed, unless a stop or the budget pauses it).
     pub fn forget(&mut self, key: &PartitionId) {
         self.stops.forget(key);
     }
