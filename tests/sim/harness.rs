@@ -28,10 +28,12 @@
 //! damaged: its runtime goes at once, and the live thread later discards its records and
 //! reconciles it again from Kafka (`refetch_damaged`). One history in three has a free-space
 //! floor ([`DiskGuard`] over a simulated disk): below it every append fails, as the fetchers
-//! answer it. Some histories have a byte budget: before each round a fetcher pauses and
-//! resumes its partitions' clients by the production decisions ([`WriteStops`] for the
-//! floor's stops, [`PausePolicy`] for each partition's share), and such a history with a
-//! floor drains on the disk it has, often smaller than its budget. Time is simulated (`STEP_TIME` per step): holds and backoffs run on it.
+//! answer it. Before each round a fetcher pauses and resumes its partitions' clients by the
+//! production decisions ([`WriteStops`] for the floor's stops and for clients that are new or
+//! were paused out of band — a partition waiting to be reconciled is paused — and, in the
+//! histories with a byte budget, [`PausePolicy`] for each partition's share); a budgeted
+//! history with a floor drains on the disk it has, often smaller than its budget. Time is
+//! simulated (`STEP_TIME` per step): holds and backoffs run on it.
 //!
 //! Oracle: what Kafka claims processed — read back, after every write, by reconciliation as a
 //! restarted consumer would — holds only delivered records (invariant 1); deliveries strictly
@@ -336,8 +338,9 @@ pub struct Stats {
     /// Histories with a byte budget, and the pauses its policy decided.
     pub budgets: u64,
     pub budget_pauses: u64,
-    /// Histories that drained on a disk with less room than their budget may take
-    /// (`fetch::room_short`), through the floor.
+    /// Histories that drained on a disk with less room above the floor than their budget (a
+    /// simulated record takes its size on disk: a weaker condition than `fetch::room_short`,
+    /// which allows for sled's overhead), through the floor.
     pub short_drains: u64,
     /// Histories whose buffer kept appends in memory (a small allowance: spills are common).
     pub memory_tier: u64,
@@ -446,8 +449,8 @@ pub struct Sim {
     damaged: BTreeSet<usize>,
     /// The buffer's filesystem, when this history has a free-space floor.
     disk: Option<Disk>,
-    /// The byte budget, in histories that have one.
-    budget: Option<ByteBudget>,
+    /// The fetchers' pauses, and the byte budget in histories that have one.
+    budget: ByteBudget,
     stats: Stats,
     /// The buffer's spilled bytes when this history began.
     spilled_from: u64,
@@ -497,13 +500,23 @@ struct Disk {
     others: u64,
 }
 
-/// The byte budget of a history that has one: each fetcher's pause decisions, as the
-/// production fetchers keep them (`kafka::budget::Budget`), over a limit of a few to a few
-/// dozen records.
+/// Each fetcher's pause decisions, as the production fetchers keep them
+/// (`kafka::budget::Budget`): the stops of every history, and in some a byte budget of a few
+/// to a few dozen records.
+#[derive(Default)]
 struct ByteBudget {
-    limit: u64,
+    limit: Option<u64>,
     /// The catch-up fetcher's and the group member's.
     lanes: [LaneBudget; 2],
+}
+
+impl ByteBudget {
+    /// `part`'s clients were paused out of band, or are new: the next round sets them.
+    fn forget(&mut self, part: usize) {
+        for lane in &mut self.lanes {
+            lane.stops.forget(&part);
+        }
+    }
 }
 
 #[derive(Default)]
@@ -614,10 +627,10 @@ impl Sim {
             Some(disk) => 2 * (disk.total - DISK_FLOOR) / RECORD_DISK,
             None => 60,
         };
-        let budget = budgeted.then(|| ByteBudget {
-            limit: (4 + rng.below(records)) * RECORD_BYTES as u64,
+        let budget = ByteBudget {
+            limit: budgeted.then(|| (4 + rng.below(records)) * RECORD_BYTES as u64),
             lanes: Default::default(),
-        });
+        };
         let mut sim = Self {
             rng,
             dir,
@@ -767,6 +780,8 @@ impl Sim {
             part.live_handed_next = None;
         }
         self.fetchers.clear();
+        // A new process: its fetchers' pauses start afresh.
+        self.budget.lanes = Default::default();
         self.catchup_created = false;
         self.create_hold = Hold::default();
         self.assign_all()
@@ -887,7 +902,11 @@ impl Sim {
         let faults = self.faults;
         self.parked
             .entry(part)
-            .or_insert_with(|| Client::new(log.reported_high(), faults));
+            .or_insert_with(|| Client::new(log.reported_high(), faults))
+            .set_paused(true);
+        // Without a runtime it leaves the budget's round (at the end of the live thread's
+        // turn); when it comes back it is set again.
+        self.budget.forget(part);
     }
 
     /// Whether the engine keeps a runtime for `part`: not while it waits to be reconciled,
@@ -1166,6 +1185,8 @@ impl Sim {
             zombie: false,
             rebuild: None,
         });
+        // New clients (the parked one paused): the next round of each fetcher sets them.
+        self.budget.forget(part);
         Ok(())
     }
 
@@ -1224,7 +1245,7 @@ impl Sim {
             .map(|part| part.log.high() as u64 + FAILING_DRAIN_BACKLOG as u64 + 1)
             .sum();
         let failing_drain = self.parts.len() > 1 && self.rng.chance(333);
-        let limit = self.budget.as_ref().map(|budget| budget.limit);
+        let limit = self.budget.limit;
         if let Some(disk) = self.disk.as_mut() {
             disk.others = 0;
             match limit {
@@ -1345,9 +1366,7 @@ impl Sim {
         // retries those at once.
         if !self.damaged.is_empty() && (!faults || self.rng.chance(300)) {
             self.refetch_damaged()?;
-            if self.rng.chance(500) {
-                self.retry_unreconciled()?;
-            }
+            self.retry_unreconciled()?;
         }
         if !self.unreconciled.is_empty() && (!faults || self.rng.chance(100)) {
             self.retry_unreconciled()?;
@@ -1826,11 +1845,9 @@ impl Sim {
     /// unacknowledged bytes in the lane, a share of the budget per slot) applied to the
     /// partitions' clients.
     fn apply_budget(&mut self, lane: Lane) -> Result<(), Failure> {
-        let Some(mut budget) = self.budget.take() else {
-            return Ok(());
-        };
+        let mut budget = std::mem::take(&mut self.budget);
         let result = self.apply_budget_of(lane, &mut budget);
-        self.budget = Some(budget);
+        self.budget = budget;
         result
     }
 
@@ -1863,9 +1880,13 @@ impl Sim {
             .round(usage.keys().copied(), stopped, held, |part| {
                 policy.is_paused(part)
             });
-        for change in lane_budget.policy.decide(budget.limit, slots, &usage) {
-            self.stats.budget_pauses += u64::from(change.paused);
+        let decided = match budget.limit {
+            Some(limit) => lane_budget.policy.decide(limit, slots, &usage),
+            None => Vec::new(),
+        };
+        for change in decided {
             if !lane_budget.stops.stops(&change.partition) {
+                self.stats.budget_pauses += u64::from(change.paused);
                 changes.push((change.partition, change.paused));
             }
         }
