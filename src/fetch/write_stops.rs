@@ -144,8 +144,8 @@ mod tests {
     }
 
     /// A partition set again after it was paused out of band (its damaged lane refetched)
-    /// keeps the budget's pause: its resume would let it fetch past its share until the
-    /// budget's own state changed.
+    /// gets the budget's state, as a partition whose stop changed does. (In the fetchers its
+    /// new runtime counts no bytes, and the budget resumes it in the same round.)
     #[test]
     fn a_partition_set_again_keeps_the_budget_s_pause() {
         let mut stops = WriteStops::new();

@@ -17,8 +17,8 @@
 //! under the member's client, and is retried; a retry that reconciles it hands that client to
 //! the live lane with its chain broken; a local step may also fail without stopping the
 //! consumer (a state read back damaged, a start offset not set once the catch-up lane was
-//! handed the partition), and the partition waits the same way —, the topic-id fallback ([`incarnation_unknown`]) when
-//! the id cannot be read, the commit plans ([`plan_commit`]) and the commit cycle
+//! handed the partition), and the partition waits the same way —, the topic-id fallback
+//! ([`incarnation_unknown`]) when the id cannot be read, the commit plans ([`plan_commit`]) and the commit cycle
 //! ([`CommitCycle`]) with refused main-log writes and failed side-log writes — a scheduled
 //! cycle sent in one step and recorded in a later one, the lanes fetched and the readers
 //! reading and acking between, as the group member's commit thread sends it — and the real
@@ -335,7 +335,7 @@ pub struct Stats {
     pub disk_reuses: u64,
     /// Live appends refused below the floor while a split partition waited for its backlog.
     pub disk_live_stops: u64,
-    /// Histories with a byte budget, and the pauses its policy decided.
+    /// Histories with a byte budget, and the pauses its policy applied to a client.
     pub budgets: u64,
     pub budget_pauses: u64,
     /// Histories that drained on a disk with less room above the floor than their budget (a
@@ -614,8 +614,8 @@ impl Sim {
             others: 0,
         });
         let disks = u64::from(disk.is_some());
-        // Two histories in three with a floor have a byte budget (and so one in two of those
-        // drains on the disk it has): one in nine without.
+        // Two histories in three with a floor have a byte budget (they drain on the disk they
+        // have), one in nine without a floor.
         let budgeted = if disk.is_some() {
             rng.chance(667)
         } else {
@@ -1800,11 +1800,7 @@ impl Sim {
             let delivered = |lane| runtime.readers[lane_index(lane)].acks.delivered_next();
             let [catchup_bytes, live_bytes] =
                 lanes.map(|(lane, cursors)| (cursors.fetched_next - delivered(lane)).max(0) as u64);
-            let backlog_delivered = runtime
-                .layout
-                .catchup_ranges
-                .last()
-                .is_none_or(|range| delivered(Lane::Catchup) >= range.end);
+            let backlog_delivered = self.backlog_delivered(index);
             let unprocessed_here = Unprocessed {
                 catchup_bytes,
                 live_bytes,
