@@ -77,8 +77,9 @@ fn a_crash_right_after_a_sync_keeps_everything() {
 
 /// A power loss tears what sled wrote since the last sync, page by page: whichever pages
 /// persisted, the buffer recovers a state since that sync (the harness checks it; where sled
-/// could not recover, the consumer would start empty, and here none such is expected). The appends after the sync are
-/// large enough for sled to write its log, so the tears hit written pages.
+/// could not recover, the consumer would start empty, and here none such is expected). The
+/// appends after the sync are large enough for sled to write its log, so the tears hit
+/// written pages.
 #[test]
 fn a_torn_crash_recovers_a_state_since_the_sync() {
     let append = |partition, lane, count| Op::Append {
