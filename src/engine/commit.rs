@@ -46,10 +46,10 @@ impl Shared {
                 self.skip_trailing_gap(
                     key,
                     lane,
-                    &mut runtime.acks[lane_index(lane)],
+                    runtime.acks_mut()[lane_index(lane)],
                     fetched_next,
                 );
-                let processed = runtime.acks[lane_index(lane)].committable();
+                let processed = runtime.acks(lane_index(lane)).committable();
                 lag[lane_index(lane)] += (fetched_next - processed).max(0);
             }
         }
@@ -66,18 +66,17 @@ impl Shared {
             .iter_mut()
             .filter(|(key, _)| only.is_none_or(|only| only.contains(key)))
             .filter_map(|(key, runtime)| {
-                let catchup_processed = runtime.acks[0].committable();
+                let catchup_processed = runtime.acks(0).committable();
                 let plan = plan_commit(&Progress {
                     token: runtime.token,
                     side: runtime.side.as_ref(),
                     layout: &runtime.layout,
                     main_committed: runtime.main_committed,
                     catchup_processed,
-                    live_processed: runtime.acks[1].committable(),
+                    live_processed: runtime.acks(1).committable(),
                 });
                 let awaited = runtime.awaiting_commit() > 0;
-                let Some(acked) = crate::plan::commit_planned(runtime.acks.each_mut(), &plan)
-                else {
+                let Some(acked) = crate::plan::commit_planned(runtime.acks_mut(), &plan) else {
                     // Nothing acknowledged waits for a commit of this partition any more.
                     woken |= awaited;
                     return None;
@@ -146,7 +145,7 @@ impl Shared {
             return Ok(());
         };
         // A reader holding back for it is told by `commits_landed`, once per cycle.
-        crate::plan::commit_landed(runtime.acks.each_mut(), commit.acked);
+        crate::plan::commit_landed(runtime.acks_mut(), commit.acked);
         match &commit.plan {
             CommitPlan::Nothing => {}
             CommitPlan::Plain { offset } => {

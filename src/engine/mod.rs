@@ -28,8 +28,8 @@ use tokio::sync::{Notify, broadcast};
 
 use crate::fetch::LanePartition;
 use crate::plan::{
-    AckTracker, CommitPlan, HoldNotice, KeyIndex, Progress, SideEntry, SplitToken, Verdict,
-    may_read, plan_commit, reader_waits_for_commits,
+    AckTracker, CommitPlan, HoldNotice, KeyIndex, LaneAccount, Progress, SideEntry, SplitToken,
+    Verdict, may_read, plan_commit, reader_waits_for_commits,
 };
 use crate::store::{Buffer, Lane, LayoutId, PartitionLayout, PartitionState, StoreError};
 use types::{AckToken, CatchupConfig, Delivery, DeliveryLane, Event, Mode};
@@ -64,23 +64,13 @@ pub(crate) struct PartitionRuntime {
     pub side: Option<SideEntry>,
     /// The offset the main log holds.
     pub main_committed: i64,
-    /// Per lane (catch-up, live): delivered and acknowledged offsets.
-    acks: [AckTracker; 2],
+    /// Per lane (catch-up, live): delivered and acknowledged offsets, and the bytes held
+    /// against the byte budget.
+    lanes: [LaneAccount; 2],
     /// Next offset to read: `Ordered` and `Off` use `ordered_next`, `Concurrent` one per lane.
     ordered_next: i64,
     lane_next: [i64; 2],
     drained: bool,
-    /// Per lane, bytes fetched and not yet acknowledged (for the byte budget). Signed: the
-    /// reader may acknowledge a record before its fetcher has counted the append that
-    /// stored it, and the two must cancel out whatever their order.
-    buffered_bytes: [i64; 2],
-    /// Per lane, the part of `buffered_bytes` handed to the application and not yet
-    /// acknowledged: the rest was fetched and is not handed out yet (what a catch-up lane may
-    /// read ahead, `kafka::budget`).
-    handed_bytes: [i64; 2],
-    /// Per lane, records below this were in the buffer before this assignment and were never
-    /// counted: their acks free nothing from the counters.
-    counted_from: [i64; 2],
     /// The live fetcher's lane of this partition (positioned at assignment).
     pub live: LanePartition,
     /// When the partition was assigned, until its first live record is delivered.
@@ -113,7 +103,10 @@ impl PartitionRuntime {
             token,
             side,
             main_committed,
-            acks: [AckTracker::new(catchup_next), AckTracker::new(live_next)],
+            lanes: [
+                LaneAccount::new(layout_id, catchup_next, state.catchup.fetched_next),
+                LaneAccount::new(layout_id, live_next, state.live.fetched_next),
+            ],
             ordered_next: if catchup_done {
                 live_next
             } else {
@@ -121,9 +114,6 @@ impl PartitionRuntime {
             },
             lane_next: [catchup_next, live_next],
             drained: catchup_done,
-            buffered_bytes: [0, 0],
-            handed_bytes: [0, 0],
-            counted_from: [state.catchup.fetched_next, state.live.fetched_next],
             live: LanePartition::live(layout_id, state.live.fetched_next),
             awaiting_fresh_since: Some(std::time::Instant::now()),
             newest_live_ms: None,
@@ -143,35 +133,40 @@ impl PartitionRuntime {
     /// Acknowledges `offset` of lane `lane` (an index): the payload bytes it frees once
     /// committed.
     fn acknowledge(&mut self, lane: usize, offset: i64) -> u64 {
-        let freed = self.acks[lane].ack(offset) as i64;
-        if offset >= self.counted_from[lane] {
-            self.buffered_bytes[lane] -= freed;
-            self.handed_bytes[lane] -= freed;
-        }
-        freed.max(0) as u64
+        self.lanes[lane].acknowledge(offset)
     }
 
     /// Records that `offset` (of `bytes` bytes) of lane `lane` (an index) is handed out.
     fn hand_out(&mut self, lane: usize, offset: i64, bytes: usize) {
-        if self.acks[lane].delivered(offset, bytes) && offset >= self.counted_from[lane] {
-            self.handed_bytes[lane] += bytes as i64;
-        }
+        self.lanes[lane].hand_out(offset, bytes);
+    }
+
+    /// Lane `lane`'s (an index) acknowledgements.
+    pub(super) fn acks(&self, lane: usize) -> &AckTracker {
+        self.lanes[lane].acks()
+    }
+
+    /// Both lanes' acknowledgements, for planning a commit and its landing.
+    pub(super) fn acks_mut(&mut self) -> [&mut AckTracker; 2] {
+        self.lanes.each_mut().map(LaneAccount::acks_mut)
     }
 
     /// Bytes acknowledged, both lanes, whose commit has not landed.
     pub(super) fn awaiting_commit(&self) -> u64 {
-        self.acks.iter().map(AckTracker::awaiting_commit).sum()
+        self.lanes
+            .iter()
+            .map(|lane| lane.acks().awaiting_commit())
+            .sum()
     }
 
     /// Bytes of `lane` fetched and not handed to the application yet.
     pub fn undelivered(&self, lane: Lane) -> u64 {
-        let lane = lane_index(lane);
-        (self.buffered_bytes[lane] - self.handed_bytes[lane]).max(0) as u64
+        self.lanes[lane_index(lane)].undelivered_bytes()
     }
 
     /// Unacknowledged bytes of `lane`.
     pub fn buffered(&self, lane: Lane) -> u64 {
-        self.buffered_bytes[lane_index(lane)].max(0) as u64
+        self.lanes[lane_index(lane)].unacked_bytes()
     }
 
     /// Whether the backlog is not all delivered yet (until then the catch-up lane is one of
@@ -591,17 +586,19 @@ impl Shared {
         self.events.subscribe()
     }
 
-    /// Counts `bytes` appended to `lane` of `key`, which left the lane fetched up to
-    /// `fetched_next`, against the byte budget. An append that landed before the partition's
-    /// runtime was made (a writer of an earlier assignment, late) is below what the runtime
-    /// counts from: its records are never handed out or acknowledged as counted, so counting
-    /// it would leave the lane's counters above zero for good.
-    pub fn add_buffered(&self, key: &PartitionId, lane: Lane, fetched_next: i64, bytes: u64) {
+    /// Counts `bytes` appended to `lane` of `key` in `layout`, which left the lane fetched up
+    /// to `fetched_next`, against the byte budget (see [`LaneAccount`]: an append of an earlier
+    /// assignment, counted late, is not counted in this one).
+    pub fn add_buffered(
+        &self,
+        key: &PartitionId,
+        lane: Lane,
+        layout: LayoutId,
+        fetched_next: i64,
+        bytes: u64,
+    ) {
         if let Some(runtime) = self.partitions().get_mut(key) {
-            let lane = lane_index(lane);
-            if fetched_next > runtime.counted_from[lane] {
-                runtime.buffered_bytes[lane] += bytes as i64;
-            }
+            runtime.lanes[lane_index(lane)].appended(layout, fetched_next, bytes);
         }
     }
 
@@ -645,7 +642,12 @@ impl Shared {
     pub fn unacked(&self) -> usize {
         self.partitions()
             .values()
-            .map(|r| r.acks.iter().map(AckTracker::unacked).sum::<usize>())
+            .map(|r| {
+                r.lanes
+                    .iter()
+                    .map(|lane| lane.acks().unacked())
+                    .sum::<usize>()
+            })
             .sum()
     }
 
@@ -654,8 +656,8 @@ impl Shared {
     pub fn settled(&self) -> bool {
         self.partitions().values().all(|runtime| {
             runtime.token.is_none()
-                && runtime.acks.iter().all(|a| a.unacked() == 0)
-                && runtime.main_committed >= runtime.acks[1].committable()
+                && runtime.lanes.iter().all(|lane| lane.acks().unacked() == 0)
+                && runtime.main_committed >= runtime.acks(1).committable()
         })
     }
 }
@@ -714,15 +716,19 @@ mod tests {
     fn what_is_fetched_and_not_handed_out_is_counted_in_any_order() {
         let dir = tempfile::tempdir().expect("temporary directory");
         let shared = consumer_with_split(dir.path());
+        let layout = shared.partitions()[&KEY()].live.cursor().layout();
         // A late append of an earlier assignment (below where this one counts from).
-        shared.add_buffered(&KEY(), Lane::Catchup, 100, 500);
+        shared.add_buffered(&KEY(), Lane::Catchup, layout, 100, 500);
         assert_eq!(undelivered(&shared), 0, "a stale append is not counted");
+        // One of an earlier layout, counted after the partition was laid out afresh.
+        shared.add_buffered(&KEY(), Lane::Catchup, LayoutId(layout.0 + 1), 103, 30);
+        assert_eq!(undelivered(&shared), 0, "nor one of another layout");
         // Records the buffer held before this assignment count for nothing either way.
         hand_out(&shared, 50, 10);
         acknowledge(&shared, 50);
         assert_eq!(undelivered(&shared), 0);
         // 100..103 fetched (10 bytes each), then handed out one by one.
-        shared.add_buffered(&KEY(), Lane::Catchup, 103, 30);
+        shared.add_buffered(&KEY(), Lane::Catchup, layout, 103, 30);
         assert_eq!(undelivered(&shared), 30);
         hand_out(&shared, 100, 10);
         assert_eq!(undelivered(&shared), 20);
@@ -736,7 +742,7 @@ mod tests {
         hand_out(&shared, 103, 10);
         acknowledge(&shared, 103);
         assert_eq!(undelivered(&shared), 0, "never below zero");
-        shared.add_buffered(&KEY(), Lane::Catchup, 104, 10);
+        shared.add_buffered(&KEY(), Lane::Catchup, layout, 104, 10);
         assert_eq!(undelivered(&shared), 0, "the two cancel out");
         acknowledge(&shared, 101);
         acknowledge(&shared, 102);

@@ -17,13 +17,13 @@ impl Shared {
             .map_or(0, |since| since.as_millis() as i64);
         let mut partitions = self.partitions();
         for (key, runtime) in partitions.iter_mut() {
-            let catchup_processed = runtime.acks[0].committable();
+            let catchup_processed = runtime.acks(0).committable();
             runtime.backlog_rate.observe(now, catchup_processed);
             let backlog = backlog_left(&runtime.layout, catchup_processed);
             let live = log_ends
                 .get(key)
-                .map(|&end| live_lag(&runtime.layout, runtime.acks[1].committable(), end));
-            let live_processed = runtime.acks[1].committable();
+                .map(|&end| live_lag(&runtime.layout, runtime.acks(1).committable(), end));
+            let live_processed = runtime.acks(1).committable();
             let waiting = runtime.live.cursor().stored_next() > live_processed;
             // Before the first live record is handed out (`Ordered` during a split), fresh
             // records have waited at most since the assignment.

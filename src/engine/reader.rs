@@ -109,12 +109,12 @@ impl Shared {
                 );
             }
             if runtime.latest.is_some()
-                && KeyIndex::done(runtime.layout.catchup_end(), runtime.acks[0].committable())
+                && KeyIndex::done(runtime.layout.catchup_end(), runtime.acks(0).committable())
             {
                 runtime.latest = None;
             }
             if !runtime.drained
-                && runtime.acks[0].delivered_next() >= runtime.layout.catchup_end().unwrap_or(0)
+                && runtime.acks(0).delivered_next() >= runtime.layout.catchup_end().unwrap_or(0)
             {
                 runtime.drained = true;
                 self.emit(Event::CatchupDrained {
@@ -307,7 +307,7 @@ impl Shared {
                 generation: runtime.generation,
             });
         }
-        runtime.acks[index].read_through(next);
+        runtime.acks_mut()[index].read_through(next);
         let queued = queue.len() - queued_before;
         let newest = queue.back().filter(|_| queued > 0);
         if let (Lane::Live, Some(last), Mode::Latest) = (lane, newest, self.config.mode) {

@@ -31,16 +31,20 @@
 //! answer it. Before each round a fetcher pauses and resumes its partitions' clients by the
 //! production decisions ([`WriteStops`] for the floor's stops and for clients that are new or
 //! were paused out of band — a partition waiting to be reconciled is paused — and, in the
-//! histories with a byte budget, [`PausePolicy`] for each partition's share); a budgeted
-//! history with a floor drains on the disk it has, often smaller than its budget. Time is
-//! simulated (`STEP_TIME` per step): holds and backoffs run on it.
+//! histories with a byte budget, [`PausePolicy`] for each partition's share, counted by the
+//! production account of each lane, [`LaneAccount`], fed by the appends, hand-outs and acks —
+//! a catch-up append counted late, after the reader, the application or a reassignment came
+//! between, as the catch-up fetcher's own thread may count it); a budgeted history with a
+//! floor drains on the disk it has, often smaller than its budget. Time is simulated
+//! (`STEP_TIME` per step): holds and backoffs run on it.
 //!
 //! Oracle: what Kafka claims processed — read back, after every write, by reconciliation as a
 //! restarted consumer would — holds only delivered records (invariant 1); deliveries strictly
 //! increase per lane within a process lifetime (invariant 2); every delivered record is the
 //! log's record at that offset; stale writers are refused (invariant 8); a side entry this
-//! consumer wrote is never rejected as forged or implausible; and once faults stop,
-//! everything is delivered and committed (no stall).
+//! consumer wrote is never rejected as forged or implausible; the byte budget never counts
+//! more bytes unacknowledged than a lane holds; and once faults stop, everything is delivered
+//! and committed (no stall).
 //!
 //! Shared by `tests/simulation.rs` (thousands of seeds) and the `fetch_sim` fuzz target.
 
@@ -56,7 +60,7 @@ use catchup::fetch::{
     held_below_floor, live_waits_for_backlog, nothing_deliverable,
 };
 use catchup::plan::{
-    AckTracker, CommitCycle, CommitPlan, Committed, Decision, Inputs, KeyIndex, LocalStep,
+    CommitCycle, CommitPlan, Committed, Decision, Inputs, KeyIndex, LaneAccount, LocalStep,
     MainLogCommit, OffsetReset, PlanEvent, Progress, SideEntry, SideValue, SideWrite, SplitSecret,
     SplitToken, commit_landed, commit_planned, incarnation_unknown, may_read, plan_commit,
     reader_waits_for_commits, reconcile, side_key, waits_unreconciled,
@@ -70,7 +74,9 @@ use world::{Client, Entry, Log, Polled, key_of, payload, record};
 use catchup::store::OffsetRange;
 
 use catchup::plan::Verdict;
-use catchup::store::{Buffer, BufferOptions, Lane, PartitionLayout, PartitionState, StoreError};
+use catchup::store::{
+    Buffer, BufferOptions, Lane, LayoutId, PartitionLayout, PartitionState, StoreError,
+};
 
 /// One fetcher of one partition: a simulated client and the production lane state machine
 /// (`fetch::LanePartition`), driven in the order the adapters drive it.
@@ -94,17 +100,21 @@ struct Fetcher {
 struct Reader {
     lane: Lane,
     next: i64,
-    acks: AckTracker,
+    /// The production account of the lane (`PartitionRuntime`'s): its acknowledgements and
+    /// the bytes the byte budget counts.
+    account: LaneAccount,
     unacked: Vec<i64>,
     last_delivered: Option<i64>,
 }
 
 impl Reader {
-    fn new(lane: Lane, committed: i64) -> Self {
+    /// A reader at `committed` of a lane fetched up to `fetched` in `layout` when its runtime
+    /// was made.
+    fn new(lane: Lane, layout: LayoutId, committed: i64, fetched: i64) -> Self {
         Self {
             lane,
             next: committed,
-            acks: AckTracker::new(committed),
+            account: LaneAccount::new(layout, committed, fetched),
             unacked: Vec::new(),
             last_delivered: None,
         }
@@ -139,6 +149,17 @@ enum Applied {
     /// again.
     Deferred,
     Crashed,
+}
+
+/// An append the buffer took, to be counted against the byte budget (`Shared::add_buffered`).
+struct Count {
+    part: usize,
+    lane: Lane,
+    /// The layout the append was made in.
+    layout: LayoutId,
+    /// The lane's fetched position after it.
+    fetched_next: i64,
+    bytes: u64,
 }
 
 /// The buffer's answer to an append, as the adapters read it (`None`: the writer is stale and
@@ -252,7 +273,10 @@ impl Part {
             token: None,
             side_entry: None,
             main_committed: start,
-            readers: [Reader::new(Lane::Catchup, 0), Reader::new(Lane::Live, 0)],
+            readers: [
+                Reader::new(Lane::Catchup, LayoutId(0), 0, 0),
+                Reader::new(Lane::Live, LayoutId(0), 0, 0),
+            ],
             ordered_next: 0,
             last_ordered: None,
             delivered: BTreeSet::new(),
@@ -338,6 +362,9 @@ pub struct Stats {
     /// Histories with a byte budget, and the pauses its policy applied to a client.
     pub budgets: u64,
     pub budget_pauses: u64,
+    /// Appends counted against the byte budget after other steps came between the append
+    /// and its count.
+    pub late_counts: u64,
     /// Histories that drained on a disk with less room above the floor than their budget (a
     /// simulated record takes its size on disk: a weaker condition than `fetch::room_short`,
     /// which allows for sled's overhead), through the floor.
@@ -397,6 +424,7 @@ impl std::ops::AddAssign for Stats {
         self.disk_live_stops += other.disk_live_stops;
         self.budgets += other.budgets;
         self.budget_pauses += other.budget_pauses;
+        self.late_counts += other.late_counts;
         self.short_drains += other.short_drains;
         self.memory_tier += other.memory_tier;
         self.memory_lost += other.memory_lost;
@@ -427,6 +455,11 @@ pub struct Sim {
     /// `Latest`: keys of appends that succeeded (and of what rebuild lanes read), to note
     /// in their partition's index; and where each rebuild lane got.
     appended_keys: Vec<(usize, Vec<u8>, i64)>,
+    /// Catch-up appends stored and not counted yet against the byte budget. The catch-up
+    /// fetcher counts its append after the buffer took it (`Shared::add_buffered`), on its own
+    /// thread: the reader, the application and a reassignment may come between the two. (The
+    /// live thread appends, counts and handles reassignments in turn.)
+    uncounted: Vec<Count>,
     rebuilt: Vec<(usize, i64)>,
     /// The group's protocol is eager: a refused seek is followed by an assignment of
     /// everything (the incremental forms are refused outside a rebalance).
@@ -643,6 +676,7 @@ impl Sim {
             ordered,
             latest,
             appended_keys: Vec::new(),
+            uncounted: Vec::new(),
             rebuilt: Vec::new(),
             eager,
             catchup_created: false,
@@ -771,6 +805,8 @@ impl Sim {
     fn crash(&mut self) -> Result<(), Failure> {
         // A cycle sent and not recorded dies unrecorded: Kafka may hold it, the buffer lags.
         self.in_flight = None;
+        // Counts not made die with the fetchers that were to make them.
+        self.uncounted.clear();
         // What the buffer held only in memory dies with the process.
         if self.buffer()?.forget_memory() > 0 {
             self.stats.memory_lost += 1;
@@ -1101,8 +1137,18 @@ impl Sim {
             .ok_or("no layout id")?;
         let runtime = &mut self.parts[part];
         runtime.readers = [
-            Reader::new(Lane::Catchup, state.catchup.committed_next),
-            Reader::new(Lane::Live, state.live.committed_next),
+            Reader::new(
+                Lane::Catchup,
+                layout,
+                state.catchup.committed_next,
+                state.catchup.fetched_next,
+            ),
+            Reader::new(
+                Lane::Live,
+                layout,
+                state.live.committed_next,
+                state.live.fetched_next,
+            ),
         ];
         // As the engine's runtime starts it (`PartitionRuntime::new`).
         runtime.ordered_next = if state.catchup_committed() {
@@ -1472,6 +1518,7 @@ impl Sim {
                 })
                 .collect()
         };
+        self.count_late_appends();
         if !zombie && !rebuild {
             self.apply_budget(lane)?;
         }
@@ -1650,6 +1697,8 @@ impl Sim {
     ) -> Result<RoundEnd, Failure> {
         let (lane, part) = (self.fetchers[index].lane, self.fetchers[index].part);
         let may_write = self.may_write(lane, part)?;
+        // Appends stored: (the lane's fetched position after it, bytes).
+        let mut counted = Vec::new();
         let buffer = self.buffer.as_ref().ok_or("buffer closed")?;
         let now = self.now;
         let fetcher = &mut self.fetchers[index];
@@ -1715,6 +1764,15 @@ impl Sim {
             }
             let result = buffer.append(lane, &self.topic, partition, append.as_fetched());
             let stored = result.is_ok();
+            if let Ok(outcome) = &result {
+                counted.push(Count {
+                    part,
+                    lane,
+                    layout: append.layout,
+                    fetched_next: outcome.fetched_next,
+                    bytes: outcome.stored as u64 * RECORD_BYTES as u64,
+                });
+            }
             match answer(result, zombie, lane)? {
                 Some(answer) => fetcher.state.handle_appended(answer),
                 None => return Ok(RoundEnd::Remove),
@@ -1727,6 +1785,14 @@ impl Sim {
                     }));
             }
         }
+        for count in counted {
+            if lane == Lane::Catchup && self.faults && self.rng.chance(8) {
+                self.uncounted.push(count);
+            } else {
+                self.count_append(count);
+            }
+        }
+        let fetcher = &mut self.fetchers[index];
         if lane == Lane::Catchup && !zombie && fetcher.state.is_fetched() {
             return Ok(RoundEnd::Remove);
         }
@@ -1797,7 +1863,12 @@ impl Sim {
             }
             // As the engine's runtime counts them: fetched and not handed out.
             let runtime = &self.parts[index];
-            let delivered = |lane| runtime.readers[lane_index(lane)].acks.delivered_next();
+            let delivered = |lane| {
+                runtime.readers[lane_index(lane)]
+                    .account
+                    .acks()
+                    .delivered_next()
+            };
             let [catchup_bytes, live_bytes] =
                 lanes.map(|(lane, cursors)| (cursors.fetched_next - delivered(lane)).max(0) as u64);
             let backlog_delivered = self.backlog_delivered(index);
@@ -1897,8 +1968,32 @@ impl Sim {
         Ok(())
     }
 
-    /// Bytes of `part`'s `lane` in the buffer and not acknowledged (`PartitionRuntime::buffered`):
-    /// fetched, less what its reader acknowledged.
+    /// An append to `part`'s `lane` counted, as the fetchers count it (`Shared::add_buffered`):
+    /// in the partition's runtime if it has one now, whoever appended.
+    fn count_append(&mut self, count: Count) {
+        if self.has_runtime(count.part) {
+            self.parts[count.part].readers[lane_index(count.lane)]
+                .account
+                .appended(count.layout, count.fetched_next, count.bytes);
+        }
+    }
+
+    /// The appends whose count was late (see `uncounted`), each counted now or left for later.
+    fn count_late_appends(&mut self) {
+        for count in std::mem::take(&mut self.uncounted) {
+            if self.rng.chance(2) {
+                self.stats.late_counts += 1;
+                self.count_append(count);
+            } else {
+                self.uncounted.push(count);
+            }
+        }
+    }
+
+    /// Bytes of `part`'s `lane` in the buffer and not acknowledged, as the production account
+    /// counts them (`PartitionRuntime::buffered`). Never more than the lane holds from its
+    /// reader's committable offset to its fetched position: a count above that pauses the lane
+    /// for bytes it does not hold, and a lane whose count never comes down stalls.
     fn unacked_bytes(&self, part: usize, lane: Lane) -> Result<u64, Failure> {
         let state = self
             .buffer()?
@@ -1908,17 +2003,22 @@ impl Sim {
             Lane::Catchup => state.catchup.fetched_next,
             Lane::Live => state.live.fetched_next,
         });
-        let acked = self.parts[part].readers[lane_index(lane)]
-            .acks
-            .committable();
-        Ok((fetched - acked).max(0) as u64 * RECORD_BYTES as u64)
+        let account = &self.parts[part].readers[lane_index(lane)].account;
+        let held = (fetched - account.acks().committable()).max(0) as u64 * RECORD_BYTES as u64;
+        let counted = account.unacked_bytes();
+        if counted > held {
+            return Err(format!(
+                "the byte budget counts {counted} bytes unacknowledged in the {lane} lane of partition {part}, which holds {held} from its committable offset"
+            ));
+        }
+        Ok(counted)
     }
 
     /// Whether `part`'s backlog is all delivered (its catch-up lane is no longer a slot of
     /// the budget: `PartitionRuntime::backlog_undelivered`).
     fn backlog_delivered(&self, part: usize) -> bool {
         let runtime = &self.parts[part];
-        let delivered = runtime.readers[0].acks.delivered_next();
+        let delivered = runtime.readers[0].account.acks().delivered_next();
         runtime
             .layout
             .catchup_ranges
@@ -2008,7 +2108,7 @@ impl Sim {
         let awaiting_of = |part: &Part| -> u64 {
             part.readers
                 .iter()
-                .map(|reader| reader.acks.awaiting_commit())
+                .map(|reader| reader.account.acks().awaiting_commit())
                 .sum()
         };
         let runtimes: Vec<usize> = (0..self.parts.len())
@@ -2037,7 +2137,7 @@ impl Sim {
         if state.index.is_some()
             && KeyIndex::done(
                 state.layout.catchup_end(),
-                state.readers[0].acks.committable(),
+                state.readers[0].account.acks().committable(),
             )
         {
             state.index = None;
@@ -2078,12 +2178,12 @@ impl Sim {
             }
             let state = &mut self.parts[part];
             let reader = &mut state.readers[lane_index(lane)];
-            reader.acks.delivered(offset, RECORD_BYTES);
+            reader.account.hand_out(offset, RECORD_BYTES);
             let verdict = state.index.as_mut().map_or(Verdict::Deliver, |index| {
                 index.verdict(record.key.as_deref(), offset)
             });
             if verdict == Verdict::Skip {
-                reader.acks.ack(offset);
+                reader.account.acknowledge(offset);
                 state.delivered.insert(offset);
                 self.stats.superseded += 1;
             } else {
@@ -2091,7 +2191,7 @@ impl Sim {
             }
         }
         let reader = &mut self.parts[part].readers[lane_index(lane)];
-        reader.acks.read_through(next);
+        reader.account.acks_mut().read_through(next);
         reader.next = reader.next.max(next);
         Ok(())
     }
@@ -2124,7 +2224,7 @@ impl Sim {
                     .as_ref()
                     .is_some_and(|index| index.superseded(record.key.as_deref(), record.offset));
             if superseded {
-                state.readers[0].acks.ack(record.offset);
+                state.readers[0].account.acknowledge(record.offset);
                 state.delivered.insert(record.offset);
                 self.stats.superseded += 1;
                 continue;
@@ -2214,7 +2314,7 @@ impl Sim {
         state.last_ordered = Some(offset);
         reader.last_delivered = Some(offset);
         if !latest {
-            reader.acks.delivered(offset, RECORD_BYTES);
+            reader.account.hand_out(offset, RECORD_BYTES);
         }
         reader.unacked.push(offset);
         state.delivered.insert(offset);
@@ -2229,13 +2329,13 @@ impl Sim {
         let index = self.rng.below(waiting as u64) as usize;
         let reader = &mut self.parts[part].readers[lane_index(lane)];
         let offset = reader.unacked.swap_remove(index);
-        reader.acks.ack(offset);
+        reader.account.acknowledge(offset);
     }
 
     fn ack_all(&mut self, part: usize, lane: Lane) {
         let reader = &mut self.parts[part].readers[lane_index(lane)];
         for offset in reader.unacked.drain(..) {
-            reader.acks.ack(offset);
+            reader.account.acknowledge(offset);
         }
     }
 
@@ -2251,7 +2351,7 @@ impl Sim {
         self.parts
             .iter()
             .flat_map(|part| &part.readers)
-            .map(|reader| reader.acks.acked_bytes())
+            .map(|reader| reader.account.acks().acked_bytes())
             .sum()
     }
 
@@ -2324,18 +2424,21 @@ impl Sim {
             .iter()
             .filter_map(|&part| {
                 let state = &mut self.parts[part];
-                let catchup_processed = state.readers[0].acks.committable();
+                let catchup_processed = state.readers[0].account.acks().committable();
                 let plan = plan_commit(&Progress {
                     token: state.token,
                     side: state.side_entry.as_ref(),
                     layout: &state.layout,
                     main_committed: state.main_committed,
                     catchup_processed,
-                    live_processed: state.readers[1].acks.committable(),
+                    live_processed: state.readers[1].account.acks().committable(),
                 });
                 // As the engine's `pending_commits`: what was acknowledged waits for this
                 // plan's commit, or for none when it writes nothing.
-                let lanes = state.readers.each_mut().map(|reader| &mut reader.acks);
+                let lanes = state
+                    .readers
+                    .each_mut()
+                    .map(|reader| reader.account.acks_mut());
                 let acked = commit_planned(lanes, &plan)?;
                 Some((part, plan, catchup_processed, acked))
             })
@@ -2373,7 +2476,7 @@ impl Sim {
                 continue; // `commit_applied` finds no runtime of the plan's generation
             }
             let lanes = self.parts[*part].readers.each_mut();
-            commit_landed(lanes.map(|reader| &mut reader.acks), *acked);
+            commit_landed(lanes.map(|reader| reader.account.acks_mut()), *acked);
             self.applied(*part, plan, *catchup_processed)?;
         }
         Ok(())

@@ -625,6 +625,7 @@ impl Fetcher {
             .shared
             .indexes_keys(key)
             .map(|generation| (generation, key_notes(&append.records)));
+        let layout = append.layout;
         let result = self
             .shared
             .buffer
@@ -635,6 +636,7 @@ impl Fetcher {
                 self.shared.add_buffered(
                     key,
                     Lane::Catchup,
+                    layout,
                     outcome.fetched_next,
                     outcome.stored_bytes,
                 );

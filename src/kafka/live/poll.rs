@@ -224,13 +224,20 @@ pub(super) fn append_live(
     let notes = shared
         .indexes_keys(key)
         .map(|generation| (generation, key_notes(&append.records)));
+    let layout = append.layout;
     let result = shared
         .buffer
         .append_owned(Lane::Live, &key.0, key.1, append);
     match &result {
         Ok(outcome) => {
             telemetry::records_fetched(&shared.group, "live", outcome.stored as u64);
-            shared.add_buffered(key, Lane::Live, outcome.fetched_next, outcome.stored_bytes);
+            shared.add_buffered(
+                key,
+                Lane::Live,
+                layout,
+                outcome.fetched_next,
+                outcome.stored_bytes,
+            );
             if let Some((generation, notes)) = notes {
                 shared.note_keys(key, generation, notes);
             }

@@ -1,0 +1,219 @@
+//! One lane of one assignment of a partition: which offsets are processed ([`AckTracker`])
+//! and the bytes the lane holds against the byte budget — fetched and not acknowledged, and
+//! of those, fetched and not handed out yet (what a lane reads ahead).
+//!
+//! Three threads feed it: a fetcher counts what it appended, the reader what it handed out,
+//! the application what it acknowledged. They do not take turns: the reader may hand out and
+//! the application acknowledge a record before its fetcher has counted the append that stored
+//! it. So the counters are signed, and a hand-out or an ack subtracts what the append adds,
+//! whichever comes first; each is read as zero while below it.
+//!
+//! The buffer may hold records from before the assignment (reused at reconciliation). They
+//! were never counted, so handing them out or acknowledging them frees nothing: the counts
+//! start at the lane's fetched position when the assignment began. An append counted late —
+//! the catch-up fetcher counts on its own thread, and the partition may have been assigned
+//! again and laid out afresh in between — counts only under the layout it was made in: the
+//! records it counts may be gone, and fetched again into the new layout (and counted there).
+
+use super::AckTracker;
+use crate::store::LayoutId;
+
+/// One lane's acknowledgements and byte counts, for one assignment of a partition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaneAccount {
+    acks: AckTracker,
+    /// Bytes appended and not acknowledged.
+    unacked: i64,
+    /// Of `unacked`, the bytes handed out (so the rest is fetched and not handed out).
+    handed: i64,
+    /// The lane's fetched position when the assignment began: records below it are not
+    /// counted.
+    counted_from: i64,
+    /// The partition's layout in this assignment: appends made in another are not counted.
+    layout: LayoutId,
+}
+
+impl LaneAccount {
+    /// A lane of a partition laid out as `layout`, whose records below `committed_next` are
+    /// processed and whose buffer holds records up to `fetched_next`, none of them counted.
+    pub fn new(layout: LayoutId, committed_next: i64, fetched_next: i64) -> Self {
+        Self {
+            acks: AckTracker::new(committed_next),
+            unacked: 0,
+            handed: 0,
+            counted_from: fetched_next,
+            layout,
+        }
+    }
+
+    /// An append of `bytes` bytes, made in `layout`, that left the lane fetched up to
+    /// `fetched_next`.
+    pub fn appended(&mut self, layout: LayoutId, fetched_next: i64, bytes: u64) {
+        if layout == self.layout && fetched_next > self.counted_from {
+            self.unacked += bytes as i64;
+        }
+    }
+
+    /// `offset`, of `bytes` bytes, is handed to the application. Offsets must increase; one
+    /// below the last handed out is not recorded (see [`AckTracker::delivered`]).
+    pub fn hand_out(&mut self, offset: i64, bytes: usize) {
+        if self.acks.delivered(offset, bytes) && offset >= self.counted_from {
+            self.handed += bytes as i64;
+        }
+    }
+
+    /// The application acknowledges `offset`: the bytes this frees once committed (0 for
+    /// an offset not handed out, or acknowledged before).
+    pub fn acknowledge(&mut self, offset: i64) -> u64 {
+        let freed = self.acks.ack(offset);
+        if offset >= self.counted_from {
+            self.unacked -= freed as i64;
+            self.handed -= freed as i64;
+        }
+        freed as u64
+    }
+
+    /// Bytes appended and not acknowledged (what the byte budget pauses a lane for).
+    pub fn unacked_bytes(&self) -> u64 {
+        self.unacked.max(0) as u64
+    }
+
+    /// Bytes appended and not handed out (what the lane read ahead).
+    pub fn undelivered_bytes(&self) -> u64 {
+        (self.unacked - self.handed).max(0) as u64
+    }
+
+    /// The lane's acknowledgements.
+    pub fn acks(&self) -> &AckTracker {
+        &self.acks
+    }
+
+    /// The lane's acknowledgements, for what does not move bytes: reading through a gap,
+    /// planning a commit and its landing. Hand-outs and acks go through the account.
+    pub fn acks_mut(&mut self) -> &mut AckTracker {
+        &mut self.acks
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A step on one lane, as the fetcher, the reader and the application take them.
+    #[derive(Debug, Clone, Copy)]
+    enum Step {
+        /// An append of one record at this offset (100 bytes): the lane fetched past it.
+        Append(i64),
+        /// The same, made in an earlier layout of the partition and counted late.
+        AppendInEarlierLayout(i64),
+        HandOut(i64),
+        Ack(i64),
+    }
+    use Step::{Ack, Append, AppendInEarlierLayout, HandOut};
+
+    const LAYOUT: LayoutId = LayoutId(7);
+
+    /// (what happens, the bytes unacknowledged and not handed out after it), for a lane
+    /// assigned with records 0..10 processed and 10..12 in the buffer from before.
+    #[test]
+    fn counts_table() {
+        let cases: &[(&str, &[Step], u64, u64)] = &[
+            ("nothing yet", &[], 0, 0),
+            ("fetched", &[Append(12), Append(13)], 200, 200),
+            ("handed out", &[Append(12), HandOut(12)], 100, 0),
+            ("acknowledged", &[Append(12), HandOut(12), Ack(12)], 0, 0),
+            (
+                "acknowledged before its append was counted",
+                &[HandOut(12), Ack(12), Append(12)],
+                0,
+                0,
+            ),
+            (
+                "handed out before its append was counted",
+                &[HandOut(12), Append(12)],
+                100,
+                0,
+            ),
+            (
+                "records from before the assignment are not counted",
+                &[HandOut(10), HandOut(11), Ack(10), Append(12)],
+                100,
+                100,
+            ),
+            (
+                "a late writer's append below the assignment's start is not counted",
+                &[Append(11)],
+                0,
+                0,
+            ),
+            (
+                "an append counted late from an earlier layout is not counted",
+                &[AppendInEarlierLayout(12), AppendInEarlierLayout(13)],
+                0,
+                0,
+            ),
+            (
+                "the same records fetched again into this layout are",
+                &[AppendInEarlierLayout(12), Append(12), HandOut(12)],
+                100,
+                0,
+            ),
+            (
+                "an ack twice frees once",
+                &[Append(12), HandOut(12), Ack(12), Ack(12), Append(13)],
+                100,
+                100,
+            ),
+            (
+                "an ack of what was never handed out frees nothing",
+                &[Append(12), Ack(12)],
+                100,
+                100,
+            ),
+            (
+                "acks in any order",
+                &[
+                    Append(12),
+                    Append(13),
+                    HandOut(12),
+                    HandOut(13),
+                    Ack(13),
+                    Ack(12),
+                ],
+                0,
+                0,
+            ),
+        ];
+        for &(name, steps, unacked, undelivered) in cases {
+            let mut account = LaneAccount::new(LAYOUT, 10, 12);
+            for &step in steps {
+                match step {
+                    Append(offset) => account.appended(LAYOUT, offset + 1, 100),
+                    AppendInEarlierLayout(offset) => account.appended(LayoutId(6), offset + 1, 100),
+                    HandOut(offset) => account.hand_out(offset, 100),
+                    Ack(offset) => {
+                        account.acknowledge(offset);
+                    }
+                }
+            }
+            assert_eq!(account.unacked_bytes(), unacked, "{name}: unacknowledged");
+            assert_eq!(
+                account.undelivered_bytes(),
+                undelivered,
+                "{name}: not handed out"
+            );
+        }
+    }
+
+    #[test]
+    fn an_ack_returns_the_bytes_it_frees_whether_counted_or_not() {
+        let mut account = LaneAccount::new(LAYOUT, 10, 12);
+        account.hand_out(11, 40);
+        account.appended(LAYOUT, 13, 70);
+        account.hand_out(12, 70);
+        assert_eq!(account.acknowledge(11), 40, "from before the assignment");
+        assert_eq!(account.acknowledge(12), 70);
+        assert_eq!(account.acknowledge(12), 0, "once");
+        assert_eq!(account.acks().committable(), 13);
+    }
+}
