@@ -4,6 +4,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::store::Lane;
 
+/// A lane stops reading ahead of the reader once it is its share divided by this
+/// ahead (decided once a round: the round that crosses it may poll one queue's worth more).
+pub const READ_AHEAD_DIVISOR: u64 = 8;
+
 /// Bytes a lane that is not held may still poll this round: what is left of its read-ahead
 /// (`read_ahead` bytes, `None` before the budget was first measured: no bound) once `ahead`
 /// bytes are fetched and not taken — at least one, so a read-ahead of 0 (a budget under a

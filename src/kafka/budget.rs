@@ -46,12 +46,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::engine::types::Event;
 use crate::engine::{PartitionId, Shared};
-use crate::fetch::{PausePolicy, WriteStops, read_ahead_room};
+use crate::fetch::{PausePolicy, READ_AHEAD_DIVISOR, WriteStops, read_ahead_room};
 use crate::store::Lane;
-
-/// A lane stops reading ahead of the reader once it is its share divided by this
-/// ahead (decided once a round: the round that crosses it may poll one queue's worth more).
-pub(crate) const READ_AHEAD_DIVISOR: u64 = 8;
 
 /// One fetcher's side of the byte budget.
 pub(crate) struct Budget {

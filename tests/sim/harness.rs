@@ -34,7 +34,10 @@
 //! histories with a byte budget, [`PausePolicy`] for each partition's share, counted by the
 //! production account of each lane, [`LaneAccount`], fed by the appends, hand-outs and acks —
 //! a catch-up append counted late, after the reader, the application or a reassignment came
-//! between, as the catch-up fetcher's own thread may count it); a budgeted history with a
+//! between, as the catch-up fetcher's own thread may count it); the budget's read-ahead holds
+//! a lane whose reader has not taken what it fetched (the catch-up fetcher leaves its queue
+//! untaken, or takes it up to its room; the group member takes a message a turn), and one
+//! budget in ten is a few bytes; a budgeted history with a
 //! floor drains on the disk it has, often smaller than its budget. Time is simulated
 //! (`STEP_TIME` per step): holds and backoffs run on it.
 //!
@@ -56,8 +59,9 @@ use std::time::{Duration, Instant};
 
 use catchup::fetch::{
     AfterOutOfRange, AppendResult, DiskFloor, DiskGuard, DiskSpace, Facts, Hold, LanePartition,
-    PausePolicy, PollErrorKind, Polled as LanePolled, Round, Schedule, Unprocessed, WriteStops,
-    held_below_floor, live_waits_for_backlog, nothing_deliverable,
+    PausePolicy, PollErrorKind, Polled as LanePolled, READ_AHEAD_DIVISOR, Round, Schedule,
+    Unprocessed, WriteStops, held_below_floor, live_waits_for_backlog, nothing_deliverable,
+    read_ahead_bytes, read_ahead_room,
 };
 use catchup::plan::{
     CommitCycle, CommitPlan, Committed, Decision, Inputs, KeyIndex, LaneAccount, LocalStep,
@@ -365,6 +369,11 @@ pub struct Stats {
     /// Appends counted against the byte budget after other steps came between the append
     /// and its count.
     pub late_counts: u64,
+    /// Partitions held to their read-ahead (their reader had not taken what was fetched).
+    pub read_ahead_holds: u64,
+    /// Rounds a fetcher polled less because of the read-ahead: a catch-up queue left
+    /// untaken or taken only up to its room, the group member taking one message.
+    pub read_ahead_rounds: u64,
     /// Histories that drained on a disk with less room above the floor than their budget (a
     /// simulated record takes its size on disk: a weaker condition than `fetch::room_short`,
     /// which allows for sled's overhead), through the floor.
@@ -425,6 +434,8 @@ impl std::ops::AddAssign for Stats {
         self.budgets += other.budgets;
         self.budget_pauses += other.budget_pauses;
         self.late_counts += other.late_counts;
+        self.read_ahead_holds += other.read_ahead_holds;
+        self.read_ahead_rounds += other.read_ahead_rounds;
         self.short_drains += other.short_drains;
         self.memory_tier += other.memory_tier;
         self.memory_lost += other.memory_lost;
@@ -556,6 +567,27 @@ impl ByteBudget {
 struct LaneBudget {
     policy: PausePolicy<usize>,
     stops: WriteStops<usize>,
+    /// The lane's read-ahead, as `kafka::budget::Budget` keeps it: the partitions held
+    /// because their reader has not taken what the lane fetched, each one's bytes fetched and
+    /// not taken, and a partition's read-ahead, as of the last round.
+    read_ahead: PausePolicy<usize>,
+    ahead: BTreeMap<usize, u64>,
+    read_ahead_share: Option<u64>,
+}
+
+impl LaneBudget {
+    /// Whether `part` is held to its read-ahead (the catch-up fetcher leaves its queue
+    /// untaken; the group member takes a message a turn while any of its lanes is held).
+    fn holds(&self, part: usize) -> bool {
+        self.read_ahead.is_paused(&part)
+    }
+
+    /// How many records `part` may poll this round if it is not held: its room
+    /// ([`read_ahead_room`]) in records, at least one.
+    fn records_allowed(&self, part: usize) -> u64 {
+        let ahead = self.ahead.get(&part).copied().unwrap_or(0);
+        read_ahead_room(self.read_ahead_share, ahead).div_ceil(RECORD_BYTES as u64)
+    }
 }
 
 /// What a record takes on the simulated disk, and the floor: its margin (a tenth, at least
@@ -661,7 +693,12 @@ impl Sim {
             None => 60,
         };
         let budget = ByteBudget {
-            limit: budgeted.then(|| (4 + rng.below(records)) * RECORD_BYTES as u64),
+            // One budget in ten is a few bytes, less than a record a lane (`tests/tiny_budget.rs`):
+            // every lane holding a record is paused and reads ahead by a message a round.
+            limit: budgeted.then(|| match rng.chance(100) {
+                true => rng.below(64),
+                false => (4 + rng.below(records)) * RECORD_BYTES as u64,
+            }),
             lanes: Default::default(),
         };
         let mut sim = Self {
@@ -1570,6 +1607,32 @@ impl Sim {
         // the batch call was handing out when it took the error (with those taken so far).
         let mut turn_over: Vec<usize> = Vec::new();
         let mut rest_of_run: Option<(usize, u64, u64)> = None;
+        // The read-ahead of a budgeted history, as the last `apply_budget` left it: the
+        // catch-up fetcher leaves a held partition's queue untaken and takes the others up
+        // to their room (records left, per member); while any live lane is held, the group
+        // member takes one message a turn.
+        let mut room: BTreeMap<usize, u64> = BTreeMap::new();
+        let mut one_message = false;
+        let first = &self.fetchers[members[0]];
+        if self.budget.limit.is_some() && !first.zombie && first.rebuild.is_none() {
+            let read_ahead = &self.budget.lanes[lane_index(lane)];
+            let held = |member: &usize| read_ahead.holds(self.fetchers[*member].part);
+            match lane {
+                Lane::Catchup => {
+                    for &member in &members {
+                        let allowed = read_ahead.records_allowed(self.fetchers[member].part);
+                        if held(&member) || allowed == 0 {
+                            turn_over.push(member);
+                        }
+                        room.insert(member, allowed);
+                    }
+                }
+                Lane::Live => one_message = members.iter().any(held),
+            }
+            if one_message || !turn_over.is_empty() {
+                self.stats.read_ahead_rounds += 1;
+            }
+        }
         for _ in 0..self.rng.below(40) {
             let group_member = lane == Lane::Live && !self.fetchers[members[0]].zombie;
             if group_member && self.faults && !round.is_empty() && self.rng.chance(10) {
@@ -1615,6 +1678,15 @@ impl Sim {
             let kind = match polled {
                 Polled::Message(offset) => {
                     round.push(Some(key), LanePolled::Messages(vec![record(offset)]));
+                    if one_message {
+                        break;
+                    }
+                    if let Some(left) = room.get_mut(&member) {
+                        *left = left.saturating_sub(1);
+                        if *left == 0 && !turn_over.contains(&member) {
+                            turn_over.push(member);
+                        }
+                    }
                     continue;
                 }
                 Polled::EndOfPartition(_) => PollErrorKind::EndOfPartition,
@@ -1786,7 +1858,7 @@ impl Sim {
             }
         }
         for count in counted {
-            if lane == Lane::Catchup && self.faults && self.rng.chance(8) {
+            if lane == Lane::Catchup && self.faults && self.rng.chance(125) {
                 self.uncounted.push(count);
             } else {
                 self.count_append(count);
@@ -1951,6 +2023,29 @@ impl Sim {
             Some(limit) => lane_budget.policy.decide(limit, slots, &usage),
             None => Vec::new(),
         };
+        if let Some(limit) = budget.limit {
+            // The read-ahead, on the bytes fetched and not handed out that the reader could
+            // take now.
+            let ahead: BTreeMap<usize, u64> = usage
+                .keys()
+                .map(|&part| {
+                    let undelivered = self.parts[part].readers[lane_index(lane)]
+                        .account
+                        .undelivered_bytes();
+                    let delivered = self.backlog_delivered(part);
+                    (
+                        part,
+                        read_ahead_bytes(lane, !self.ordered, delivered, undelivered),
+                    )
+                })
+                .collect();
+            let read_ahead = limit / READ_AHEAD_DIVISOR;
+            lane_budget.read_ahead_share = Some(read_ahead / slots.max(1) as u64);
+            for change in lane_budget.read_ahead.decide(read_ahead, slots, &ahead) {
+                self.stats.read_ahead_holds += u64::from(change.paused);
+            }
+            lane_budget.ahead = ahead;
+        }
         for change in decided {
             if !lane_budget.stops.stops(&change.partition) {
                 self.stats.budget_pauses += u64::from(change.paused);
@@ -1981,7 +2076,7 @@ impl Sim {
     /// The appends whose count was late (see `uncounted`), each counted now or left for later.
     fn count_late_appends(&mut self) {
         for count in std::mem::take(&mut self.uncounted) {
-            if self.rng.chance(2) {
+            if self.rng.chance(500) {
                 self.stats.late_counts += 1;
                 self.count_append(count);
             } else {
