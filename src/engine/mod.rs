@@ -587,8 +587,8 @@ impl Shared {
     }
 
     /// Counts `bytes` appended to `lane` of `key` in `layout`, which left the lane fetched up
-    /// to `fetched_next`, against the byte budget (see [`LaneAccount`]: an append of an earlier
-    /// assignment, counted late, is not counted in this one).
+    /// to `fetched_next`, against the byte budget (see [`LaneAccount`]: an append of another
+    /// layout, or below where this assignment's count starts, is not counted).
     pub fn add_buffered(
         &self,
         key: &PartitionId,
@@ -720,7 +720,7 @@ mod tests {
         // A late append of an earlier assignment (below where this one counts from).
         shared.add_buffered(&KEY(), Lane::Catchup, layout, 100, 500);
         assert_eq!(undelivered(&shared), 0, "a stale append is not counted");
-        // One of an earlier layout, counted after the partition was laid out afresh.
+        // One of another layout (a partition laid out afresh since), counted late.
         shared.add_buffered(&KEY(), Lane::Catchup, LayoutId(layout.0 + 1), 103, 30);
         assert_eq!(undelivered(&shared), 0, "nor one of another layout");
         // Records the buffer held before this assignment count for nothing either way.

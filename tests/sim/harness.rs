@@ -369,6 +369,9 @@ pub struct Stats {
     /// Appends counted against the byte budget after other steps came between the append
     /// and its count.
     pub late_counts: u64,
+    /// Of the counts, those made after their partition's layout changed (a reassignment
+    /// since): the account must not count them.
+    pub counts_of_old_layouts: u64,
     /// Partitions held to their read-ahead (their reader had not taken what was fetched).
     pub read_ahead_holds: u64,
     /// Rounds a fetcher polled less because of the read-ahead: a catch-up queue left
@@ -434,6 +437,7 @@ impl std::ops::AddAssign for Stats {
         self.budgets += other.budgets;
         self.budget_pauses += other.budget_pauses;
         self.late_counts += other.late_counts;
+        self.counts_of_old_layouts += other.counts_of_old_layouts;
         self.read_ahead_holds += other.read_ahead_holds;
         self.read_ahead_rounds += other.read_ahead_rounds;
         self.short_drains += other.short_drains;
@@ -1621,6 +1625,8 @@ impl Sim {
                 Lane::Catchup => {
                     for &member in &members {
                         let allowed = read_ahead.records_allowed(self.fetchers[member].part);
+                        // (No room is what `read_ahead_room` never gives: the fetcher polls
+                        // while it has some.)
                         if held(&member) || allowed == 0 {
                             turn_over.push(member);
                         }
@@ -1769,7 +1775,7 @@ impl Sim {
     ) -> Result<RoundEnd, Failure> {
         let (lane, part) = (self.fetchers[index].lane, self.fetchers[index].part);
         let may_write = self.may_write(lane, part)?;
-        // Appends stored: (the lane's fetched position after it, bytes).
+        // Appends stored, to be counted.
         let mut counted = Vec::new();
         let buffer = self.buffer.as_ref().ok_or("buffer closed")?;
         let now = self.now;
@@ -1926,23 +1932,19 @@ impl Sim {
             else {
                 continue;
             };
-            let lanes = [(Lane::Catchup, state.catchup), (Lane::Live, state.live)];
-            for (_, cursors) in lanes {
+            for cursors in [state.catchup, state.live] {
                 held += (cursors.fetched_next - cursors.committed_next).max(0) as u64;
             }
             if !self.has_runtime(index) {
                 continue; // no runtime: the engine does not count it
             }
-            // As the engine's runtime counts them: fetched and not handed out.
+            // As the engine's runtime counts them (`PartitionRuntime::unprocessed`): fetched and
+            // not handed out, by the production account.
             let runtime = &self.parts[index];
-            let delivered = |lane| {
-                runtime.readers[lane_index(lane)]
-                    .account
-                    .acks()
-                    .delivered_next()
-            };
-            let [catchup_bytes, live_bytes] =
-                lanes.map(|(lane, cursors)| (cursors.fetched_next - delivered(lane)).max(0) as u64);
+            let [catchup_bytes, live_bytes] = runtime
+                .readers
+                .each_ref()
+                .map(|reader| reader.account.undelivered_bytes());
             let backlog_delivered = self.backlog_delivered(index);
             let unprocessed_here = Unprocessed {
                 catchup_bytes,
@@ -1991,6 +1993,13 @@ impl Sim {
     }
 
     fn apply_budget_of(&mut self, lane: Lane, budget: &mut ByteBudget) -> Result<(), Failure> {
+        // Every lane's count is checked, fetched or not: the floor reads a catch-up lane's
+        // after its fetcher left.
+        for part in (0..self.parts.len()).filter(|&part| self.has_runtime(part)) {
+            for lane in Lane::ALL {
+                self.unacked_bytes(part, lane)?;
+            }
+        }
         let (stopped, held) = self.measure_disk()?;
         let held = if lane == Lane::Live && !stopped {
             held
@@ -2066,6 +2075,13 @@ impl Sim {
     /// An append to `part`'s `lane` counted, as the fetchers count it (`Shared::add_buffered`):
     /// in the partition's runtime if it has one now, whoever appended.
     fn count_append(&mut self, count: Count) {
+        let layout = self
+            .buffer
+            .as_ref()
+            .and_then(|buffer| buffer.layout_id(&self.topic, id(count.part)).ok().flatten());
+        if layout != Some(count.layout) {
+            self.stats.counts_of_old_layouts += 1;
+        }
         if self.has_runtime(count.part) {
             self.parts[count.part].readers[lane_index(count.lane)]
                 .account

@@ -465,6 +465,14 @@ impl LiveState {
         }
         let vanished =
             || KafkaError::Assignment(format!("{topic}/{partition} vanished from the buffer"));
+        let generation = shared.next_generation(&decided.key);
+        let handed = shared.live_handed_next(&decided.key);
+        // The state is read and the runtime inserted under the partitions' lock. A writer
+        // still appending under this layout (the catch-up fetcher of an earlier attempt that
+        // failed after its `Add`) counts its append under that lock too: its records are then
+        // either in the state read, or counted once the runtime is there — never counted
+        // nowhere while the runtime's count starts past them.
+        let mut partitions = shared.partitions();
         let state = shared
             .buffer
             .partition_state(topic, partition)?
@@ -475,7 +483,7 @@ impl LiveState {
             .ok_or_else(vanished)?;
         let mut runtime = PartitionRuntime::new(
             topic,
-            shared.next_generation(&decided.key),
+            generation,
             &state,
             layout_id,
             decision.token,
@@ -483,10 +491,10 @@ impl LiveState {
             decided.main_committed,
         );
         if shared.config.mode == Mode::Latest {
-            let handed = shared.live_handed_next(&decided.key);
             runtime.index_keys(&state, decided.high.max(handed.unwrap_or(decided.high)));
         }
-        shared.partitions().insert(decided.key.clone(), runtime);
+        partitions.insert(decided.key.clone(), runtime);
+        drop(partitions);
         for event in &decision.events {
             shared.emit(plan_event(topic, partition, event));
         }
