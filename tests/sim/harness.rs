@@ -37,9 +37,9 @@
 //! between, as the catch-up fetcher's own thread may count it); the budget's read-ahead holds
 //! a lane whose reader has not taken what it fetched (the catch-up fetcher leaves its queue
 //! untaken, or takes it up to its room; the group member takes a message a turn), and one
-//! budget in ten is a few bytes; a budgeted history with a
-//! floor drains on the disk it has, often smaller than its budget. Time is simulated
-//! (`STEP_TIME` per step): holds and backoffs run on it.
+//! budget in ten is a few bytes; a budgeted history with a floor drains on the disk it has,
+//! often smaller than its budget. Time is simulated (`STEP_TIME` per step): holds and backoffs
+//! run on it.
 //!
 //! Oracle: what Kafka claims processed — read back, after every write, by reconciliation as a
 //! restarted consumer would — holds only delivered records (invariant 1); deliveries strictly
