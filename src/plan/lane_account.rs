@@ -83,6 +83,13 @@ impl LaneAccount {
         (self.unacked - self.handed).max(0) as u64
     }
 
+    /// Whether the counts are back to zero, neither above nor below: what a lane must show
+    /// once every record it counted is handed out and acknowledged and no count is still to
+    /// come (a count lost or made twice leaves it off for the rest of the assignment).
+    pub fn balanced(&self) -> bool {
+        self.unacked == 0 && self.handed == 0
+    }
+
     /// The lane's acknowledgements.
     pub fn acks(&self) -> &AckTracker {
         &self.acks
@@ -215,5 +222,15 @@ mod tests {
         assert_eq!(account.acknowledge(12), 70);
         assert_eq!(account.acknowledge(12), 0, "once");
         assert_eq!(account.acks().committable(), 13);
+        assert!(account.balanced());
+        account.hand_out(13, 5);
+        account.acknowledge(13);
+        assert!(
+            !account.balanced(),
+            "acknowledged, its append not counted yet"
+        );
+        assert_eq!(account.unacked_bytes(), 0, "read as zero meanwhile");
+        account.appended(LAYOUT, 14, 5);
+        assert!(account.balanced());
     }
 }

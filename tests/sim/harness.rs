@@ -46,8 +46,9 @@
 //! increase per lane within a process lifetime (invariant 2); every delivered record is the
 //! log's record at that offset; stale writers are refused (invariant 8); a side entry this
 //! consumer wrote is never rejected as forged or implausible; the byte budget never counts
-//! more bytes unacknowledged than a lane holds; and once faults stop, everything is delivered
-//! and committed (no stall).
+//! more bytes unacknowledged than a lane holds, and its counts are back to zero once
+//! everything is acknowledged; and once faults stop, everything is delivered and committed
+//! (no stall).
 //!
 //! Shared by `tests/simulation.rs` (thousands of seeds) and the `fetch_sim` fuzz target.
 
@@ -2737,6 +2738,28 @@ impl Sim {
     /// In `Latest`, skipped records count as processed, and per key the application's last
     /// value is the log's latest.
     fn final_check(&self) -> Result<(), Failure> {
+        // Everything is handed out and acknowledged: each lane's byte count is back to zero,
+        // unless a count of its layout is still to come.
+        for (index, part) in self.parts.iter().enumerate() {
+            if !self.has_runtime(index) {
+                continue;
+            }
+            let layout = self
+                .buffer()?
+                .layout_id(&self.topic, id(index))
+                .map_err(|e| err("layout id", e))?;
+            for reader in &part.readers {
+                let pending = self.uncounted.iter().any(|count| {
+                    count.part == index && count.lane == reader.lane && Some(count.layout) == layout
+                });
+                if !pending && !reader.account.balanced() {
+                    return Err(format!(
+                        "the byte budget's count of the {} lane of partition {index} is off once everything is acknowledged: {:?}",
+                        reader.lane, reader.account
+                    ));
+                }
+            }
+        }
         for (index, part) in self.parts.iter().enumerate() {
             let mut latest: HashMap<Vec<u8>, i64> = HashMap::new();
             for offset in part.start..part.log.high() {
