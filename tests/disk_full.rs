@@ -173,7 +173,17 @@ impl Run {
         let started = Instant::now();
         let output = wait_with_deadline(self.child, limit);
         let took = started.elapsed();
-        let rest: Vec<String> = self.stderr.try_iter().collect();
+        // The process is gone, but the forwarding thread may still hold its last lines (the
+        // error a failed run ends with): taken until it hangs up at the pipe's end, not only
+        // what arrived by now.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut rest = Vec::new();
+        while let Ok(line) = self
+            .stderr
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+        {
+            rest.push(line);
+        }
         (output.status, took, rest.join("\n"))
     }
 }
