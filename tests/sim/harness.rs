@@ -1998,7 +1998,7 @@ impl Sim {
         // after its fetcher left.
         for part in (0..self.parts.len()).filter(|&part| self.has_runtime(part)) {
             for lane in Lane::ALL {
-                self.unacked_bytes(part, lane)?;
+                self.check_unacked_count(part, lane)?;
             }
         }
         let (stopped, held) = self.measure_disk()?;
@@ -2016,7 +2016,9 @@ impl Sim {
             if !self.has_runtime(part) {
                 continue;
             }
-            usage.insert(part, self.unacked_bytes(part, lane)?);
+            // (Checked against what the lane holds above.)
+            let account = &self.parts[part].readers[lane_index(lane)].account;
+            usage.insert(part, account.unacked_bytes());
         }
         let slots: usize = (0..self.parts.len())
             .filter(|&part| self.has_runtime(part))
@@ -2076,13 +2078,6 @@ impl Sim {
     /// An append to `part`'s `lane` counted, as the fetchers count it (`Shared::add_buffered`):
     /// in the partition's runtime if it has one now, whoever appended.
     fn count_append(&mut self, count: Count) {
-        let layout = self
-            .buffer
-            .as_ref()
-            .and_then(|buffer| buffer.layout_id(&self.topic, id(count.part)).ok().flatten());
-        if layout != Some(count.layout) {
-            self.stats.counts_of_old_layouts += 1;
-        }
         if self.has_runtime(count.part) {
             self.parts[count.part].readers[lane_index(count.lane)]
                 .account
@@ -2095,6 +2090,15 @@ impl Sim {
         for count in std::mem::take(&mut self.uncounted) {
             if self.rng.chance(500) {
                 self.stats.late_counts += 1;
+                // (A count made at once is of the layout its append was just taken in.)
+                let layout = self
+                    .buffer
+                    .as_ref()
+                    .and_then(|buffer| buffer.layout_id(&self.topic, id(count.part)).ok())
+                    .flatten();
+                if layout != Some(count.layout) {
+                    self.stats.counts_of_old_layouts += 1;
+                }
                 self.count_append(count);
             } else {
                 self.uncounted.push(count);
@@ -2102,11 +2106,11 @@ impl Sim {
         }
     }
 
-    /// Bytes of `part`'s `lane` in the buffer and not acknowledged, as the production account
-    /// counts them (`PartitionRuntime::buffered`). Never more than the lane holds from its
-    /// reader's committable offset to its fetched position: a count above that pauses the lane
-    /// for bytes it does not hold, and a lane whose count never comes down stalls.
-    fn unacked_bytes(&self, part: usize, lane: Lane) -> Result<u64, Failure> {
+    /// Checks the bytes of `part`'s `lane` the production account counts unacknowledged
+    /// (`PartitionRuntime::buffered`): never more than the lane holds from its reader's
+    /// committable offset to its fetched position. A count above that pauses the lane for
+    /// bytes it does not hold, and a lane whose count never comes down stalls.
+    fn check_unacked_count(&self, part: usize, lane: Lane) -> Result<(), Failure> {
         let state = self
             .buffer()?
             .partition_state(&self.topic, id(part))
@@ -2123,7 +2127,7 @@ impl Sim {
                 "the byte budget counts {counted} bytes unacknowledged in the {lane} lane of partition {part}, which holds {held} from its committable offset"
             ));
         }
-        Ok(counted)
+        Ok(())
     }
 
     /// Whether `part`'s backlog is all delivered (its catch-up lane is no longer a slot of
