@@ -63,6 +63,8 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use catchup::{CatchupConfig, CatchupConsumer, Mode};
@@ -1104,6 +1106,24 @@ mod child {
         Ok(CatchupConsumer::new(&spec.client, config)?)
     }
 
+    /// Ends the process once `counted` stood still for [`WAIT`]: a reader that stopped
+    /// delivering fails its run rather than hang the bench.
+    async fn watch(counted: Arc<AtomicU64>) {
+        let mut last = 0;
+        loop {
+            tokio::time::sleep(WAIT).await;
+            let now = counted.load(Ordering::Relaxed);
+            if now == last {
+                eprintln!(
+                    "nothing delivered for {} s after {now} records",
+                    WAIT.as_secs()
+                );
+                std::process::exit(1);
+            }
+            last = now;
+        }
+    }
+
     async fn next(consumer: &CatchupConsumer) -> Result<catchup::Delivery> {
         Ok(tokio::time::timeout(WAIT, consumer.recv())
             .await
@@ -1171,19 +1191,23 @@ mod child {
         consumer.subscribe(&[&spec.topic])?;
         let limit = env_number("CATCHUP_BENCH_RUN", RUN) as usize;
         let mut run = Vec::with_capacity(limit);
+        // The loop measured is the one an application writes (no timer per record): a
+        // watchdog beside it ends a run that stops delivering.
+        let counted = Arc::new(AtomicU64::new(0));
+        let watchdog = tokio::spawn(watch(counted.clone()));
         while seen.count < spec.records {
             if spec.runs {
-                tokio::time::timeout(WAIT, consumer.recv_many(&mut run, limit))
-                    .await
-                    .map_err(|_| format!("nothing delivered for {} s", WAIT.as_secs()))??;
+                consumer.recv_many(&mut run, limit).await?;
                 for delivery in run.drain(..) {
                     seen.record(delivery.partition, delivery.offset);
                 }
             } else {
-                let delivery = next(&consumer).await?;
+                let delivery = consumer.recv().await?;
                 seen.record(delivery.partition, delivery.offset);
             }
+            counted.store(seen.count, Ordering::Relaxed);
         }
+        watchdog.abort();
         let seconds = subscribed.elapsed().as_secs_f64();
         consumer.close().await?;
         drop(consumer);
