@@ -46,7 +46,7 @@ impl Shared {
                 self.skip_trailing_gap(
                     key,
                     lane,
-                    runtime.acks_mut()[lane_index(lane)],
+                    runtime.lanes_mut()[lane_index(lane)],
                     fetched_next,
                 );
                 let processed = runtime.acks(lane_index(lane)).committable();
@@ -76,7 +76,7 @@ impl Shared {
                     live_processed: runtime.acks(1).committable(),
                 });
                 let awaited = runtime.awaiting_commit() > 0;
-                let Some(acked) = crate::plan::commit_planned(runtime.acks_mut(), &plan) else {
+                let Some(acked) = crate::plan::commit_planned(runtime.lanes_mut(), &plan) else {
                     // Nothing acknowledged waits for a commit of this partition any more.
                     woken |= awaited;
                     return None;
@@ -106,18 +106,18 @@ impl Shared {
         &self,
         key: &PartitionId,
         lane: Lane,
-        acks: &mut AckTracker,
+        account: &mut LaneAccount,
         fetched_next: i64,
     ) {
-        let from = acks.delivered_next();
+        let from = account.acks().delivered_next();
         // Only a lane read through everything it delivered, with fetched offsets beyond, can
         // have such a gap; anything else needs no read.
-        if acks.unacked() > 0 || from >= fetched_next {
+        if account.acks().unacked() > 0 || from >= fetched_next {
             return;
         }
         match self.buffer.read(lane, &key.0, key.1, from, 1) {
             Ok(batch) if batch.records.is_empty() && batch.next > from => {
-                acks.read_through(batch.next)
+                account.read_through(batch.next)
             }
             Ok(_) => {}
             Err(err) => self.emit(Event::Error {
@@ -145,7 +145,7 @@ impl Shared {
             return Ok(());
         };
         // A reader holding back for it is told by `commits_landed`, once per cycle.
-        crate::plan::commit_landed(runtime.acks_mut(), commit.acked);
+        crate::plan::commit_landed(runtime.lanes_mut(), commit.acked);
         match &commit.plan {
             CommitPlan::Nothing => {}
             CommitPlan::Plain { offset } => {

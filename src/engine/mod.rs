@@ -146,9 +146,9 @@ impl PartitionRuntime {
         self.lanes[lane].acks()
     }
 
-    /// Both lanes' acknowledgements, for planning a commit and its landing.
-    pub(super) fn acks_mut(&mut self) -> [&mut AckTracker; 2] {
-        self.lanes.each_mut().map(LaneAccount::acks_mut)
+    /// Both lanes' accounts, for reading through gaps, planning a commit and its landing.
+    pub(super) fn lanes_mut(&mut self) -> [&mut LaneAccount; 2] {
+        self.lanes.each_mut()
     }
 
     /// Bytes acknowledged, both lanes, whose commit has not landed.

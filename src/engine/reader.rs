@@ -307,7 +307,7 @@ impl Shared {
                 generation: runtime.generation,
             });
         }
-        runtime.acks_mut()[index].read_through(next);
+        runtime.lanes_mut()[index].read_through(next);
         let queued = queue.len() - queued_before;
         let newest = queue.back().filter(|_| queued > 0);
         if let (Lane::Live, Some(last), Mode::Latest) = (lane, newest, self.config.mode) {

@@ -3,8 +3,6 @@
 
 use std::collections::VecDeque;
 
-use super::CommitPlan;
-
 /// One delivery not yet known processed: its offset, whether it is acked, its bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Outstanding {
@@ -184,26 +182,6 @@ pub fn may_read(
     total_awaiting < limit || partition_awaiting == 0 || partition_awaiting < share
 }
 
-/// A partition's commit is planned as `plan`, its lanes (catch-up, live) `lanes`: the bytes
-/// each lane had acknowledged, which wait for no commit once this one lands
-/// ([`commit_landed`]). A plan that writes nothing lands at once (`None`): nothing
-/// acknowledged waits for a commit of it.
-pub fn commit_planned(lanes: [&mut AckTracker; 2], plan: &CommitPlan) -> Option<[u64; 2]> {
-    let acked = lanes.each_ref().map(|lane| lane.acked_bytes());
-    if *plan == CommitPlan::Nothing {
-        commit_landed(lanes, acked);
-        return None;
-    }
-    Some(acked)
-}
-
-/// A commit that [`commit_planned`] returned `covered` for is in Kafka.
-pub fn commit_landed(lanes: [&mut AckTracker; 2], covered: [u64; 2]) {
-    for (lane, covered) in lanes.into_iter().zip(covered) {
-        lane.commit_landed(covered);
-    }
-}
-
 /// What may wait for commits whatever the budget: with a tiny budget an eighth of it would
 /// hold the reader at every commit's round trip (commits are at most every 20 ms), where it
 /// only has to stop running away from commits that do not land.
@@ -322,26 +300,6 @@ mod tests {
                 "{partition} of {total} awaiting over {partitions} partitions"
             );
         }
-    }
-
-    #[test]
-    fn a_plan_that_writes_nothing_lands_at_once_and_a_commit_lands_what_it_covered() {
-        let mut lanes = [AckTracker::new(0), AckTracker::new(100)];
-        lanes[0].delivered(0, 10);
-        lanes[1].delivered(100, 20);
-        lanes[0].ack(0);
-        lanes[1].ack(100);
-        let plan = CommitPlan::Plain { offset: 101 };
-        let covered = commit_planned(lanes.each_mut(), &plan);
-        assert_eq!(covered, Some([10, 20]));
-        lanes[1].delivered(101, 5);
-        lanes[1].ack(101);
-        commit_landed(lanes.each_mut(), covered.unwrap_or_default());
-        let awaiting = lanes.each_ref().map(AckTracker::awaiting_commit);
-        assert_eq!(awaiting, [0, 5], "acknowledged after the plan: waits");
-        assert_eq!(commit_planned(lanes.each_mut(), &CommitPlan::Nothing), None);
-        let awaiting = lanes.each_ref().map(AckTracker::awaiting_commit);
-        assert_eq!(awaiting, [0, 0]);
     }
 
     #[test]

@@ -15,7 +15,7 @@
 //! again and laid out afresh in between — counts only under the layout it was made in: the
 //! records it counts may be gone, and fetched again into the new layout (and counted there).
 
-use super::AckTracker;
+use super::{AckTracker, CommitPlan};
 use crate::store::LayoutId;
 
 /// One lane's acknowledgements and byte counts, for one assignment of a partition.
@@ -83,6 +83,13 @@ impl LaneAccount {
         (self.unacked - self.handed).max(0) as u64
     }
 
+    /// Bytes handed out beyond those counted appended: the appends that stored them are still
+    /// to be counted (a catch-up fetcher counts after the buffer took its append). Zero once
+    /// every count came; above what the counts still to come add, a count was lost.
+    pub fn counted_behind(&self) -> u64 {
+        (self.handed - self.unacked).max(0) as u64
+    }
+
     /// Whether the counts are back to zero, neither above nor below: what a lane must show
     /// once every record it counted is handed out and acknowledged and no count is still to
     /// come (a count lost or made twice leaves it off for the rest of the assignment).
@@ -95,10 +102,36 @@ impl LaneAccount {
         &self.acks
     }
 
-    /// The lane's acknowledgements, for what does not move bytes: reading through a gap,
-    /// planning a commit and its landing. Hand-outs and acks go through the account.
-    pub fn acks_mut(&mut self) -> &mut AckTracker {
-        &mut self.acks
+    /// Marks the lane read through `next` (exclusive) where no record was handed out (see
+    /// [`AckTracker::read_through`]): offsets without records move no bytes.
+    pub fn read_through(&mut self, next: i64) {
+        self.acks.read_through(next);
+    }
+
+    /// A commit planned when the lane had acknowledged `covered` bytes is in Kafka (see
+    /// [`AckTracker::commit_landed`]).
+    pub fn commit_landed(&mut self, covered: u64) {
+        self.acks.commit_landed(covered);
+    }
+}
+
+/// A partition's commit is planned as `plan`, its lanes (catch-up, live) `lanes`: the bytes
+/// each lane had acknowledged, which wait for no commit once this one lands
+/// ([`commit_landed`]). A plan that writes nothing lands at once (`None`): nothing
+/// acknowledged waits for a commit of it.
+pub fn commit_planned(lanes: [&mut LaneAccount; 2], plan: &CommitPlan) -> Option<[u64; 2]> {
+    let acked = lanes.each_ref().map(|lane| lane.acks().acked_bytes());
+    if *plan == CommitPlan::Nothing {
+        commit_landed(lanes, acked);
+        return None;
+    }
+    Some(acked)
+}
+
+/// A commit that [`commit_planned`] returned `covered` for is in Kafka.
+pub fn commit_landed(lanes: [&mut LaneAccount; 2], covered: [u64; 2]) {
+    for (lane, covered) in lanes.into_iter().zip(covered) {
+        lane.commit_landed(covered);
     }
 }
 
@@ -230,7 +263,32 @@ mod tests {
             "acknowledged, its append not counted yet"
         );
         assert_eq!(account.unacked_bytes(), 0, "read as zero meanwhile");
+        assert_eq!(account.counted_behind(), 5, "its count still to come");
         account.appended(LAYOUT, 14, 5);
         assert!(account.balanced());
+        assert_eq!(account.counted_behind(), 0);
+    }
+
+    #[test]
+    fn a_plan_that_writes_nothing_lands_at_once_and_a_commit_lands_what_it_covered() {
+        let mut lanes = [
+            LaneAccount::new(LAYOUT, 0, 0),
+            LaneAccount::new(LAYOUT, 100, 100),
+        ];
+        lanes[0].hand_out(0, 10);
+        lanes[1].hand_out(100, 20);
+        lanes[0].acknowledge(0);
+        lanes[1].acknowledge(100);
+        let plan = CommitPlan::Plain { offset: 101 };
+        let covered = commit_planned(lanes.each_mut(), &plan);
+        assert_eq!(covered, Some([10, 20]));
+        lanes[1].hand_out(101, 5);
+        lanes[1].acknowledge(101);
+        commit_landed(lanes.each_mut(), covered.unwrap_or_default());
+        let awaiting = lanes.each_ref().map(|lane| lane.acks().awaiting_commit());
+        assert_eq!(awaiting, [0, 5], "acknowledged after the plan: waits");
+        assert_eq!(commit_planned(lanes.each_mut(), &CommitPlan::Nothing), None);
+        let awaiting = lanes.each_ref().map(|lane| lane.acks().awaiting_commit());
+        assert_eq!(awaiting, [0, 0]);
     }
 }

@@ -23,10 +23,7 @@ mod subscription;
 mod token;
 mod unowned;
 
-pub use acks::{
-    AckTracker, COMMIT_WAIT_FLOOR, commit_landed, commit_planned, may_read,
-    reader_waits_for_commits,
-};
+pub use acks::{AckTracker, COMMIT_WAIT_FLOOR, may_read, reader_waits_for_commits};
 pub use assign::{LocalStep, waits_unreconciled};
 pub use client_outage::{ClientOutage, OWN_PROBE_EVERY, REBOOTSTRAP_AFTER};
 pub use commit::{CommitPlan, CommitWrites, Progress, plan_commit};
@@ -34,7 +31,7 @@ pub use cycle::CommitCycle;
 pub use hold_notice::{HOLD_WARN_AFTER, HoldLog, HoldNotice};
 pub use incarnation::incarnation_unknown;
 pub use lag::{SideStatus, TrueLag, true_lag};
-pub use lane_account::LaneAccount;
+pub use lane_account::{LaneAccount, commit_landed, commit_planned};
 pub use latest::{ENTRY_OVERHEAD_BYTES, KeyIndex, Verdict};
 pub use progress::{BacklogRate, RATE_WINDOW, backlog_left, live_lag, live_lag_seconds};
 pub use reachability::{Announce, CONFIRM_AFTER, Reachability};

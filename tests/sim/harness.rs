@@ -2109,7 +2109,9 @@ impl Sim {
     /// Checks the bytes of `part`'s `lane` the production account counts unacknowledged
     /// (`PartitionRuntime::buffered`): never more than the lane holds from its reader's
     /// committable offset to its fetched position. A count above that pauses the lane for
-    /// bytes it does not hold, and a lane whose count never comes down stalls.
+    /// bytes it does not hold, and a lane whose count never comes down stalls. Nor less than
+    /// what the counts still to come make up (`LaneAccount::counted_behind`): a count lost
+    /// for a while lets the lane read ahead past its share until it comes back.
     fn check_unacked_count(&self, part: usize, lane: Lane) -> Result<(), Failure> {
         let state = self
             .buffer()?
@@ -2126,6 +2128,27 @@ impl Sim {
             return Err(format!(
                 "the byte budget counts {counted} bytes unacknowledged in the {lane} lane of partition {part}, which holds {held} from its committable offset"
             ));
+        }
+        // From below: every record handed out was appended in this layout, so the counts
+        // still to come make up what was handed out ahead of its count.
+        let behind = account.counted_behind();
+        if behind > 0 {
+            let layout = self
+                .buffer()?
+                .layout_id(&self.topic, id(part))
+                .map_err(|e| err("layout id", e))?;
+            let to_come: u64 = self
+                .uncounted
+                .iter()
+                .filter(|count| count.part == part && count.lane == lane)
+                .filter(|count| Some(count.layout) == layout)
+                .map(|count| count.bytes)
+                .sum();
+            if behind > to_come {
+                return Err(format!(
+                    "the byte budget's count of the {lane} lane of partition {part} is {behind} bytes behind what was handed out, and only {to_come} are still to be counted: {account:?}"
+                ));
+            }
         }
         Ok(())
     }
@@ -2307,7 +2330,7 @@ impl Sim {
             }
         }
         let reader = &mut self.parts[part].readers[lane_index(lane)];
-        reader.account.acks_mut().read_through(next);
+        reader.account.read_through(next);
         reader.next = reader.next.max(next);
         Ok(())
     }
@@ -2551,10 +2574,7 @@ impl Sim {
                 });
                 // As the engine's `pending_commits`: what was acknowledged waits for this
                 // plan's commit, or for none when it writes nothing.
-                let lanes = state
-                    .readers
-                    .each_mut()
-                    .map(|reader| reader.account.acks_mut());
+                let lanes = state.readers.each_mut().map(|reader| &mut reader.account);
                 let acked = commit_planned(lanes, &plan)?;
                 Some((part, plan, catchup_processed, acked))
             })
@@ -2592,7 +2612,7 @@ impl Sim {
                 continue; // `commit_applied` finds no runtime of the plan's generation
             }
             let lanes = self.parts[*part].readers.each_mut();
-            commit_landed(lanes.map(|reader| reader.account.acks_mut()), *acked);
+            commit_landed(lanes.map(|reader| &mut reader.account), *acked);
             self.applied(*part, plan, *catchup_processed)?;
         }
         Ok(())
