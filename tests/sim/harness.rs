@@ -509,6 +509,10 @@ pub struct Sim {
     /// in all when the last commit began, and whether the reader held back for commits at
     /// its last read.
     schedule: Schedule,
+    /// The byte budget the reader's decisions derive from (the commit schedule, the hold for
+    /// commits): the history's own if it has one, as production derives them from the one
+    /// knob.
+    reader_budget: u64,
     acked_at_commit: u64,
     reader_waits: bool,
     /// A partition whose every commit fails (its main-log writes refused, its side-log writes
@@ -604,10 +608,13 @@ const DISK_FLOOR: u64 = 16 << 20;
 const STEP_TIME: Duration = Duration::from_millis(50);
 /// The most partitions a history assigns.
 const MAX_PARTITIONS: u64 = 3;
-/// What a record counts for the readers (`AckTracker`), and their byte budget: a commit is
-/// due once 8 records were processed (`fetch::Schedule`), and the reader holds back once 32
-/// acknowledged wait for commits (`plan::reader_waits_for_commits`).
+/// What a record counts for the readers (`AckTracker`) and against the byte budget.
 const RECORD_BYTES: usize = 64 << 10;
+/// The reader's byte budget in a history without a budget of its own (production's default
+/// is larger; this one makes the reader's holds common): a commit is due once 8 records were
+/// processed (`fetch::Schedule`), and the reader holds back once 32 acknowledged wait for
+/// commits (`plan::reader_waits_for_commits`). A history with a budget derives both from
+/// it, as production does.
 const READER_BUDGET: u64 = 16 << 20;
 /// The group member's commit interval.
 const COMMIT_INTERVAL: Duration = Duration::from_secs(1);
@@ -706,6 +713,7 @@ impl Sim {
             }),
             lanes: Default::default(),
         };
+        let reader_budget = budget.limit.unwrap_or(READER_BUDGET);
         let mut sim = Self {
             rng,
             dir,
@@ -739,7 +747,8 @@ impl Sim {
             },
             spilled_from,
             now,
-            schedule: Schedule::new(now, COMMIT_INTERVAL, READER_BUDGET),
+            schedule: Schedule::new(now, COMMIT_INTERVAL, reader_budget),
+            reader_budget,
             acked_at_commit: 0,
             reader_waits: false,
             commits_fail_for: None,
@@ -2257,9 +2266,9 @@ impl Sim {
             .iter()
             .map(|&part| awaiting_of(&self.parts[part]))
             .sum();
-        self.reader_waits = reader_waits_for_commits(awaiting, READER_BUDGET);
+        self.reader_waits = reader_waits_for_commits(awaiting, self.reader_budget);
         let own = awaiting_of(&self.parts[part]);
-        let readable = may_read(own, awaiting, runtimes.len(), READER_BUDGET);
+        let readable = may_read(own, awaiting, runtimes.len(), self.reader_budget);
         self.stats.commit_waits += u64::from(!readable);
         self.failing_held |= !readable && self.commits_fail_for == Some(part);
         if !waits && readable && self.faults && self.rng.below(DAMAGE_ODDS) == 0 {
