@@ -1106,22 +1106,30 @@ mod child {
         Ok(CatchupConsumer::new(&spec.client, config)?)
     }
 
-    /// Ends the process once `counted` stood still for [`WAIT`]: a reader that stopped
-    /// delivering fails its run rather than hang the bench.
-    async fn watch(counted: Arc<AtomicU64>) {
-        let mut last = 0;
-        loop {
-            tokio::time::sleep(WAIT).await;
-            let now = counted.load(Ordering::Relaxed);
-            if now == last {
-                eprintln!(
-                    "nothing delivered for {} s after {now} records",
-                    WAIT.as_secs()
-                );
-                std::process::exit(1);
+    /// Ends the process once `counted` (distinct records seen) has not grown for [`WAIT`]: a
+    /// reader that stops delivering new records fails its run rather than hang the bench. A
+    /// thread of its own, which a runtime whose workers are all blocked cannot starve; it
+    /// ends once `counted` is `u64::MAX` (the loop is done).
+    fn watch(counted: Arc<AtomicU64>) {
+        std::thread::spawn(move || {
+            let (mut last, mut since) = (0, Instant::now());
+            loop {
+                std::thread::sleep(Duration::from_secs(1));
+                let now = counted.load(Ordering::Relaxed);
+                if now == u64::MAX {
+                    return;
+                }
+                if now != last {
+                    (last, since) = (now, Instant::now());
+                } else if since.elapsed() >= WAIT {
+                    eprintln!(
+                        "no new record for {} s after {now} distinct records",
+                        WAIT.as_secs()
+                    );
+                    std::process::exit(1);
+                }
             }
-            last = now;
-        }
+        });
     }
 
     async fn next(consumer: &CatchupConsumer) -> Result<catchup::Delivery> {
@@ -1194,7 +1202,7 @@ mod child {
         // The loop measured is the one an application writes (no timer per record): a
         // watchdog beside it ends a run that stops delivering.
         let counted = Arc::new(AtomicU64::new(0));
-        let watchdog = tokio::spawn(watch(counted.clone()));
+        watch(counted.clone());
         while seen.count < spec.records {
             if spec.runs {
                 consumer.recv_many(&mut run, limit).await?;
@@ -1207,7 +1215,7 @@ mod child {
             }
             counted.store(seen.count, Ordering::Relaxed);
         }
-        watchdog.abort();
+        counted.store(u64::MAX, Ordering::Relaxed);
         let seconds = subscribed.elapsed().as_secs_f64();
         consumer.close().await?;
         drop(consumer);

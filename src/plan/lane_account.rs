@@ -2,8 +2,9 @@
 //! and the bytes the lane holds against the byte budget — fetched and not acknowledged, and
 //! of those, fetched and not handed out yet (what a lane reads ahead).
 //!
-//! Three threads feed it: a fetcher counts what it appended, the reader what it handed out,
-//! the application what it acknowledged. They do not take turns: the reader may hand out and
+//! Three threads move its bytes: a fetcher counts what it appended, the reader what it handed
+//! out, the application what it acknowledged (the commit thread only marks commits landed and
+//! reads through gaps, which move no bytes). They do not take turns: the reader may hand out and
 //! the application acknowledge a record before its fetcher has counted the append that stored
 //! it. So the counters are signed, and a hand-out or an ack subtracts what the append adds,
 //! whichever comes first; each is read as zero while below it.
@@ -49,9 +50,15 @@ impl LaneAccount {
     /// An append of `bytes` bytes, made in `layout`, that left the lane fetched up to
     /// `fetched_next`.
     pub fn appended(&mut self, layout: LayoutId, fetched_next: i64, bytes: u64) {
-        if layout == self.layout && fetched_next > self.counted_from {
+        if self.counts(layout, fetched_next) {
             self.unacked += bytes as i64;
         }
+    }
+
+    /// Whether an append made in `layout` that left the lane fetched up to `fetched_next`
+    /// counts here: one of this assignment's layout, past what the lane held when it began.
+    pub fn counts(&self, layout: LayoutId, fetched_next: i64) -> bool {
+        layout == self.layout && fetched_next > self.counted_from
     }
 
     /// `offset`, of `bytes` bytes, is handed to the application. Offsets must increase; one
@@ -102,8 +109,8 @@ impl LaneAccount {
         &self.acks
     }
 
-    /// Marks the lane read through `next` (exclusive) where no record was handed out (see
-    /// [`AckTracker::read_through`]): offsets without records move no bytes.
+    /// Marks the lane read through `next` (exclusive), past offsets that hold no record (see
+    /// [`AckTracker::read_through`]): they move no bytes.
     pub fn read_through(&mut self, next: i64) {
         self.acks.read_through(next);
     }
@@ -267,6 +274,9 @@ mod tests {
         account.appended(LAYOUT, 14, 5);
         assert!(account.balanced());
         assert_eq!(account.counted_behind(), 0);
+        assert!(!account.counts(LAYOUT, 12), "held when assigned");
+        assert!(!account.counts(LayoutId(6), 20), "another layout's");
+        assert!(account.counts(LAYOUT, 13));
     }
 
     #[test]
