@@ -3,8 +3,8 @@
 //! of those, fetched and not handed out yet (what a lane reads ahead).
 //!
 //! Three threads move its bytes: a fetcher counts what it appended, the reader what it handed
-//! out, the application what it acknowledged (the commit thread only marks commits landed and
-//! reads through gaps, which move no bytes). They do not take turns: the reader may hand out and
+//! out, the application what it acknowledged (planning a commit, recording it and reading
+//! through gaps move none). They do not take turns: the reader may hand out and
 //! the application acknowledge a record before its fetcher has counted the append that stored
 //! it. So the counters are signed, and a hand-out or an ack subtracts what the append adds,
 //! whichever comes first; each is read as zero while below it.
