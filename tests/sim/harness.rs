@@ -46,8 +46,9 @@
 //! increase per lane within a process lifetime (invariant 2); every delivered record is the
 //! log's record at that offset; stale writers are refused (invariant 8); a side entry this
 //! consumer wrote is never rejected as forged or implausible; the byte budget never counts
-//! more bytes unacknowledged than a lane holds, and its counts are back to zero once
-//! everything is acknowledged; and once faults stop, everything is delivered and committed
+//! more bytes unacknowledged than a lane holds, nor falls behind its hand-outs by more than
+//! the counts still to come, and its counts are back to zero once everything is
+//! acknowledged; and once faults stop, everything is delivered and committed
 //! (no stall).
 //!
 //! Shared by `tests/simulation.rs` (thousands of seeds) and the `fetch_sim` fuzz target.
@@ -2007,9 +2008,7 @@ impl Sim {
         // Every lane's count is checked, fetched or not: the floor reads a catch-up lane's
         // after its fetcher left.
         for part in (0..self.parts.len()).filter(|&part| self.has_runtime(part)) {
-            for lane in Lane::ALL {
-                self.check_unacked_count(part, lane)?;
-            }
+            self.check_unacked_counts(part)?;
         }
         let (stopped, held) = self.measure_disk()?;
         let held = if lane == Lane::Live && !stopped {
@@ -2116,48 +2115,58 @@ impl Sim {
         }
     }
 
-    /// Checks the bytes of `part`'s `lane` the production account counts unacknowledged
-    /// (`PartitionRuntime::buffered`): never more than the lane holds from its reader's
-    /// committable offset to its fetched position. A count above that pauses the lane for
-    /// bytes it does not hold, and a lane whose count never comes down stalls. Nor less than
-    /// what the counts still to come make up (`LaneAccount::counted_behind`): a count lost
-    /// for a while lets the lane read ahead past its share until it comes back.
-    fn check_unacked_count(&self, part: usize, lane: Lane) -> Result<(), Failure> {
+    /// Checks the bytes of each of `part`'s lanes the production account counts
+    /// unacknowledged (`PartitionRuntime::buffered`): never more than the lane holds from its
+    /// reader's committable offset to its fetched position. A count above that pauses the
+    /// lane for bytes it does not hold, and a lane whose count never comes down stalls. Nor
+    /// less than what the counts still to come make up (`LaneAccount::counted_behind`): a
+    /// count lost for a while lets the lane read ahead past its share until it comes back.
+    fn check_unacked_counts(&self, part: usize) -> Result<(), Failure> {
         let state = self
             .buffer()?
             .partition_state(&self.topic, id(part))
             .map_err(|e| err("state", e))?;
-        let fetched = state.map_or(0, |state| match lane {
-            Lane::Catchup => state.catchup.fetched_next,
-            Lane::Live => state.live.fetched_next,
-        });
-        let account = &self.parts[part].readers[lane_index(lane)].account;
-        let held = (fetched - account.acks().committable()).max(0) as u64 * RECORD_BYTES as u64;
-        let counted = account.unacked_bytes();
-        if counted > held {
-            return Err(format!(
-                "the byte budget counts {counted} bytes unacknowledged in the {lane} lane of partition {part}, which holds {held} from its committable offset"
-            ));
-        }
-        // From below: every record handed out was appended in the account's layout, so the
-        // counts still to come that it will take make up what was handed out ahead of its
-        // count.
-        let behind = account.counted_behind();
-        if behind > 0 {
-            let to_come: u64 = self
-                .uncounted
-                .iter()
-                .filter(|count| count.part == part && count.lane == lane)
-                .filter(|count| account.counts(count.layout, count.fetched_next))
-                .map(|count| count.bytes)
-                .sum();
-            if behind > to_come {
+        for lane in Lane::ALL {
+            let fetched = state
+                .as_ref()
+                .map_or(0, |state| state.lane(lane).fetched_next);
+            let account = &self.parts[part].readers[lane_index(lane)].account;
+            let committable = account.acks().committable();
+            let held = (fetched - committable).max(0) as u64 * RECORD_BYTES as u64;
+            let counted = account.unacked_bytes();
+            if counted > held {
                 return Err(format!(
-                    "the byte budget's count of the {lane} lane of partition {part} is {behind} bytes behind what was handed out, and only {to_come} are still to be counted: {account:?}"
+                    "the byte budget counts {counted} bytes unacknowledged in the {lane} lane of partition {part}, which holds {held} from its committable offset"
                 ));
+            }
+            // From below: every record handed out was appended in the account's layout, so
+            // the counts still to come that it will take make up what was handed out ahead of
+            // its count.
+            let behind = account.counted_behind();
+            if behind > 0 {
+                let to_come: u64 = self
+                    .counts_to_come(part, lane)
+                    .map(|count| count.bytes)
+                    .sum();
+                if behind > to_come {
+                    return Err(format!(
+                        "the byte budget's count of the {lane} lane of partition {part} is {behind} bytes behind what was handed out, and only {to_come} are still to be counted: {account:?}"
+                    ));
+                }
             }
         }
         Ok(())
+    }
+
+    /// The late counts of `part`'s `lane` not made yet that its account will take (of its
+    /// layout, past what the lane held when assigned: `LaneAccount::counts`).
+    fn counts_to_come(&self, part: usize, lane: Lane) -> impl Iterator<Item = &Count> {
+        let account = &self.parts[part].readers[lane_index(lane)].account;
+        self.uncounted.iter().filter(move |count| {
+            count.part == part
+                && count.lane == lane
+                && account.counts(count.layout, count.fetched_next)
+        })
     }
 
     /// Whether `part`'s backlog is all delivered (its catch-up lane is no longer a slot of
@@ -2776,11 +2785,7 @@ impl Sim {
                 continue;
             }
             for reader in &part.readers {
-                let pending = self.uncounted.iter().any(|count| {
-                    count.part == index
-                        && count.lane == reader.lane
-                        && reader.account.counts(count.layout, count.fetched_next)
-                });
+                let pending = self.counts_to_come(index, reader.lane).next().is_some();
                 if !pending && !reader.account.balanced() {
                     return Err(format!(
                         "the byte budget's count of the {} lane of partition {index} is off once everything is acknowledged: {:?}",
