@@ -81,6 +81,8 @@ pub(crate) struct PartitionRuntime {
     backlog_rate: crate::plan::BacklogRate,
     /// `Mode::Latest`, while the partition is split: the newest offset of each key.
     latest: Option<KeyIndex>,
+    /// The appends reported and the reads that found nothing since: what a fill leaves out.
+    idle: crate::plan::IdleReads,
 }
 
 impl PartitionRuntime {
@@ -119,6 +121,7 @@ impl PartitionRuntime {
             newest_live_ms: None,
             backlog_rate: crate::plan::BacklogRate::default(),
             latest: None,
+            idle: crate::plan::IdleReads::default(),
         }
     }
 
@@ -261,6 +264,9 @@ pub(crate) struct Shared {
     live_handed_next: Mutex<HashMap<PartitionId, i64>>,
     /// Round-robin start for fairness across partitions.
     next_start: AtomicU64,
+    /// When a fill last read every partition, those found empty included
+    /// ([`crate::plan::SWEEP_EVERY`]). Taken only by the reader.
+    last_sweep: Mutex<std::time::Instant>,
     writability: Writability,
     /// What stopped the consumer for good on the Kafka side (a subscribed topic that does
     /// not exist, access refused): `recv` reports it.
@@ -318,6 +324,7 @@ impl Shared {
             damaged: Mutex::new(BTreeSet::new()),
             events,
             next_start: AtomicU64::new(0),
+            last_sweep: Mutex::new(std::time::Instant::now()),
             live_handed_next: Mutex::new(HashMap::new()),
             writability: Writability::new(config_floor),
             stopped: Mutex::new(None),
@@ -588,7 +595,9 @@ impl Shared {
 
     /// Counts `bytes` appended to `lane` of `key` in `layout`, which left the lane fetched up
     /// to `fetched_next`, against the byte budget (see [`LaneAccount`]: an append of another
-    /// layout, or below where this assignment's count starts, is not counted).
+    /// layout, or below where this assignment's count starts, is not counted). Every append
+    /// the buffer took is reported, records or not: the reader reads again only partitions
+    /// reported since their last empty read ([`crate::plan::IdleReads`]).
     pub fn add_buffered(
         &self,
         key: &PartitionId,
@@ -598,6 +607,7 @@ impl Shared {
         bytes: u64,
     ) {
         if let Some(runtime) = self.partitions().get_mut(key) {
+            runtime.idle.appended();
             runtime.lanes[lane_index(lane)].appended(layout, fetched_next, bytes);
         }
     }

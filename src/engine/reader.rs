@@ -3,9 +3,10 @@
 
 use super::*;
 
-/// Where a fill reads one partition: its key, the assignment it was read for, and per lane
-/// the offset the read starts at.
-type ReadStarts = (PartitionId, u64, Vec<(Lane, i64)>);
+/// Where a fill reads one partition: its key, the assignment it was read for, the appends
+/// reported when the read started ([`crate::plan::IdleReads`]), and per lane the offset the
+/// read starts at.
+type ReadStarts = (PartitionId, u64, u64, Vec<(Lane, i64)>);
 
 impl Shared {
     /// Whether some partition's backlog is not all handed out yet (a split whose catch-up
@@ -21,12 +22,15 @@ impl Shared {
     /// The partitions' lock is held to decide where each read starts and to hand the records
     /// out, not while the buffer is read: the fetchers need it after every append. A read
     /// whose partition was assigned again meanwhile is dropped (its new runtime reads anew).
+    /// A read that found nothing is not made again until the partition's next append, or
+    /// the next sweep ([`crate::plan::IdleReads`]).
     pub fn fill(
         &self,
         queues: &mut [VecDeque<Delivery>; 2],
         max: usize,
         lanes: &[Lane],
     ) -> Result<(), StoreError> {
+        let sweep = self.sweep_due();
         let starts: Vec<ReadStarts> = {
             let partitions = self.partitions();
             let count = partitions.len();
@@ -42,22 +46,27 @@ impl Shared {
                 .skip(first)
                 .take(count)
                 .filter(|(_, runtime)| may_read(runtime.awaiting_commit(), awaiting, count, budget))
-                .map(|(key, runtime)| {
-                    (
-                        key.clone(),
-                        runtime.generation,
-                        self.read_starts(runtime, lanes),
-                    )
+                .filter_map(|(key, runtime)| {
+                    let reads = self.read_starts(runtime, lanes, sweep);
+                    (!reads.is_empty()).then(|| {
+                        (
+                            key.clone(),
+                            runtime.generation,
+                            runtime.idle.appends(),
+                            reads,
+                        )
+                    })
                 })
                 .collect()
         };
         if starts.is_empty() {
-            return Ok(()); // every partition waits for its commits
+            return Ok(()); // every partition waits for its commits, or has nothing new
         }
         let per_partition = (max / starts.len()).max(MIN_READ);
         let mut filled = 0;
+        let mut delivered = [0u64; 2];
         let mut catchup_taken = false;
-        for (key, generation, reads) in starts {
+        for (key, generation, appends, reads) in starts {
             let mut batches = Vec::with_capacity(reads.len());
             let mut damaged = None;
             for (lane, from) in reads {
@@ -97,9 +106,18 @@ impl Shared {
                 if *next != from {
                     continue; // read again meanwhile (cannot happen: one reader at a time)
                 }
+                let found_nothing = batch.records.is_empty() && batch.next == from;
+                if !found_nothing && runtime.idle.missed(queue, appends) {
+                    tracing::debug!(
+                        topic = key.0,
+                        partition = key.1,
+                        "the sweep read records whose append was not reported"
+                    );
+                }
+                runtime.idle.read(queue, appends, found_nothing);
                 *next = batch.next;
                 catchup_taken |= batch.lane == Lane::Catchup && !batch.records.is_empty();
-                filled += self.deliver(
+                let queued = self.deliver(
                     &key,
                     runtime,
                     batch.lane,
@@ -107,6 +125,8 @@ impl Shared {
                     batch.next,
                     &mut queues[queue],
                 );
+                filled += queued;
+                delivered[lane_index(batch.lane)] += queued as u64;
             }
             if runtime.latest.is_some()
                 && KeyIndex::done(runtime.layout.catchup_end(), runtime.acks(0).committable())
@@ -129,7 +149,31 @@ impl Shared {
         if catchup_taken {
             self.catchup_taken.taken();
         }
+        for lane in Lane::ALL {
+            if delivered[lane_index(lane)] > 0 {
+                telemetry::records_delivered(
+                    &self.group,
+                    lane.as_str(),
+                    delivered[lane_index(lane)],
+                );
+            }
+        }
         Ok(())
+    }
+
+    /// Whether this fill reads every partition, those found empty included: once per
+    /// [`crate::plan::SWEEP_EVERY`].
+    fn sweep_due(&self) -> bool {
+        let mut last = self
+            .last_sweep
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let now = std::time::Instant::now();
+        let due = now.duration_since(*last) >= crate::plan::SWEEP_EVERY;
+        if due {
+            *last = now;
+        }
+        due
     }
 
     /// What the application acknowledged of `partitions` and waits for a commit; whether the
@@ -189,9 +233,18 @@ impl Shared {
 
     /// Where `runtime`'s reads start: one position in `Ordered` and `Off`, one per lane of
     /// `lanes` in `Concurrent` and `Latest` — where the catch-up lane waits while its key
-    /// index is rebuilt.
-    fn read_starts(&self, runtime: &PartitionRuntime, lanes: &[Lane]) -> Vec<(Lane, i64)> {
+    /// index is rebuilt. A read that found nothing since the partition's last append is left
+    /// out, unless this fill `sweep`s.
+    fn read_starts(
+        &self,
+        runtime: &PartitionRuntime,
+        lanes: &[Lane],
+        sweep: bool,
+    ) -> Vec<(Lane, i64)> {
         if !self.config.mode.fresh_first() {
+            if !runtime.idle.worth_reading(0, sweep) {
+                return Vec::new();
+            }
             return vec![(Lane::Catchup, runtime.ordered_next)];
         }
         let waits = |lane: Lane| {
@@ -203,7 +256,7 @@ impl Shared {
         };
         lanes
             .iter()
-            .filter(|&&lane| !waits(lane))
+            .filter(|&&lane| !waits(lane) && runtime.idle.worth_reading(lane_index(lane), sweep))
             .map(|&lane| (lane, runtime.lane_next[lane_index(lane)]))
             .collect()
     }
@@ -313,7 +366,6 @@ impl Shared {
         if let (Lane::Live, Some(last), Mode::Latest) = (lane, newest, self.config.mode) {
             self.live_handed_to(key, last.offset + 1);
         }
-        telemetry::records_delivered(&self.group, lane.as_str(), queued as u64);
         if superseded > 0 {
             telemetry::records_superseded(&self.group, lane.as_str(), superseded);
             self.add_processed(freed);
@@ -375,5 +427,140 @@ pub(super) fn store_lane(lane: DeliveryLane) -> Lane {
     match lane {
         DeliveryLane::Catchup => Lane::Catchup,
         DeliveryLane::Live | DeliveryLane::Plain => Lane::Live,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{Fetched, Record, Timestamp};
+    use std::time::{Duration, Instant};
+
+    const TOPIC: &str = "orders";
+
+    fn key() -> PartitionId {
+        (TOPIC.to_owned(), 0)
+    }
+
+    /// An `Ordered` consumer holding partition 0 split at 10 (backlog 0..10), whose fills
+    /// never sweep unless a test makes one due.
+    fn split_consumer(dir: &std::path::Path) -> Shared {
+        let shared = Shared::for_tests(dir);
+        shared
+            .buffer
+            .reset_partition(TOPIC, 0, PartitionLayout::split(1, 0, 10))
+            .expect("lay out");
+        let state = shared.buffer.partition_state(TOPIC, 0).expect("state");
+        let layout = shared.buffer.layout_id(TOPIC, 0).expect("layout");
+        let (Some(state), Some(layout)) = (state, layout) else {
+            panic!("the partition is laid out");
+        };
+        let runtime = PartitionRuntime::new(TOPIC, 1, &state, layout, None, None, 0);
+        shared.partitions().insert(key(), runtime);
+        *shared.last_sweep.lock().expect("sweep clock") =
+            Instant::now() + Duration::from_secs(3600);
+        shared
+    }
+
+    /// Appends `offsets` to `lane` (proven up to `next`), reported to the reader or not.
+    fn append(shared: &Shared, lane: Lane, offsets: std::ops::Range<i64>, next: i64, report: bool) {
+        let state = shared.buffer.partition_state(TOPIC, 0).expect("state");
+        let layout = shared.buffer.layout_id(TOPIC, 0).expect("layout");
+        let (Some(state), Some(layout)) = (state, layout) else {
+            panic!("the partition is laid out");
+        };
+        let records: Vec<Record> = offsets
+            .map(|offset| Record {
+                offset,
+                timestamp: Timestamp::CreateTime(offset),
+                key: None,
+                payload: Some(vec![1; 10].into()),
+                headers: Vec::new(),
+            })
+            .collect();
+        let fetched = Fetched {
+            layout,
+            continues_from: state.lane(lane).fetched_next,
+            records: &records,
+            next,
+        };
+        let outcome = shared
+            .buffer
+            .append(lane, TOPIC, 0, fetched)
+            .expect("append");
+        if report {
+            shared.add_buffered(
+                &key(),
+                lane,
+                layout,
+                outcome.fetched_next,
+                outcome.stored_bytes,
+            );
+        }
+    }
+
+    /// The offsets one fill queues.
+    fn fill(shared: &Shared) -> Vec<i64> {
+        let mut queues = [VecDeque::new(), VecDeque::new()];
+        shared
+            .fill(&mut queues, 256, &[Lane::Live, Lane::Catchup])
+            .expect("fill");
+        queues
+            .iter()
+            .flatten()
+            .map(|delivery| delivery.offset)
+            .collect()
+    }
+
+    #[test]
+    fn a_fill_reads_again_only_partitions_with_appends_reported_since_they_were_empty() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let shared = split_consumer(dir.path());
+        append(&shared, Lane::Catchup, 0..5, 5, true);
+        assert_eq!(fill(&shared), vec![0, 1, 2, 3, 4]);
+        assert_eq!(
+            fill(&shared),
+            Vec::<i64>::new(),
+            "read to its end: found empty"
+        );
+        // The live lane waits behind the backlog; its append is reported.
+        append(&shared, Lane::Live, 10..13, 13, true);
+        assert_eq!(
+            fill(&shared),
+            Vec::<i64>::new(),
+            "the backlog is not fetched through"
+        );
+        // The catch-up fetcher proves 5..10 empty (no record), and does not say so yet.
+        append(&shared, Lane::Catchup, 5..5, 10, false);
+        assert_eq!(
+            fill(&shared),
+            Vec::<i64>::new(),
+            "left out: nothing reported"
+        );
+        let layout = shared.partitions()[&key()].live.cursor().layout();
+        shared.add_buffered(&key(), Lane::Catchup, layout, 10, 0);
+        assert_eq!(fill(&shared), Vec::<i64>::new(), "read through the gap");
+        assert_eq!(
+            fill(&shared),
+            vec![10, 11, 12],
+            "then on into the live lane"
+        );
+    }
+
+    #[test]
+    fn a_sweep_reads_what_was_never_reported() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let shared = split_consumer(dir.path());
+        append(&shared, Lane::Catchup, 0..3, 3, true);
+        assert_eq!(fill(&shared), vec![0, 1, 2]);
+        assert_eq!(fill(&shared), Vec::<i64>::new());
+        append(&shared, Lane::Catchup, 3..6, 6, false);
+        assert_eq!(
+            fill(&shared),
+            Vec::<i64>::new(),
+            "left out: nothing reported"
+        );
+        *shared.last_sweep.lock().expect("sweep clock") = Instant::now() - crate::plan::SWEEP_EVERY;
+        assert_eq!(fill(&shared), vec![3, 4, 5], "the sweep reads it");
     }
 }

@@ -631,8 +631,16 @@ impl Fetcher {
             .buffer
             .append_owned(Lane::Catchup, &key.0, key.1, append);
         match &result {
-            Ok(outcome) if outcome.stored > 0 => {
-                telemetry::records_fetched(&self.shared.group, "catchup", outcome.stored as u64);
+            Ok(outcome) => {
+                if outcome.stored > 0 {
+                    telemetry::records_fetched(
+                        &self.shared.group,
+                        "catchup",
+                        outcome.stored as u64,
+                    );
+                }
+                // Reported with no record too: an append that only moved the lane past a
+                // gap may end the backlog, and the reader must look again.
                 self.shared.add_buffered(
                     key,
                     Lane::Catchup,
@@ -640,12 +648,12 @@ impl Fetcher {
                     outcome.fetched_next,
                     outcome.stored_bytes,
                 );
-                if let Some((generation, notes)) = notes {
+                if let Some((generation, notes)) = notes.filter(|_| outcome.stored > 0) {
                     self.shared.note_keys(key, generation, notes);
                 }
                 self.shared.notify.notify_waiters();
             }
-            Ok(_) | Err(StoreError::StaleLayout { .. }) => {}
+            Err(StoreError::StaleLayout { .. }) => {}
             Err(err) if err.is_io_failure() => self.shared.write_failed(err),
             Err(err) => self.error(format!("catch-up append of {}/{}: {err}", key.0, key.1)),
         }
