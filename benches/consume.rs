@@ -44,6 +44,10 @@
 //! holds `p + 1` of every 36 records, so readers run on after the small ones are done (a
 //! caught-up partition beside others with records is what a consumer meets every day).
 //!
+//! `CATCHUP_BENCH_PARTITIONS` (8) is the partition count of every topic the bench makes (a
+//! consumer of many partitions, each with little at its end, is what the reader meets at
+//! scale).
+//!
 //! `CATCHUP_BENCH_REPEAT` (1) reads each throughput topic that many rounds, every reader once
 //! a round, and prints the median of each reader's records/s, CPU per record and share (each
 //! share taken within a round), the shares' range, and the highest peak RSS.
@@ -78,7 +82,15 @@ use rdkafka::message::Headers;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
-const PARTITIONS: i32 = 8;
+/// The partitions of every topic the bench makes: `CATCHUP_BENCH_PARTITIONS`, 8 by default.
+fn partitions() -> i32 {
+    static PARTITIONS: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
+    *PARTITIONS.get_or_init(|| {
+        i32::try_from(env_number("CATCHUP_BENCH_PARTITIONS", 8))
+            .unwrap_or(8)
+            .max(1)
+    })
+}
 const CHILD_ENV: &str = "CATCHUP_BENCH_CHILD";
 /// Another build of the `catchup` binary to run beside this one's (its path).
 const CLI_ALT_ENV: &str = "CATCHUP_BENCH_CLI_ALT";
@@ -320,8 +332,9 @@ impl Bench {
         let mut rows = Vec::new();
         let uneven = std::env::var_os("CATCHUP_BENCH_UNEVEN").is_some_and(|v| v == "1");
         println!(
-            "\n## throughput: {} records over {PARTITIONS} {}partitions, group committed at 0, {} cores",
+            "\n## throughput: {} records over {} {}partitions, group committed at 0, {} cores",
             with_separators(records),
+            partitions(),
             if uneven { "uneven " } else { "" },
             self.cores
         );
@@ -585,7 +598,8 @@ impl Bench {
             .filter(|&mode| wanted(Reader::Library(mode)))
             .collect();
         println!(
-            "\n## time to fresh: a consumer restarts behind a backlog (100 B records, {cost_us} µs of work each, {PARTITIONS} partitions), {} cores",
+            "\n## time to fresh: a consumer restarts behind a backlog (100 B records, {cost_us} µs of work each, {} partitions), {} cores",
+            partitions(),
             self.cores
         );
         println!(
@@ -775,7 +789,7 @@ impl Bench {
             .set("bootstrap.servers", &self.brokers)
             .set("linger.ms", "0")
             .create()?;
-        for partition in 0..PARTITIONS {
+        for partition in 0..partitions() {
             let key = format!("fresh-{partition}");
             producer
                 .send(
@@ -862,7 +876,8 @@ impl Bench {
         self.create_topic(&topic)?;
         let distinct = self.produce_zipf(&topic, records, keys)?;
         println!(
-            "\n## latest: {records} updates of {keys} keys (Zipf 1.1, {distinct} keys updated), 100 B values, {cost_us} µs of work per record, {PARTITIONS} partitions, {} cores",
+            "\n## latest: {records} updates of {keys} keys (Zipf 1.1, {distinct} keys updated), 100 B values, {cost_us} µs of work per record, {} partitions, {} cores",
+            partitions(),
             self.cores
         );
         println!(
@@ -932,7 +947,7 @@ impl Bench {
             let record = BaseRecord::to(topic)
                 .key(&key)
                 .payload(&value)
-                .partition((rank % PARTITIONS as usize) as i32);
+                .partition((rank % partitions() as usize) as i32);
             send_retrying(&producer, record);
         }
         producer.flush(Duration::from_secs(120))?;
@@ -940,7 +955,7 @@ impl Bench {
     }
 
     fn create_topic(&self, topic: &str) -> Result<()> {
-        let new_topic = NewTopic::new(topic, PARTITIONS, TopicReplication::Fixed(1));
+        let new_topic = NewTopic::new(topic, partitions(), TopicReplication::Fixed(1));
         let results = self
             .runtime
             .block_on(self.admin.create_topics([&new_topic], &AdminOptions::new()))?;
@@ -1004,7 +1019,7 @@ impl Bench {
             .set("group.id", group)
             .create()?;
         let mut list = TopicPartitionList::new();
-        for partition in 0..PARTITIONS {
+        for partition in 0..partitions() {
             list.add_partition_offset(topic, partition, Offset::Offset(0))?;
         }
         consumer.commit(&list, CommitMode::Sync)?;
@@ -1244,7 +1259,7 @@ mod child {
         let mut seen = Seen::default();
         let (mut fresh_seen, mut fresh_at, mut drained_at) = (0, None, None);
         let mut owed = Duration::ZERO;
-        while seen.count < spec.records || fresh_seen < PARTITIONS {
+        while seen.count < spec.records || fresh_seen < partitions() {
             let delivery = next(&consumer).await?;
             // The work, slept in millisecond slices: as long on average, without a spin.
             owed += Duration::from_micros(spec.cost_us);
@@ -1280,7 +1295,7 @@ mod child {
     async fn drain(spec: &Spec, started: Instant) -> Result<serde_json::Value> {
         let ends: BTreeMap<i32, i64> = {
             let probe: BaseConsumer = spec.client.create()?;
-            (0..PARTITIONS)
+            (0..partitions())
                 .map(|partition| {
                     let (_, high) =
                         probe.fetch_watermarks(&spec.topic, partition, Duration::from_secs(30))?;
@@ -1599,9 +1614,9 @@ fn target_dir() -> PathBuf {
 }
 
 /// The partition of the `index`th record: round-robin, or with `uneven` partition `p`
-/// taking `p + 1` of every `PARTITIONS * (PARTITIONS + 1) / 2` records.
+/// taking `p + 1` of every `partitions() * (partitions() + 1) / 2` records.
 fn partition_of(index: u64, uneven: bool) -> i32 {
-    let partitions = PARTITIONS as u64;
+    let partitions = partitions() as u64;
     if !uneven {
         return (index % partitions) as i32;
     }
