@@ -69,7 +69,7 @@ fn the_consumer_never_loses_a_record() {
          partition, {} transient errors taken in a run, {} entries taken after an error in its run ({} of them in a long tail), {} assignments of everything (eager), {} main-log writes refused, {} \
          partitions whose assignment waited for a write to Kafka, {} writes reported failed yet \
          applied, {} failed creations of the catch-up consumer, {} topic ids unreadable, {} assignments without \
-         the group's offsets, {} partitions waiting for what could not be read, {} reuses refused and laid out afresh, {} partitions reconciled on a retry and moved from the log end, {} crashes inside an assignment's local steps, {} reads finding a partition damaged ({} partitions discarded and reconciled again), {} local steps failing without stopping the consumer, {} histories with a free-space floor ({} stops below it, {} appends refused, {} resumes on a drained buffer, {} live appends refused below it while a backlog waited), {} histories with a byte budget ({} pauses, {} appends counted late ({} after a change of layout), {} partitions held to their read-ahead, {} rounds polling less for it, {} drains on a disk with less room than the budget), {} partitions assigned \
+         the group's offsets, {} partitions waiting for what could not be read, {} reuses refused and laid out afresh, {} partitions reconciled on a retry and moved from the log end, {} crashes inside an assignment's local steps, {} reads finding a partition damaged ({} partitions discarded and reconciled again), {} local steps failing without stopping the consumer, {} histories with a free-space floor ({} stops below it, {} appends refused, {} resumes on a drained buffer, {} live appends refused below it while a backlog waited), {} histories with a byte budget ({} pauses, {} appends counted late ({} after a change of layout), {} reads the reader leaves out ({} finding records whose report was to come), {} partitions held to their read-ahead, {} rounds polling less for it, {} drains on a disk with less room than the budget), {} partitions assigned \
          again within a poll round, {} histories with a memory tier ({} crashes losing what it \
          held, {} bytes spilled to sled), {} histories in mode latest ({} records superseded, {} \
          assignments waiting for their keys to be read again), {} reads waiting for commits, {} \
@@ -108,6 +108,8 @@ fn the_consumer_never_loses_a_record() {
         stats.budget_pauses,
         stats.late_counts,
         stats.counts_of_old_layouts,
+        stats.reads_left_out,
+        stats.left_out_awaiting_report,
         stats.read_ahead_holds,
         stats.read_ahead_rounds,
         stats.short_drains,
@@ -154,6 +156,8 @@ fn the_consumer_never_loses_a_record() {
                 && stats.disk_live_stops > 0
                 && stats.budget_pauses > 0
                 && stats.late_counts > 0
+                && stats.reads_left_out > 0
+                && stats.left_out_awaiting_report > 0
                 && stats.counts_of_old_layouts > 0
                 && stats.read_ahead_holds > 0
                 && stats.read_ahead_rounds > 0

@@ -81,7 +81,8 @@ pub(crate) struct PartitionRuntime {
     backlog_rate: crate::plan::BacklogRate,
     /// `Mode::Latest`, while the partition is split: the newest offset of each key.
     latest: Option<KeyIndex>,
-    /// The appends reported and the reads that found nothing since: what a fill leaves out.
+    /// The appends reported and the reads that reached the buffer's end: what a fill leaves
+    /// out.
     idle: crate::plan::IdleReads,
 }
 
@@ -264,9 +265,6 @@ pub(crate) struct Shared {
     live_handed_next: Mutex<HashMap<PartitionId, i64>>,
     /// Round-robin start for fairness across partitions.
     next_start: AtomicU64,
-    /// When a fill last read every partition, those found empty included
-    /// ([`crate::plan::SWEEP_EVERY`]). Taken only by the reader.
-    last_sweep: Mutex<std::time::Instant>,
     writability: Writability,
     /// What stopped the consumer for good on the Kafka side (a subscribed topic that does
     /// not exist, access refused): `recv` reports it.
@@ -324,7 +322,6 @@ impl Shared {
             damaged: Mutex::new(BTreeSet::new()),
             events,
             next_start: AtomicU64::new(0),
-            last_sweep: Mutex::new(std::time::Instant::now()),
             live_handed_next: Mutex::new(HashMap::new()),
             writability: Writability::new(config_floor),
             stopped: Mutex::new(None),
@@ -597,7 +594,7 @@ impl Shared {
     /// to `fetched_next`, against the byte budget (see [`LaneAccount`]: an append of another
     /// layout, or below where this assignment's count starts, is not counted). Every append
     /// the buffer took is reported, records or not: the reader reads again only partitions
-    /// reported since their last empty read ([`crate::plan::IdleReads`]).
+    /// reported since a read reached their end ([`crate::plan::IdleReads`]).
     pub fn add_buffered(
         &self,
         key: &PartitionId,

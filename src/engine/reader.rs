@@ -22,20 +22,35 @@ impl Shared {
     /// The partitions' lock is held to decide where each read starts and to hand the records
     /// out, not while the buffer is read: the fetchers need it after every append. A read
     /// whose partition was assigned again meanwhile is dropped (its new runtime reads anew).
-    /// A read that found nothing is not made again until the partition's next append, or
-    /// the next sweep ([`crate::plan::IdleReads`]).
+    /// A read that reached the end of what the buffer proved is not made again until the
+    /// partition's next append, or for [`crate::plan::SWEEP_EVERY`]
+    /// ([`crate::plan::IdleReads`]).
     pub fn fill(
         &self,
         queues: &mut [VecDeque<Delivery>; 2],
         max: usize,
         lanes: &[Lane],
     ) -> Result<(), StoreError> {
-        let sweep = self.sweep_due();
+        self.fill_at(queues, max, lanes, std::time::Instant::now())
+    }
+
+    /// [`fill`](Self::fill) at `now`.
+    pub(crate) fn fill_at(
+        &self,
+        queues: &mut [VecDeque<Delivery>; 2],
+        max: usize,
+        lanes: &[Lane],
+        now: std::time::Instant,
+    ) -> Result<(), StoreError> {
         let starts: Vec<ReadStarts> = {
-            let partitions = self.partitions();
+            let mut partitions = self.partitions();
             let count = partitions.len();
             if count == 0 {
                 return Ok(());
+            }
+            // What acknowledgements settle, for every partition (those not read too).
+            for (key, runtime) in partitions.iter_mut() {
+                self.settle(key, runtime);
             }
             let awaiting = self.awaiting_commits(&partitions);
             let budget = self.config.buffer_budget_bytes;
@@ -47,7 +62,7 @@ impl Shared {
                 .take(count)
                 .filter(|(_, runtime)| may_read(runtime.awaiting_commit(), awaiting, count, budget))
                 .filter_map(|(key, runtime)| {
-                    let reads = self.read_starts(runtime, lanes, sweep);
+                    let reads = self.read_starts(runtime, lanes, now);
                     (!reads.is_empty()).then(|| {
                         (
                             key.clone(),
@@ -66,7 +81,8 @@ impl Shared {
         let mut filled = 0;
         let mut delivered = [0u64; 2];
         let mut catchup_taken = false;
-        for (key, generation, appends, reads) in starts {
+        let mut failure = None;
+        'partitions: for (key, generation, appends, reads) in starts {
             let mut batches = Vec::with_capacity(reads.len());
             let mut damaged = None;
             for (lane, from) in reads {
@@ -81,7 +97,11 @@ impl Shared {
                         damaged = Some(reason);
                         break;
                     }
-                    Err(err) => return Err(err),
+                    Err(err) => {
+                        // What this fill queued before stays queued, and is counted.
+                        failure = Some(err);
+                        break 'partitions;
+                    }
                 }
             }
             let mut partitions = self.partitions();
@@ -106,15 +126,15 @@ impl Shared {
                 if *next != from {
                     continue; // read again meanwhile (cannot happen: one reader at a time)
                 }
-                let found_nothing = batch.records.is_empty() && batch.next == from;
-                if !found_nothing && runtime.idle.missed(queue, appends) {
+                let found = !batch.records.is_empty() || batch.next != from;
+                if found && runtime.idle.missed(queue, appends) {
                     tracing::debug!(
                         topic = key.0,
                         partition = key.1,
-                        "the sweep read records whose append was not reported"
+                        "a read left out since it reached the buffer's end found more with no append reported"
                     );
                 }
-                runtime.idle.read(queue, appends, found_nothing);
+                runtime.idle.read(queue, appends, batch.exhausted, now);
                 *next = batch.next;
                 catchup_taken |= batch.lane == Lane::Catchup && !batch.records.is_empty();
                 let queued = self.deliver(
@@ -128,20 +148,7 @@ impl Shared {
                 filled += queued;
                 delivered[lane_index(batch.lane)] += queued as u64;
             }
-            if runtime.latest.is_some()
-                && KeyIndex::done(runtime.layout.catchup_end(), runtime.acks(0).committable())
-            {
-                runtime.latest = None;
-            }
-            if !runtime.drained
-                && runtime.acks(0).delivered_next() >= runtime.layout.catchup_end().unwrap_or(0)
-            {
-                runtime.drained = true;
-                self.emit(Event::CatchupDrained {
-                    topic: key.0.clone(),
-                    partition: key.1,
-                });
-            }
+            self.settle(&key, runtime);
             if filled >= max {
                 break;
             }
@@ -158,22 +165,26 @@ impl Shared {
                 );
             }
         }
-        Ok(())
+        failure.map_or(Ok(()), Err)
     }
 
-    /// Whether this fill reads every partition, those found empty included: once per
-    /// [`crate::plan::SWEEP_EVERY`].
-    fn sweep_due(&self) -> bool {
-        let mut last = self
-            .last_sweep
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let now = std::time::Instant::now();
-        let due = now.duration_since(*last) >= crate::plan::SWEEP_EVERY;
-        if due {
-            *last = now;
+    /// What a partition's hand-outs and acknowledgements settle: `Latest`'s key index is let
+    /// go once the backlog is committed, and the backlog is drained once all handed out.
+    fn settle(&self, key: &PartitionId, runtime: &mut PartitionRuntime) {
+        if runtime.latest.is_some()
+            && KeyIndex::done(runtime.layout.catchup_end(), runtime.acks(0).committable())
+        {
+            runtime.latest = None;
         }
-        due
+        if !runtime.drained
+            && runtime.acks(0).delivered_next() >= runtime.layout.catchup_end().unwrap_or(0)
+        {
+            runtime.drained = true;
+            self.emit(Event::CatchupDrained {
+                topic: key.0.clone(),
+                partition: key.1,
+            });
+        }
     }
 
     /// What the application acknowledged of `partitions` and waits for a commit; whether the
@@ -233,16 +244,16 @@ impl Shared {
 
     /// Where `runtime`'s reads start: one position in `Ordered` and `Off`, one per lane of
     /// `lanes` in `Concurrent` and `Latest` — where the catch-up lane waits while its key
-    /// index is rebuilt. A read that found nothing since the partition's last append is left
-    /// out, unless this fill `sweep`s.
+    /// index is rebuilt. A read that reached the buffer's end since the partition's last
+    /// append is left out (for [`crate::plan::SWEEP_EVERY`] at most: `now`).
     fn read_starts(
         &self,
         runtime: &PartitionRuntime,
         lanes: &[Lane],
-        sweep: bool,
+        now: std::time::Instant,
     ) -> Vec<(Lane, i64)> {
         if !self.config.mode.fresh_first() {
-            if !runtime.idle.worth_reading(0, sweep) {
+            if !runtime.idle.worth_reading(0, now) {
                 return Vec::new();
             }
             return vec![(Lane::Catchup, runtime.ordered_next)];
@@ -256,7 +267,7 @@ impl Shared {
         };
         lanes
             .iter()
-            .filter(|&&lane| !waits(lane) && runtime.idle.worth_reading(lane_index(lane), sweep))
+            .filter(|&&lane| !waits(lane) && runtime.idle.worth_reading(lane_index(lane), now))
             .map(|&lane| (lane, runtime.lane_next[lane_index(lane)]))
             .collect()
     }
@@ -434,7 +445,7 @@ pub(super) fn store_lane(lane: DeliveryLane) -> Lane {
 mod tests {
     use super::*;
     use crate::store::{Fetched, Record, Timestamp};
-    use std::time::{Duration, Instant};
+    use std::time::Instant;
 
     const TOPIC: &str = "orders";
 
@@ -442,8 +453,7 @@ mod tests {
         (TOPIC.to_owned(), 0)
     }
 
-    /// An `Ordered` consumer holding partition 0 split at 10 (backlog 0..10), whose fills
-    /// never sweep unless a test makes one due.
+    /// An `Ordered` consumer holding partition 0 split at 10 (backlog 0..10).
     fn split_consumer(dir: &std::path::Path) -> Shared {
         let shared = Shared::for_tests(dir);
         shared
@@ -457,8 +467,6 @@ mod tests {
         };
         let runtime = PartitionRuntime::new(TOPIC, 1, &state, layout, None, None, 0);
         shared.partitions().insert(key(), runtime);
-        *shared.last_sweep.lock().expect("sweep clock") =
-            Instant::now() + Duration::from_secs(3600);
         shared
     }
 
@@ -499,11 +507,11 @@ mod tests {
         }
     }
 
-    /// The offsets one fill queues.
-    fn fill(shared: &Shared) -> Vec<i64> {
+    /// The offsets one fill at `now` queues.
+    fn fill(shared: &Shared, now: Instant) -> Vec<i64> {
         let mut queues = [VecDeque::new(), VecDeque::new()];
         shared
-            .fill(&mut queues, 256, &[Lane::Live, Lane::Catchup])
+            .fill_at(&mut queues, 256, &[Lane::Live, Lane::Catchup], now)
             .expect("fill");
         queues
             .iter()
@@ -513,54 +521,64 @@ mod tests {
     }
 
     #[test]
-    fn a_fill_reads_again_only_partitions_with_appends_reported_since_they_were_empty() {
+    fn a_fill_reads_again_only_partitions_appended_since_a_read_reached_their_end() {
         let dir = tempfile::tempdir().expect("temporary directory");
         let shared = split_consumer(dir.path());
+        let now = Instant::now();
         append(&shared, Lane::Catchup, 0..5, 5, true);
-        assert_eq!(fill(&shared), vec![0, 1, 2, 3, 4]);
+        assert_eq!(fill(&shared, now), vec![0, 1, 2, 3, 4]);
         assert_eq!(
-            fill(&shared),
+            fill(&shared, now),
             Vec::<i64>::new(),
-            "read to its end: found empty"
+            "read to its end: left out"
         );
         // The live lane waits behind the backlog; its append is reported.
         append(&shared, Lane::Live, 10..13, 13, true);
         assert_eq!(
-            fill(&shared),
+            fill(&shared, now),
             Vec::<i64>::new(),
             "the backlog is not fetched through"
         );
         // The catch-up fetcher proves 5..10 empty (no record), and does not say so yet.
         append(&shared, Lane::Catchup, 5..5, 10, false);
         assert_eq!(
-            fill(&shared),
+            fill(&shared, now),
             Vec::<i64>::new(),
             "left out: nothing reported"
         );
         let layout = shared.partitions()[&key()].live.cursor().layout();
         shared.add_buffered(&key(), Lane::Catchup, layout, 10, 0);
-        assert_eq!(fill(&shared), Vec::<i64>::new(), "read through the gap");
         assert_eq!(
-            fill(&shared),
+            fill(&shared, now),
+            Vec::<i64>::new(),
+            "read through the gap"
+        );
+        assert_eq!(
+            fill(&shared, now),
             vec![10, 11, 12],
             "then on into the live lane"
         );
     }
 
     #[test]
-    fn a_sweep_reads_what_was_never_reported() {
+    fn a_read_left_out_long_enough_finds_what_was_never_reported() {
         let dir = tempfile::tempdir().expect("temporary directory");
         let shared = split_consumer(dir.path());
+        let now = Instant::now();
         append(&shared, Lane::Catchup, 0..3, 3, true);
-        assert_eq!(fill(&shared), vec![0, 1, 2]);
-        assert_eq!(fill(&shared), Vec::<i64>::new());
+        assert_eq!(fill(&shared, now), vec![0, 1, 2]);
+        assert_eq!(fill(&shared, now), Vec::<i64>::new());
         append(&shared, Lane::Catchup, 3..6, 6, false);
         assert_eq!(
-            fill(&shared),
+            fill(&shared, now),
             Vec::<i64>::new(),
             "left out: nothing reported"
         );
-        *shared.last_sweep.lock().expect("sweep clock") = Instant::now() - crate::plan::SWEEP_EVERY;
-        assert_eq!(fill(&shared), vec![3, 4, 5], "the sweep reads it");
+        let later = now + crate::plan::SWEEP_EVERY;
+        assert_eq!(
+            fill(&shared, later),
+            vec![3, 4, 5],
+            "read again after a while"
+        );
     }
 }

@@ -14,6 +14,12 @@ pub struct ReadBatch {
     /// Where the next read continues: past the chunks read (sled) or at the first record left
     /// out (the memory tier), or the `from` given when there was nothing to read.
     pub next: i64,
+    /// The read reached the end of what the buffer proved when it ended (seen under the lock
+    /// appends take): a read from `next` finds nothing until the partition is appended to.
+    /// `Ordered`: its catch-up lane not fetched through yet, or the live lane's end. `false`
+    /// whenever that is not known (a spill moved the records meanwhile, the read stopped at
+    /// `max_records`).
+    pub exhausted: bool,
 }
 
 /// What one lane of one partition holds.
@@ -148,6 +154,7 @@ impl Buffer {
             lane,
             records: Vec::new(),
             next: from,
+            exhausted: false,
         };
         let Some(part) = self.partition_key(topic, partition)? else {
             return Ok(empty);
@@ -171,6 +178,7 @@ impl Buffer {
             lane: Lane::Catchup,
             records: Vec::new(),
             next: from,
+            exhausted: false,
         };
         let Some(part) = self.partition_key(topic, partition)? else {
             return Ok(empty);
@@ -180,7 +188,11 @@ impl Buffer {
         };
         match state.layout.catchup_end() {
             Some(end) if from < end => {
-                self.read_lane(Lane::Catchup, part, &state, sled_end, from, max_records)
+                let mut batch =
+                    self.read_lane(Lane::Catchup, part, &state, sled_end, from, max_records)?;
+                // At the backlog's end the next read turns to the live lane.
+                batch.exhausted &= batch.next < end;
+                Ok(batch)
             }
             _ => self.read_lane(
                 Lane::Live,
@@ -210,7 +222,8 @@ impl Buffer {
             return Ok(batch);
         }
         // Sled read through: the rest is in memory, chained on from its end (unless a spill
-        // moved it to sled meanwhile — the next read finds it there).
+        // moved it to sled meanwhile — the next read finds it there, and this one is not
+        // exhausted: the lane's end lies past it).
         let from = state.normalize(lane, batch.next);
         let mut shard = self.partition_lock(part);
         if let Some(tail) = self.tail_in(&mut shard, part)? {
@@ -222,6 +235,8 @@ impl Buffer {
                 batch.records.extend(records);
                 batch.next = batch.next.max(next);
             }
+            batch.exhausted = batch.records.len() < max_records
+                && state.normalize(lane, batch.next) >= tail.fetched_next(lane);
         }
         Ok(batch)
     }
@@ -245,6 +260,7 @@ impl Buffer {
             lane,
             records: Vec::new(),
             next: from,
+            exhausted: false,
         };
         if state.normalize(lane, from) >= sled_end {
             // Nothing of it in sled: the memory tier holds the rest.

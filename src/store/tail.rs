@@ -126,6 +126,16 @@ impl Tail {
         state
     }
 
+    /// Where `lane` is fetched up to, memory included (as in [`logical`](Self::logical)).
+    pub fn fetched_next(&self, lane: Lane) -> i64 {
+        self.lanes[index(lane)]
+            .pending
+            .back()
+            .map_or(self.persisted.lane(lane).fetched_next, |last| {
+                last.fetched_next
+            })
+    }
+
     /// Bytes held in memory, both lanes.
     pub fn bytes(&self) -> u64 {
         self.lanes.iter().map(|lane| lane.bytes).sum()

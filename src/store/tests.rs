@@ -1371,3 +1371,57 @@ fn the_untrusted_mark_is_fsynced_with_its_directory() {
         "its directory after it: {synced:?}"
     );
 }
+
+#[test]
+fn a_read_says_whether_it_reached_the_proven_end() {
+    // With the memory tier and without it (appends written through to sled).
+    for memory in [0, 1 << 20] {
+        let dir = tempfile::tempdir().expect("dir");
+        let buffer = open_plain(&dir);
+        buffer.set_memory_bytes(memory).expect("memory tier");
+        append(&buffer, Lane::Live, "t", 0, &records(0..5), 5).expect("append");
+        append(&buffer, Lane::Live, "t", 0, &records(5..10), 10).expect("append");
+        // Sled hands out whole chunks (0..5), the memory tier what was asked for (0..3).
+        let short = buffer.read(Lane::Live, "t", 0, 0, 3).expect("read");
+        assert!(short.records.len() >= 3 && short.next < 10, "{short:?}");
+        assert!(!short.exhausted, "stopped at max_records ({memory})");
+        let rest = buffer
+            .read(Lane::Live, "t", 0, short.next, 100)
+            .expect("read");
+        assert_eq!(offsets(&rest), (short.next..10).collect::<Vec<_>>());
+        assert!(rest.exhausted, "read to the end ({memory})");
+        let nothing = buffer
+            .read(Lane::Live, "t", 0, rest.next, 100)
+            .expect("read");
+        assert!(nothing.records.is_empty() && nothing.exhausted);
+        append(&buffer, Lane::Live, "t", 0, &records(10..12), 12).expect("append");
+        let again = buffer
+            .read(Lane::Live, "t", 0, rest.next, 100)
+            .expect("read");
+        assert_eq!(offsets(&again), vec![10, 11]);
+        assert!(again.exhausted, "({memory})");
+    }
+}
+
+#[test]
+fn an_ordered_read_at_the_backlogs_end_is_not_exhausted() {
+    let dir = tempfile::tempdir().expect("dir");
+    let buffer = open(&dir);
+    buffer
+        .reset_partition("t", 0, PartitionLayout::split(1, 0, 10))
+        .expect("lay out");
+    append(&buffer, Lane::Catchup, "t", 0, &records(0..5), 5).expect("append");
+    append(&buffer, Lane::Live, "t", 0, &records(10..12), 12).expect("append");
+    let backlog = buffer.read_ordered("t", 0, 0, 100).expect("read");
+    assert_eq!(offsets(&backlog), vec![0, 1, 2, 3, 4]);
+    assert!(backlog.exhausted, "the backlog is fetched up to 5 only");
+    append(&buffer, Lane::Catchup, "t", 0, &records(5..10), 10).expect("append");
+    let rest = buffer
+        .read_ordered("t", 0, backlog.next, 100)
+        .expect("read");
+    assert_eq!(offsets(&rest), vec![5, 6, 7, 8, 9]);
+    assert!(!rest.exhausted, "the next read turns to the live lane");
+    let live = buffer.read_ordered("t", 0, rest.next, 100).expect("read");
+    assert_eq!(offsets(&live), vec![10, 11]);
+    assert!(live.exhausted);
+}

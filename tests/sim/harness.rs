@@ -66,10 +66,10 @@ use catchup::fetch::{
     read_ahead_bytes, read_ahead_room,
 };
 use catchup::plan::{
-    CommitCycle, CommitPlan, Committed, Decision, Inputs, KeyIndex, LaneAccount, LocalStep,
-    MainLogCommit, OffsetReset, PlanEvent, Progress, SideEntry, SideValue, SideWrite, SplitSecret,
-    SplitToken, commit_landed, commit_planned, incarnation_unknown, may_read, plan_commit,
-    reader_waits_for_commits, reconcile, side_key, waits_unreconciled,
+    CommitCycle, CommitPlan, Committed, Decision, IdleReads, Inputs, KeyIndex, LaneAccount,
+    LocalStep, MainLogCommit, OffsetReset, PlanEvent, Progress, SideEntry, SideValue, SideWrite,
+    SplitSecret, SplitToken, commit_landed, commit_planned, incarnation_unknown, may_read,
+    plan_commit, reader_waits_for_commits, reconcile, side_key, waits_unreconciled,
 };
 #[path = "world.rs"]
 mod world;
@@ -208,6 +208,9 @@ struct Part {
     side_entry: Option<SideEntry>,
     main_committed: i64,
     readers: [Reader; 2],
+    /// The production reader's record of appends reported and reads that reached the
+    /// buffer's end (`PartitionRuntime`'s): which reads a fill would leave out.
+    idle: IdleReads,
     /// `Ordered`: where the reader goes on in delivery order, and the last offset it handed
     /// out in this process lifetime.
     ordered_next: i64,
@@ -283,6 +286,7 @@ impl Part {
                 Reader::new(Lane::Catchup, LayoutId(0), 0, 0),
                 Reader::new(Lane::Live, LayoutId(0), 0, 0),
             ],
+            idle: IdleReads::default(),
             ordered_next: 0,
             last_ordered: None,
             delivered: BTreeSet::new(),
@@ -371,6 +375,11 @@ pub struct Stats {
     /// Appends counted against the byte budget after other steps came between the append
     /// and its count.
     pub late_counts: u64,
+    /// Reads the production reader would have left out (`IdleReads`: they reached the
+    /// buffer's end before the last reported append), and of them those that found records
+    /// whose report was still to come (the reader reads them once it comes).
+    pub reads_left_out: u64,
+    pub left_out_awaiting_report: u64,
     /// Of the counts, those made after their partition's layout changed (a reassignment
     /// since): the account must not count them.
     pub counts_of_old_layouts: u64,
@@ -439,6 +448,8 @@ impl std::ops::AddAssign for Stats {
         self.budgets += other.budgets;
         self.budget_pauses += other.budget_pauses;
         self.late_counts += other.late_counts;
+        self.reads_left_out += other.reads_left_out;
+        self.left_out_awaiting_report += other.left_out_awaiting_report;
         self.counts_of_old_layouts += other.counts_of_old_layouts;
         self.read_ahead_holds += other.read_ahead_holds;
         self.read_ahead_rounds += other.read_ahead_rounds;
@@ -477,6 +488,9 @@ pub struct Sim {
     /// thread: the reader, the application and a reassignment may come between the two. (The
     /// live thread appends, counts and handles reassignments in turn.)
     uncounted: Vec<Count>,
+    /// The time every read is taken at (`IdleReads`): it never passes, so what a read left
+    /// out waits for is a reported append alone.
+    idle_clock: Instant,
     rebuilt: Vec<(usize, i64)>,
     /// The group's protocol is eager: a refused seek is followed by an assignment of
     /// everything (the incremental forms are refused outside a rebalance).
@@ -729,6 +743,7 @@ impl Sim {
             latest,
             appended_keys: Vec::new(),
             uncounted: Vec::new(),
+            idle_clock: Instant::now(),
             rebuilt: Vec::new(),
             eager,
             catchup_created: false,
@@ -1204,6 +1219,7 @@ impl Sim {
             ),
         ];
         // As the engine's runtime starts it (`PartitionRuntime::new`).
+        runtime.idle = IdleReads::default();
         runtime.ordered_next = if state.catchup_committed() {
             state.live.committed_next
         } else {
@@ -2088,6 +2104,7 @@ impl Sim {
     /// in the partition's runtime if it has one now, whoever appended.
     fn count_append(&mut self, count: Count) {
         if self.has_runtime(count.part) {
+            self.parts[count.part].idle.appended();
             self.parts[count.part].readers[lane_index(count.lane)]
                 .account
                 .appended(count.layout, count.fetched_next, count.bytes);
@@ -2305,20 +2322,41 @@ impl Sim {
     fn fill(&mut self, part: usize, lane: Lane) -> Result<(), Failure> {
         let max = 1 + self.rng.below(MAX_READ as u64) as usize;
         let buffer = self.buffer()?;
-        let (lane, batch) = if self.ordered {
+        // The production reader's slot for this read, and whether it would make it (the
+        // simulation always does, and checks that leaving it out only waits for a report).
+        let slot = if self.ordered { 0 } else { lane_index(lane) };
+        let idle_clock = self.idle_clock;
+        let worth = self.parts[part].idle.worth_reading(slot, idle_clock);
+        let appends = self.parts[part].idle.appends();
+        let (lane, batch, from) = if self.ordered {
             let from = self.parts[part].ordered_next;
             let batch = buffer
                 .read_ordered(&self.topic, id(part), from, max)
                 .map_err(|e| err("ordered read", e))?;
             self.parts[part].ordered_next = batch.next;
-            (batch.lane, batch)
+            (batch.lane, batch, from)
         } else {
             let next = self.parts[part].readers[lane_index(lane)].next;
             let batch = buffer
                 .read(lane, &self.topic, id(part), next, max)
                 .map_err(|e| err("read", e))?;
-            (lane, batch)
+            (lane, batch, next)
         };
+        if !worth {
+            self.stats.reads_left_out += 1;
+            if !batch.records.is_empty() || batch.next != from {
+                if !self.uncounted.iter().any(|count| count.part == part) {
+                    return Err(format!(
+                        "a read of partition {part} from {from} that the reader leaves out (it reached the buffer's end, and no append was reported since) found records or moved to {}",
+                        batch.next
+                    ));
+                }
+                self.stats.left_out_awaiting_report += 1;
+            }
+        }
+        self.parts[part]
+            .idle
+            .read(slot, appends, batch.exhausted, idle_clock);
         let next = batch.next;
         for record in batch.records {
             let offset = record.offset;
