@@ -460,23 +460,25 @@ mod tests {
             .buffer
             .reset_partition(TOPIC, 0, PartitionLayout::split(1, 0, 10))
             .expect("lay out");
-        let state = shared.buffer.partition_state(TOPIC, 0).expect("state");
-        let layout = shared.buffer.layout_id(TOPIC, 0).expect("layout");
-        let (Some(state), Some(layout)) = (state, layout) else {
-            panic!("the partition is laid out");
-        };
+        let (state, layout) = laid_out(&shared);
         let runtime = PartitionRuntime::new(TOPIC, 1, &state, layout, None, None, 0);
         shared.partitions().insert(key(), runtime);
         shared
     }
 
-    /// Appends `offsets` to `lane` (proven up to `next`), reported to the reader or not.
-    fn append(shared: &Shared, lane: Lane, offsets: std::ops::Range<i64>, next: i64, report: bool) {
+    /// The partition's state and layout as the buffer holds them.
+    fn laid_out(shared: &Shared) -> (PartitionState, LayoutId) {
         let state = shared.buffer.partition_state(TOPIC, 0).expect("state");
         let layout = shared.buffer.layout_id(TOPIC, 0).expect("layout");
         let (Some(state), Some(layout)) = (state, layout) else {
             panic!("the partition is laid out");
         };
+        (state, layout)
+    }
+
+    /// Appends `offsets` to `lane` (proven up to `next`), reported to the reader or not.
+    fn append(shared: &Shared, lane: Lane, offsets: std::ops::Range<i64>, next: i64, report: bool) {
+        let (state, layout) = laid_out(shared);
         let records: Vec<Record> = offsets
             .map(|offset| Record {
                 offset,
@@ -546,7 +548,7 @@ mod tests {
             Vec::<i64>::new(),
             "left out: nothing reported"
         );
-        let layout = shared.partitions()[&key()].live.cursor().layout();
+        let (_, layout) = laid_out(&shared);
         shared.add_buffered(&key(), Lane::Catchup, layout, 10, 0);
         assert_eq!(
             fill(&shared, now),
