@@ -258,6 +258,7 @@ fn verify_reports_a_hole_and_exits_1() {
         );
         db.flush().expect("flush");
     }
+    support::wait_sled_released(&dir);
     let output = catchup(&["verify", dir.to_str().expect("utf-8")]);
     assert_exit(&output, 1);
     assert!(
@@ -383,6 +384,7 @@ fn future_format_version_exits_2() {
         db.insert(b"M", meta).expect("insert");
         db.flush().expect("flush");
     }
+    support::wait_sled_released(&dir);
     let output = catchup(&["inspect", dir.to_str().expect("utf-8")]);
     assert_exit(&output, 2);
     assert!(

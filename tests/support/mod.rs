@@ -744,17 +744,48 @@ pub fn catchup_consumer(
 /// Opens a buffer directory with sled itself (to damage it the way a disk or a crafted file
 /// would), with the segment size the buffer was created with: sled refuses any other.
 pub fn raw_sled(dir: &std::path::Path) -> sled::Result<sled::Db> {
-    // After a compaction the database lives in the generation `CURRENT` names.
-    let dir = &match std::fs::read_to_string(dir.join("CURRENT")) {
-        Ok(name) => dir.join(name.trim()),
-        Err(_) => dir.to_path_buf(),
-    };
+    let dir = &sled_dir(dir);
     let conf = std::fs::read(dir.join("conf")).unwrap_or_default();
     let segment = String::from_utf8_lossy(&conf)
         .lines()
         .find_map(|line| line.strip_prefix("segment_size: ")?.trim().parse().ok())
         .unwrap_or(4 << 20);
     sled::Config::new().path(dir).segment_size(segment).open()
+}
+
+/// Where the buffer in `dir` keeps its sled database: after a compaction, in the generation
+/// `CURRENT` names.
+fn sled_dir(dir: &std::path::Path) -> std::path::PathBuf {
+    match std::fs::read_to_string(dir.join("CURRENT")) {
+        Ok(name) => dir.join(name.trim()),
+        Err(_) => dir.to_path_buf(),
+    }
+}
+
+/// Waits (bounded) until nothing holds the sled lock of the buffer in `dir`: a dropped
+/// `sled::Db` lets go of its file only once its background thread has ended, and a process
+/// opening the buffer meanwhile is told it is in use.
+pub fn wait_sled_released(dir: &std::path::Path) {
+    let path = sled_dir(dir).join("db");
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .expect("the sled database file");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&file);
+    // sled locks the file with `flock`: taking and letting go of the same lock tells it free.
+    // SAFETY: `fd` is the open file's, for the duration of the calls.
+    while unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        assert!(
+            Instant::now() < deadline,
+            "{} is still locked after 30 s",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // SAFETY: as above.
+    unsafe { libc::flock(fd, libc::LOCK_UN) };
 }
 
 /// Waits (bounded) until `consumer` has buffered every partition of its assignment up to
