@@ -36,6 +36,11 @@ const MAX_QUEUE_BYTES: u64 = 64 << 20;
 /// The catch-up queues are sized for at least this many partitions.
 const EXPECTED_PARTITIONS: usize = 8;
 
+/// How many queues the group member's partitions fetch into (`kafka::live::queues`), however
+/// many are assigned: librdkafka's limits apply per queue, so this bounds the member's whole
+/// prefetch. At eight partitions or fewer, each has a queue of its own.
+pub(crate) const MEMBER_QUEUES: usize = 8;
+
 /// Messages per prefetched KiB: librdkafka keeps a few hundred bytes beside each message,
 /// so small records are bounded by count before their bytes add up.
 const MESSAGES_PER_KIB: u64 = 1;
@@ -47,9 +52,8 @@ const MESSAGES_PER_KIB: u64 = 1;
 /// peak RSS of 95 MiB; sixteen read no faster and held 135 MiB.
 const MEMBER_MESSAGES_PER_KIB: u64 = 4;
 
-/// The settings of the group member's consumer, whose partitions each have a queue of their
-/// own too (`kafka::live::queues`): its share divided among [`EXPECTED_PARTITIONS`], since
-/// the consumer is created before anything is assigned to it.
+/// The settings of the group member's consumer, whose partitions fetch into at most
+/// [`MEMBER_QUEUES`] queues (`kafka::live::queues`): its share divided among them.
 ///
 /// A fetch may carry the whole share (`fetch.max.bytes`; librdkafka would lower it to one
 /// queue's size): with one partition's share per fetch, `off` read 1 KiB records at 512–653k
@@ -59,7 +63,7 @@ const MEMBER_MESSAGES_PER_KIB: u64 = 4;
 /// It also waits at most [`FETCH_WAIT_MS`] for a fetch to find records.
 pub(crate) fn member(budget_bytes: u64) -> Vec<(&'static str, String)> {
     let mut settings = settings(
-        queue_bytes(budget_bytes, EXPECTED_PARTITIONS as u64),
+        queue_bytes(budget_bytes, MEMBER_QUEUES as u64),
         MEMBER_MESSAGES_PER_KIB,
     );
     settings.push(("fetch.max.bytes", queue_bytes(budget_bytes, 1).to_string()));

@@ -5,16 +5,16 @@
 //! the catch-up thread's time went to reading the clock. librdkafka's batch call takes a run
 //! of messages under one lock and one clock reading. It serves rebalance events itself when
 //! the consumer has no rebalance callback, which is why the group member's queue never uses
-//! it; a partition's own queue carries only that partition's messages and errors (librdkafka
-//! queues its fetch errors there as consumer errors, handed out like messages), and the
-//! catch-up consumer is in no group.
+//! it; a partition's own queue, and a queue of catchup's that partitions are forwarded to,
+//! carry only those partitions' messages and errors (librdkafka queues its fetch errors there
+//! as consumer errors, handed out like messages), and the catch-up consumer is in no group.
 //!
 //! One difference matters: the batch call moves the application position one past the
 //! offset of everything it hands out, an end of partition or an error included (librdkafka
 //! issue 4844; the bundled 2.12 has it). So an error is handed on with the offset it names,
 //! and the lane trusts the position only up to it (`fetch::Polled::from_error`).
 
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 
 use rdkafka::bindings as rd;
 use rdkafka::error::KafkaError as RdError;
@@ -54,58 +54,117 @@ impl PartitionBatches {
     /// `rk` is a live consumer handle whose partition queue was split off (its forwarding to
     /// the consumer queue removed), and it outlives the returned value.
     pub(crate) unsafe fn new(rk: *mut rd::rd_kafka_t, topic: &str, partition: i32) -> Option<Self> {
-        let topic = CString::new(topic).ok()?;
-        // SAFETY: a live handle, as the caller promises; the queue reference is released
-        // when `queue` drops.
-        let queue = Owned {
-            ptr: unsafe { rd::rd_kafka_queue_get_partition(rk, topic.as_ptr(), partition) },
-            free: rd::rd_kafka_queue_destroy,
-        };
-        (!queue.ptr.is_null()).then_some(Self { queue })
+        // SAFETY: as the caller promises.
+        let queue = unsafe { partition_queue(rk, topic, partition) }?;
+        Some(Self { queue })
     }
 
     /// Takes up to `max` waiting entries without waiting and hands each, in order, to
     /// `each`. Returns how many were taken.
     pub(crate) fn take(&self, max: usize, mut each: impl FnMut(Taken)) -> usize {
-        let mut batch = Batch(Vec::with_capacity(max));
-        // SAFETY: the queue is alive; the vector has room for `max` pointers, and librdkafka
-        // writes at most that many and says how many.
-        let count = unsafe {
-            rd::rd_kafka_consume_batch_queue(self.queue.ptr, 0, batch.0.as_mut_ptr(), max)
+        // SAFETY: the queue is alive while `self` is.
+        unsafe { take_from(self.queue.ptr, max, |_, taken| each(taken)) }
+    }
+}
+
+/// A handle on the queue of `topic`/`partition` of `rk`; `None` when librdkafka has none.
+///
+/// # Safety
+/// `rk` is a live consumer handle that outlives the returned value.
+unsafe fn partition_queue(
+    rk: *mut rd::rd_kafka_t,
+    topic: &str,
+    partition: i32,
+) -> Option<Owned<rd::rd_kafka_queue_t>> {
+    let topic = CString::new(topic).ok()?;
+    // SAFETY: a live handle, as the caller promises; the queue reference is released when
+    // the returned value drops.
+    let queue = Owned {
+        ptr: unsafe { rd::rd_kafka_queue_get_partition(rk, topic.as_ptr(), partition) },
+        free: rd::rd_kafka_queue_destroy,
+    };
+    (!queue.ptr.is_null()).then_some(queue)
+}
+
+/// The partition an entry of a run was fetched for.
+#[derive(Clone, Copy)]
+pub(crate) struct Origin<'a> {
+    /// Its topic's name, as librdkafka keeps it.
+    pub(crate) topic: &'a [u8],
+    /// Its partition.
+    pub(crate) partition: i32,
+}
+
+impl Origin<'_> {
+    /// Whether it is `key`'s partition.
+    pub(crate) fn is(&self, key: &(String, i32)) -> bool {
+        key.1 == self.partition && key.0.as_bytes() == self.topic
+    }
+
+    /// Its partition's name as the buffer keys it.
+    pub(crate) fn key(&self) -> (String, i32) {
+        (
+            String::from_utf8_lossy(self.topic).into_owned(),
+            self.partition,
+        )
+    }
+}
+
+/// Takes up to `max` waiting entries of `queue` without waiting and hands each, in order, to
+/// `each` with the partition it came from. Returns how many were taken.
+///
+/// # Safety
+/// `queue` is a live queue handle.
+unsafe fn take_from(
+    queue: *mut rd::rd_kafka_queue_t,
+    max: usize,
+    mut each: impl FnMut(Origin<'_>, Taken),
+) -> usize {
+    let mut batch = Batch(Vec::with_capacity(max));
+    // SAFETY: the queue is alive, as the caller promises; the vector has room for `max`
+    // pointers, and librdkafka writes at most that many and says how many.
+    let count = unsafe { rd::rd_kafka_consume_batch_queue(queue, 0, batch.0.as_mut_ptr(), max) };
+    let Ok(count) = usize::try_from(count) else {
+        return 0;
+    };
+    // SAFETY: librdkafka wrote `count` (at most `max`) message pointers, which `batch`
+    // now frees.
+    unsafe { batch.0.set_len(count.min(max)) };
+    let messages: Vec<_> = batch.messages().collect();
+    // The run's keys and values are copied together, into chunks of their own.
+    let copies = copy_entries(&messages, |message| {
+        (message.err == RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR).then(|| {
+            let message = RawMessage::from_raw(message);
+            [message.key(), message.payload()]
+        })
+    });
+    for (message, copied) in messages.into_iter().zip(copies) {
+        let origin = Origin {
+            // SAFETY: a message holds a reference on its topic handle, whose name is a
+            // NUL-terminated string that lives as long as the handle.
+            topic: unsafe { CStr::from_ptr(rd::rd_kafka_topic_name(message.rkt)) }.to_bytes(),
+            partition: message.partition,
         };
-        let Ok(count) = usize::try_from(count) else {
-            return 0;
-        };
-        // SAFETY: librdkafka wrote `count` (at most `max`) message pointers, which `batch`
-        // now frees.
-        unsafe { batch.0.set_len(count.min(max)) };
-        let messages: Vec<_> = batch.messages().collect();
-        // The run's keys and values are copied together, into chunks of their own.
-        let copies = copy_entries(&messages, |message| {
-            (message.err == RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR).then(|| {
-                let message = RawMessage::from_raw(message);
-                [message.key(), message.payload()]
-            })
-        });
-        for (message, copied) in messages.into_iter().zip(copies) {
-            if let Some([key, payload]) = copied {
-                let record = record_of(&RawMessage::from_raw(message), key, payload);
-                each(Taken::Record(record));
-                continue;
+        if let Some([key, payload]) = copied {
+            let record = record_of(&RawMessage::from_raw(message), key, payload);
+            each(origin, Taken::Record(record));
+            continue;
+        }
+        let error = match message.err {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__PARTITION_EOF => {
+                RdError::PartitionEOF(message.partition)
             }
-            let error = match message.err {
-                RDKafkaRespErr::RD_KAFKA_RESP_ERR__PARTITION_EOF => {
-                    RdError::PartitionEOF(message.partition)
-                }
-                err => RdError::MessageConsumption(err.into()),
-            };
-            each(Taken::Error {
+            err => RdError::MessageConsumption(err.into()),
+        };
+        each(
+            origin,
+            Taken::Error {
                 error,
                 at: message.offset,
-            });
-        }
-        count
+            },
+        );
     }
+    count
 }
 
 /// The messages one batch call handed over, freed together.
@@ -127,86 +186,108 @@ impl Drop for Batch {
     }
 }
 
-/// The callback a split queue calls when something arrives while it is empty. Boxed twice:
+/// The callback a fetch queue calls when something arrives while it is empty. Boxed twice:
 /// librdkafka keeps a thin pointer to it.
 type WakeCallback = Box<Box<dyn Fn() + Send + Sync>>;
 
-/// A partition's queue split off the consumer queue by catchup itself (where rust-rdkafka's
-/// `split_partition_queue` needs the consumer in an `Arc`, which the group member's rebalance
-/// callback does not have), taken in runs, and calling `wake` when something arrives.
+/// A queue of catchup's own that some of the group member's partitions fetch into instead of
+/// the consumer queue, taken in runs, and calling `wake` when something arrives while it is
+/// empty.
 ///
-/// Split before the partition is assigned, its fetched messages never reach the consumer
-/// queue: librdkafka forwards a partition's queue to the consumer queue when its fetch starts
-/// only if the application never forwarded it (`RD_KAFKA_Q_F_FWD_APP`, which a split sets and
-/// nothing clears while the partition object lives). Split after its fetch started, messages
-/// already on their way to the consumer queue would arrive there after later ones were taken
-/// here — which is why the group member splits in its rebalance callback, before it assigns.
-pub(crate) struct SplitQueue {
-    batches: PartitionBatches,
+/// librdkafka bounds what a partition prefetches by what the queue it fetches into holds
+/// (`queued.max.messages.kbytes`, `queued.min.messages`, fixed when the consumer is created).
+/// A queue of its own for every partition multiplied that bound by the partition count (at 64
+/// partitions, `off` peaked at 438–589 MiB); partitions forwarded several to a queue share
+/// it, and a fixed number of queues bounds the whole prefetch.
+///
+/// Forwarded before the partition is assigned, its fetched messages never reach the
+/// consumer queue: librdkafka forwards a partition's queue to the consumer queue when its
+/// fetch starts only if the application never forwarded it (`RD_KAFKA_Q_F_FWD_APP`, which a
+/// forward sets and nothing clears while the partition object lives). Forwarded after its
+/// fetch started, messages already on their way to the consumer queue would arrive there
+/// after later ones were taken here — which is why the group member forwards in its
+/// rebalance callback, before it assigns.
+pub(crate) struct FetchQueue {
+    queue: Owned<rd::rd_kafka_queue_t>,
     /// Held for librdkafka, which calls it through a pointer until the queue is dropped.
     _wake: WakeCallback,
 }
 
 // SAFETY: the queue is librdkafka's (thread-safe) and the callback is `Send + Sync`.
-unsafe impl Send for SplitQueue {}
+unsafe impl Send for FetchQueue {}
 
-impl SplitQueue {
-    /// Splits the queue of `topic`/`partition` off the consumer queue of `rk`; `None` when
-    /// librdkafka has no queue for it (its messages then stay on the consumer queue).
+impl FetchQueue {
+    /// A new queue on the consumer `rk`; `None` when librdkafka cannot make one.
     ///
     /// # Safety
     /// `rk` is a live consumer handle that outlives the returned value.
-    pub(crate) unsafe fn split(
+    pub(crate) unsafe fn new(
         rk: *mut rd::rd_kafka_t,
-        topic: &str,
-        partition: i32,
         wake: impl Fn() + Send + Sync + 'static,
     ) -> Option<Self> {
         // SAFETY: a live handle, as the caller promises.
-        let batches = unsafe { PartitionBatches::new(rk, topic, partition) }?;
+        let queue = unsafe { super::ffi::queue(rk) }.ok()?;
         let wake: WakeCallback = Box::new(Box::new(wake));
         // SAFETY: the queue is alive; `wake` lives in the returned value, whose drop switches
         // the callback off before it frees it.
         unsafe {
-            rd::rd_kafka_queue_forward(batches.queue.ptr, std::ptr::null_mut());
             rd::rd_kafka_queue_cb_event_enable(
-                batches.queue.ptr,
+                queue.ptr,
                 Some(call_wake),
                 &*wake as *const Box<dyn Fn() + Send + Sync> as *mut std::ffi::c_void,
             );
         }
-        Some(Self {
-            batches,
-            _wake: wake,
-        })
+        Some(Self { queue, _wake: wake })
+    }
+
+    /// Forwards the queue of `topic`/`partition` of `rk` to this one (what it holds already
+    /// comes along). False when librdkafka has no queue for it: its messages then stay on the
+    /// consumer queue.
+    ///
+    /// # Safety
+    /// `rk` is the live consumer handle this queue was made on.
+    pub(crate) unsafe fn forward(
+        &self,
+        rk: *mut rd::rd_kafka_t,
+        topic: &str,
+        partition: i32,
+    ) -> bool {
+        // SAFETY: a live handle, as the caller promises.
+        let Some(partition_queue) = (unsafe { partition_queue(rk, topic, partition) }) else {
+            return false;
+        };
+        // SAFETY: both queues are alive; the forward holds a reference on this queue, and
+        // dropping the partition queue's handle leaves the forward in place.
+        unsafe { rd::rd_kafka_queue_forward(partition_queue.ptr, self.queue.ptr) };
+        true
     }
 
     /// The entries waiting in the queue.
     pub(crate) fn len(&self) -> usize {
         // SAFETY: the queue is alive.
-        unsafe { rd::rd_kafka_queue_length(self.batches.queue.ptr) }
+        unsafe { rd::rd_kafka_queue_length(self.queue.ptr) }
     }
 
-    /// See [`PartitionBatches::take`].
-    pub(crate) fn take(&self, max: usize, each: impl FnMut(Taken)) -> usize {
-        self.batches.take(max, each)
+    /// Takes up to `max` waiting entries without waiting and hands each, in order, to `each`
+    /// with the partition it was fetched for. Returns how many were taken.
+    pub(crate) fn take(&self, max: usize, each: impl FnMut(Origin<'_>, Taken)) -> usize {
+        // SAFETY: the queue is alive while `self` is.
+        unsafe { take_from(self.queue.ptr, max, each) }
     }
 }
 
-impl Drop for SplitQueue {
+impl Drop for FetchQueue {
     fn drop(&mut self) {
-        // SAFETY: the queue is alive (freed after this, with `batches`). librdkafka calls the
+        // SAFETY: the queue is alive (freed after this, with `queue`). librdkafka calls the
         // callback under the queue's lock, which switching it off takes: once this returns,
         // `wake` is no longer called.
-        unsafe {
-            rd::rd_kafka_queue_cb_event_enable(self.batches.queue.ptr, None, std::ptr::null_mut())
-        };
+        unsafe { rd::rd_kafka_queue_cb_event_enable(self.queue.ptr, None, std::ptr::null_mut()) };
     }
 }
 
-/// librdkafka's side of [`SplitQueue`]'s callback.
+/// librdkafka's side of [`FetchQueue`]'s callback.
 unsafe extern "C" fn call_wake(_: *mut rd::rd_kafka_t, opaque: *mut std::ffi::c_void) {
-    // SAFETY: `opaque` is the `Box<dyn Fn>` a live `SplitQueue` holds (its drop switches the
+    // SAFETY: `opaque` is the `Box<dyn Fn>` a live `FetchQueue` holds (its drop switches the
     // callback off first).
     let wake = unsafe { &*(opaque as *const Box<dyn Fn() + Send + Sync>) };
     wake();

@@ -182,16 +182,8 @@ pub(super) fn poll_round(
                     |((topic, partition), _)| {
                         *partition == message.partition() && topic.as_bytes() == topic_name
                     },
-                    || {
-                        let key = (message.topic().to_owned(), message.partition());
-                        // Looked up once per run (runtimes change only in callbacks, which seal
-                        // the run). Not assigned here (yet): no lane takes it.
-                        let polled_under = shared
-                            .partitions()
-                            .get(&key)
-                            .map_or(u64::MAX, |runtime| runtime.generation);
-                        (key, polled_under)
-                    },
+                    // Once per run (runtimes change only in callbacks, which seal the run).
+                    || run_key(shared, (message.topic().to_owned(), message.partition())),
                 );
             }
             // An error is not the end of what was polled (DESIGN §6): what came before it
@@ -208,6 +200,16 @@ pub(super) fn poll_round(
     // hold was fetched under the assignment their runtimes now have.
     queues.take_into(shared, most - polled_messages, &mut round);
     round
+}
+
+/// The key of a run of `partition`'s messages: the partition and the generation of its
+/// runtime (`u64::MAX` when it has none, not assigned here or not yet: no lane takes it).
+pub(super) fn run_key(shared: &Shared, partition: PartitionId) -> (PartitionId, u64) {
+    let generation = shared
+        .partitions()
+        .get(&partition)
+        .map_or(u64::MAX, |runtime| runtime.generation);
+    (partition, generation)
 }
 
 /// Appends one partition's proven batch; `None` when the partition was re-laid out meanwhile
