@@ -119,9 +119,7 @@ impl Tail {
     pub fn logical(&self) -> PartitionState {
         let mut state = self.persisted.clone();
         for lane in Lane::ALL {
-            if let Some(last) = self.lanes[index(lane)].pending.back() {
-                state.lane_mut(lane).fetched_next = last.fetched_next;
-            }
+            state.lane_mut(lane).fetched_next = self.fetched_next(lane);
         }
         state
     }
