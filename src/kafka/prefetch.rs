@@ -41,6 +41,18 @@ const EXPECTED_PARTITIONS: usize = 8;
 /// prefetch. At eight partitions or fewer, each has a queue of its own.
 pub(crate) const MEMBER_QUEUES: usize = 8;
 
+/// The group member's fetch responses are this fraction of its share at most. A response's
+/// buffer lives until the last of its messages is freed, so each of the member's queues may
+/// keep one alive: what the queues hold can pin [`MEMBER_QUEUES`] responses. Alternating runs
+/// of `off` over 2M records of 1 KiB:
+///
+/// * One partition's share per fetch (2 MiB) read 512–653k records/s against 634–685k with the
+///   whole share, at 8 partitions.
+/// * A quarter (4 MiB) read as fast as the whole share (16 MiB) at 8 partitions (2.0–2.1 s),
+///   and at 64 partitions (5.4–5.7 s against 5.9–6.4), where it peaked at 111–138 MiB
+///   against 181–190 (8 MiB: 165–170).
+const MEMBER_FETCHES_PER_SHARE: u64 = 4;
+
 /// Messages per prefetched KiB: librdkafka keeps a few hundred bytes beside each message,
 /// so small records are bounded by count before their bytes add up.
 const MESSAGES_PER_KIB: u64 = 1;
@@ -55,10 +67,8 @@ const MEMBER_MESSAGES_PER_KIB: u64 = 4;
 /// The settings of the group member's consumer, whose partitions fetch into at most
 /// [`MEMBER_QUEUES`] queues (`kafka::live::queues`): its share divided among them.
 ///
-/// A fetch may carry the whole share (`fetch.max.bytes`; librdkafka would lower it to one
-/// queue's size): with one partition's share per fetch, `off` read 1 KiB records at 512–653k
-/// records/s against 634–685k in alternating runs, at a peak RSS of 87–97 MiB against
-/// 106–118 (a fetch's buffer lives until the last of its messages is freed).
+/// A fetch carries a quarter of the share (`fetch.max.bytes`, [`MEMBER_FETCHES_PER_SHARE`];
+/// librdkafka would lower it to one queue's size).
 ///
 /// It also waits at most [`FETCH_WAIT_MS`] for a fetch to find records.
 pub(crate) fn member(budget_bytes: u64) -> Vec<(&'static str, String)> {
@@ -66,7 +76,9 @@ pub(crate) fn member(budget_bytes: u64) -> Vec<(&'static str, String)> {
         queue_bytes(budget_bytes, MEMBER_QUEUES as u64),
         MEMBER_MESSAGES_PER_KIB,
     );
-    settings.push(("fetch.max.bytes", queue_bytes(budget_bytes, 1).to_string()));
+    let fetch_bytes =
+        (queue_bytes(budget_bytes, 1) / MEMBER_FETCHES_PER_SHARE).max(MIN_QUEUE_BYTES);
+    settings.push(("fetch.max.bytes", fetch_bytes.to_string()));
     settings.push(("fetch.wait.max.ms", FETCH_WAIT_MS.to_string()));
     settings
 }
@@ -168,23 +180,25 @@ mod tests {
 
     #[test]
     fn queues_are_sized_from_the_budget() {
-        for (budget_mib, partitions, member_kib, catchup_kib) in [
-            // The default budget: 16 MiB for each consumer, shared by its partitions (the
-            // member's among the expected number: it is created before its assignment).
-            (256, 8, 2_048, 2_048),
-            (256, 1, 2_048, 2_048),
-            (256, 16, 2_048, 1_024),
+        for (budget_mib, partitions, member_kib, member_fetch_kib, catchup_kib) in [
+            // The default budget: 16 MiB for each consumer, shared by the member's queues
+            // (however many partitions it has) and by the catch-up consumer's partitions.
+            (256, 8, 2_048, 4_096, 2_048),
+            (256, 1, 2_048, 4_096, 2_048),
+            (256, 16, 2_048, 4_096, 1_024),
             // Never below one partition fetch.
-            (256, 64, 2_048, 1_024),
-            (16, 4, 1_024, 1_024),
-            (4096, 2, 32_768, 32_768),
+            (256, 64, 2_048, 4_096, 1_024),
+            (16, 4, 1_024, 1_024, 1_024),
+            (4096, 2, 32_768, 16_384, 32_768),
             // librdkafka refuses more than about 2 GiB: never near it.
-            (65_536, 8, 65_536, 65_536),
+            (65_536, 8, 65_536, 16_384, 65_536),
         ] {
             let budget = budget_mib << 20;
             let member = member(budget);
             let catchup = catchup(budget, partitions);
             assert_eq!(value(&member, "queued.max.messages.kbytes"), member_kib);
+            // A quarter of the share per fetch, never below one partition fetch.
+            assert_eq!(value(&member, "fetch.max.bytes"), member_fetch_kib << 10);
             assert_eq!(value(&catchup, "queued.max.messages.kbytes"), catchup_kib);
             for (settings, per_kib) in [
                 (&member, MEMBER_MESSAGES_PER_KIB),
@@ -219,8 +233,8 @@ mod tests {
         let mut config = ClientConfig::new();
         apply(&mut config, &member(256 << 20));
         assert_eq!(config.get("queued.min.messages"), Some("8192"));
-        // A fetch may carry the member's whole share, unless the user bounded a response.
-        assert_eq!(config.get("fetch.max.bytes"), Some("16777216"));
+        // A fetch carries a quarter of the member's share, unless the user bounded a response.
+        assert_eq!(config.get("fetch.max.bytes"), Some("4194304"));
         for (key, value) in [
             ("receive.message.max.bytes", "10000000"),
             ("message.max.bytes", "33554432"),
