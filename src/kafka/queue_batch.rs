@@ -200,13 +200,7 @@ type WakeCallback = Box<Box<dyn Fn() + Send + Sync>>;
 /// partitions, `off` peaked at 438–589 MiB); partitions forwarded several to a queue share
 /// it, and a fixed number of queues bounds the whole prefetch.
 ///
-/// Forwarded before the partition is assigned, its fetched messages never reach the
-/// consumer queue: librdkafka forwards a partition's queue to the consumer queue when its
-/// fetch starts only if the application never forwarded it (`RD_KAFKA_Q_F_FWD_APP`, which a
-/// forward sets and nothing clears while the partition object lives). Forwarded after its
-/// fetch started, messages already on their way to the consumer queue would arrive there
-/// after later ones were taken here — which is why the group member forwards in its
-/// rebalance callback, before it assigns.
+/// Partitions are forwarded to it through a [`ForwardedPartition`].
 pub(crate) struct FetchQueue {
     queue: Owned<rd::rd_kafka_queue_t>,
     /// Held for librdkafka, which calls it through a pointer until the queue is dropped.
@@ -230,36 +224,8 @@ impl FetchQueue {
         let wake: WakeCallback = Box::new(Box::new(wake));
         // SAFETY: the queue is alive; `wake` lives in the returned value, whose drop switches
         // the callback off before it frees it.
-        unsafe {
-            rd::rd_kafka_queue_cb_event_enable(
-                queue.ptr,
-                Some(call_wake),
-                &*wake as *const Box<dyn Fn() + Send + Sync> as *mut std::ffi::c_void,
-            );
-        }
+        unsafe { enable_wake(&queue, &wake) };
         Some(Self { queue, _wake: wake })
-    }
-
-    /// Forwards the queue of `topic`/`partition` of `rk` to this one (what it holds already
-    /// comes along). False when librdkafka has no queue for it: its messages then stay on the
-    /// consumer queue.
-    ///
-    /// # Safety
-    /// `rk` is the live consumer handle this queue was made on.
-    pub(crate) unsafe fn forward(
-        &self,
-        rk: *mut rd::rd_kafka_t,
-        topic: &str,
-        partition: i32,
-    ) -> bool {
-        // SAFETY: a live handle, as the caller promises.
-        let Some(partition_queue) = (unsafe { partition_queue(rk, topic, partition) }) else {
-            return false;
-        };
-        // SAFETY: both queues are alive; the forward holds a reference on this queue, and
-        // dropping the partition queue's handle leaves the forward in place.
-        unsafe { rd::rd_kafka_queue_forward(partition_queue.ptr, self.queue.ptr) };
-        true
     }
 
     /// The entries waiting in the queue.
@@ -276,6 +242,86 @@ impl FetchQueue {
     }
 }
 
+/// A handle on one partition's queue, forwarded to a [`FetchQueue`], and calling `wake` when
+/// something arrives in it while it is empty and not forwarded.
+///
+/// Forwarded before the partition is assigned, its fetched messages never reach the consumer
+/// queue: librdkafka forwards a partition's queue to the consumer queue when its fetch starts
+/// only if the application never forwarded it (`RD_KAFKA_Q_F_FWD_APP`, which a forward sets
+/// and nothing clears while the partition object lives). Forwarded after its fetch started,
+/// messages already on their way to the consumer queue would arrive there after later ones
+/// were taken from the fetch queue — which is why the group member forwards in its rebalance
+/// callback, before it assigns.
+///
+/// But every stop of the partition's fetch removes the forward itself (an unassign, and an
+/// assignment the member makes again outside a rebalance to move a partition whose position
+/// went out of range), and the start after it, seeing the flag, does not forward to the
+/// consumer queue either: the messages then wait in the partition's own queue. So the member
+/// forwards again before each round ([`ForwardedPartition::forward_to`] moves what waits to
+/// the fetch queue's end, in order), and this handle's callback wakes it for what arrives
+/// meanwhile.
+pub(crate) struct ForwardedPartition {
+    queue: Owned<rd::rd_kafka_queue_t>,
+    /// Held for librdkafka, which calls it through a pointer until the handle is dropped.
+    _wake: WakeCallback,
+}
+
+// SAFETY: the queue is librdkafka's (thread-safe) and the callback is `Send + Sync`.
+unsafe impl Send for ForwardedPartition {}
+
+impl ForwardedPartition {
+    /// A handle on the queue of `topic`/`partition` of the consumer `rk`, calling `wake`;
+    /// `None` when librdkafka has no queue for it.
+    ///
+    /// # Safety
+    /// `rk` is a live consumer handle that outlives the returned value.
+    pub(crate) unsafe fn new(
+        rk: *mut rd::rd_kafka_t,
+        topic: &str,
+        partition: i32,
+        wake: impl Fn() + Send + Sync + 'static,
+    ) -> Option<Self> {
+        // SAFETY: a live handle, as the caller promises.
+        let queue = unsafe { partition_queue(rk, topic, partition) }?;
+        let wake: WakeCallback = Box::new(Box::new(wake));
+        // SAFETY: the queue is alive; `wake` lives in the returned value, whose drop switches
+        // the callback off before it frees it.
+        unsafe { enable_wake(&queue, &wake) };
+        Some(Self { queue, _wake: wake })
+    }
+
+    /// Forwards the partition's queue to `target` (again: nothing but a lock when it is
+    /// forwarded there already); what waits in it moves to `target`'s end, in order.
+    pub(crate) fn forward_to(&self, target: &FetchQueue) {
+        // SAFETY: both queues are alive; the forward holds a reference on `target`'s queue.
+        unsafe { rd::rd_kafka_queue_forward(self.queue.ptr, target.queue.ptr) };
+    }
+}
+
+impl Drop for ForwardedPartition {
+    fn drop(&mut self) {
+        // SAFETY: as for `FetchQueue`'s drop. The callback belongs to the partition's queue
+        // (librdkafka has one per partition): a newer handle on it is made after this one
+        // is dropped, or this drop would switch the newer one's callback off.
+        unsafe { rd::rd_kafka_queue_cb_event_enable(self.queue.ptr, None, std::ptr::null_mut()) };
+    }
+}
+
+/// Makes librdkafka call `wake` when something arrives in `queue` while it is empty.
+///
+/// # Safety
+/// `queue` is alive, and `wake` outlives the callback (switched off before it is freed).
+unsafe fn enable_wake(queue: &Owned<rd::rd_kafka_queue_t>, wake: &WakeCallback) {
+    // SAFETY: as the caller promises.
+    unsafe {
+        rd::rd_kafka_queue_cb_event_enable(
+            queue.ptr,
+            Some(call_wake),
+            &**wake as *const Box<dyn Fn() + Send + Sync> as *mut std::ffi::c_void,
+        );
+    }
+}
+
 impl Drop for FetchQueue {
     fn drop(&mut self) {
         // SAFETY: the queue is alive (freed after this, with `queue`). librdkafka calls the
@@ -287,8 +333,8 @@ impl Drop for FetchQueue {
 
 /// librdkafka's side of [`FetchQueue`]'s callback.
 unsafe extern "C" fn call_wake(_: *mut rd::rd_kafka_t, opaque: *mut std::ffi::c_void) {
-    // SAFETY: `opaque` is the `Box<dyn Fn>` a live `FetchQueue` holds (its drop switches the
-    // callback off first).
+    // SAFETY: `opaque` is the `Box<dyn Fn>` a live `FetchQueue` or `ForwardedPartition` holds
+    // (its drop switches the callback off first).
     let wake = unsafe { &*(opaque as *const Box<dyn Fn() + Send + Sync>) };
     wake();
 }

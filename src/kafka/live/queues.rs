@@ -4,7 +4,9 @@
 //!
 //! There are at most [`MEMBER_QUEUES`] of them, each assigned partition forwarded to the one
 //! with the fewest: librdkafka bounds a partition's prefetch by what its queue holds, so a
-//! queue per partition let the prefetch grow with the partition count (`FetchQueue`).
+//! queue per partition let the prefetch grow with the partition count (`FetchQueue`). A stop
+//! of a partition's fetch removes its forward, so each round forwards every assigned
+//! partition again first (`ForwardedPartition`).
 //!
 //! The consumer queue stays the member's: rebalances, group errors, and the messages of any
 //! partition whose queue could not be forwarded. A partition's queue is forwarded in the
@@ -29,7 +31,7 @@ use super::LiveContext;
 use super::poll::{LiveRound, run_key};
 use crate::engine::{PartitionId, Shared};
 use crate::kafka::prefetch::MEMBER_QUEUES;
-use crate::kafka::queue_batch::{FetchQueue, Taken};
+use crate::kafka::queue_batch::{FetchQueue, ForwardedPartition, Taken};
 use crate::kafka::wakeup::Wakeup;
 
 /// The fetch queues of the group member and which assigned partition fetches into which.
@@ -44,13 +46,21 @@ struct Split {
     /// Made as partitions are assigned, up to [`MEMBER_QUEUES`]; kept until the consumer
     /// goes (a revoked partition's queue stays forwarded to its queue).
     queues: Vec<FetchQueue>,
-    /// The queue each assigned partition fetches into.
-    routes: BTreeMap<PartitionId, usize>,
+    /// Where each assigned partition fetches into.
+    routes: BTreeMap<PartitionId, Route>,
     /// The consumer is about to go: nothing is forwarded any more (dropping the consumer
     /// closes it, and a rebalance it serves then must not make a queue that would outlive it).
     closed: bool,
     /// Where the next round starts taking (a queue of many waiting is not always last).
     next_start: usize,
+}
+
+/// An assigned partition's way into a fetch queue.
+struct Route {
+    /// The index of the fetch queue.
+    queue: usize,
+    /// The partition's own queue, forwarded there.
+    partition: ForwardedPartition,
 }
 
 impl Split {
@@ -60,7 +70,10 @@ impl Split {
         consumer: &BaseConsumer<LiveContext>,
         wakeup: &Wakeup,
     ) -> Option<usize> {
-        match queue_for(self.queues.len(), self.routes.values().copied()) {
+        match queue_for(
+            self.queues.len(),
+            self.routes.values().map(|route| route.queue),
+        ) {
             QueueChoice::New => {
                 // SAFETY: the consumer is alive; every queue is dropped before it (`close`,
                 // called before the live thread drops the consumer, after which nothing is
@@ -73,7 +86,10 @@ impl Split {
                         Some(self.queues.len() - 1)
                     }
                     // librdkafka could not make one: a queue that exists serves.
-                    None => least_routed(self.queues.len(), self.routes.values().copied()),
+                    None => least_routed(
+                        self.queues.len(),
+                        self.routes.values().map(|route| route.queue),
+                    ),
                 }
             }
             QueueChoice::Existing(index) => Some(index),
@@ -136,11 +152,9 @@ impl MemberQueues {
         }
         for element in tpl.elements() {
             let key = (element.topic().to_owned(), element.partition());
-            // Assigned again without a revoke (an eager protocol's assignment after an error):
-            // its forward stands.
-            if split.routes.contains_key(&key) {
-                continue;
-            }
+            // The old handle goes first: the callback belongs to the partition's queue, and
+            // dropping the old handle would switch the new one's off.
+            split.routes.remove(&key);
             let Some(index) = split.least_used(consumer, &self.wakeup) else {
                 tracing::debug!(
                     topic = key.0,
@@ -149,24 +163,37 @@ impl MemberQueues {
                 );
                 continue;
             };
-            // SAFETY: the consumer is alive, and the queue was made on it.
-            let forwarded = unsafe {
-                split.queues[index].forward(consumer.client().native_ptr(), &key.0, key.1)
+            // SAFETY: the consumer is alive; every handle is dropped before it (`close`).
+            let partition = unsafe {
+                ForwardedPartition::new(
+                    consumer.client().native_ptr(),
+                    &key.0,
+                    key.1,
+                    self.wakeup.callback(),
+                )
             };
-            if forwarded {
-                split.routes.insert(key, index);
-            } else {
-                tracing::debug!(
+            match partition {
+                Some(partition) => {
+                    partition.forward_to(&split.queues[index]);
+                    split.routes.insert(
+                        key,
+                        Route {
+                            queue: index,
+                            partition,
+                        },
+                    );
+                }
+                None => tracing::debug!(
                     topic = key.0,
                     partition = key.1,
                     "no partition queue: its messages stay on the consumer queue"
-                );
+                ),
             }
         }
     }
 
-    /// Forgets the revoked partitions in `tpl` (their queues stay forwarded: what they still
-    /// hold is outdated, and dropped when taken).
+    /// Forgets the revoked partitions in `tpl` (what their fetch queues still hold of them is
+    /// outdated, and dropped when taken).
     pub fn let_go(&self, tpl: &TopicPartitionList) {
         let mut split = self.split();
         for element in tpl.elements() {
@@ -203,6 +230,12 @@ impl MemberQueues {
         let count = split.queues.len();
         if count == 0 || most == 0 {
             return;
+        }
+        // A partition whose fetch was stopped and started again since the last round (an
+        // assignment made again to move it) lost its forward: what it fetched since waits in
+        // its own queue, and moves to its fetch queue's end now, in order.
+        for route in split.routes.values() {
+            route.partition.forward_to(&split.queues[route.queue]);
         }
         let start = split.next_start % count;
         split.next_start = split.next_start.wrapping_add(1);
