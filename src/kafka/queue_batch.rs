@@ -111,14 +111,15 @@ impl Origin<'_> {
 }
 
 /// Takes up to `max` waiting entries of `queue` without waiting and hands each, in order, to
-/// `each` with the partition it came from. Returns how many were taken.
+/// `each` with the partition it came from (`None`: it names none). Returns how many were
+/// taken.
 ///
 /// # Safety
 /// `queue` is a live queue handle.
 unsafe fn take_from(
     queue: *mut rd::rd_kafka_queue_t,
     max: usize,
-    mut each: impl FnMut(Origin<'_>, Taken),
+    mut each: impl FnMut(Option<Origin<'_>>, Taken),
 ) -> usize {
     let mut batch = Batch(Vec::with_capacity(max));
     // SAFETY: the queue is alive, as the caller promises; the vector has room for `max`
@@ -139,12 +140,14 @@ unsafe fn take_from(
         })
     });
     for (message, copied) in messages.into_iter().zip(copies) {
-        let origin = Origin {
+        // An entry without a topic handle (librdkafka gives every fetch entry one) names no
+        // partition: `None`.
+        let origin = (!message.rkt.is_null()).then(|| Origin {
             // SAFETY: a message holds a reference on its topic handle, whose name is a
             // NUL-terminated string that lives as long as the handle.
             topic: unsafe { CStr::from_ptr(rd::rd_kafka_topic_name(message.rkt)) }.to_bytes(),
             partition: message.partition,
-        };
+        });
         if let Some([key, payload]) = copied {
             let record = record_of(&RawMessage::from_raw(message), key, payload);
             each(origin, Taken::Record(record));
@@ -235,8 +238,9 @@ impl FetchQueue {
     }
 
     /// Takes up to `max` waiting entries without waiting and hands each, in order, to `each`
-    /// with the partition it was fetched for. Returns how many were taken.
-    pub(crate) fn take(&self, max: usize, each: impl FnMut(Origin<'_>, Taken)) -> usize {
+    /// with the partition it was fetched for (`None`: it names none). Returns how many were
+    /// taken.
+    pub(crate) fn take(&self, max: usize, each: impl FnMut(Option<Origin<'_>>, Taken)) -> usize {
         // SAFETY: the queue is alive while `self` is.
         unsafe { take_from(self.queue.ptr, max, each) }
     }

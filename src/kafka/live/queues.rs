@@ -30,6 +30,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use super::LiveContext;
 use super::poll::{LiveRound, run_key};
 use crate::engine::{PartitionId, Shared};
+use crate::fetch::Polled;
 use crate::kafka::prefetch::MEMBER_QUEUES;
 use crate::kafka::queue_batch::{FetchQueue, ForwardedPartition, Taken};
 use crate::kafka::wakeup::Wakeup;
@@ -143,8 +144,8 @@ impl MemberQueues {
     }
 
     /// Forwards the queues of the partitions in `tpl`, which are about to be assigned, to
-    /// fetch queues. A partition librdkafka has no queue for keeps its messages on the
-    /// consumer queue.
+    /// fetch queues. A partition librdkafka has no queue for (it makes one for any partition
+    /// of a consumer) keeps its messages on the consumer queue if it was never forwarded.
     pub fn split_assigned(&self, consumer: &BaseConsumer<LiveContext>, tpl: &TopicPartitionList) {
         let mut split = self.split();
         if split.closed {
@@ -243,18 +244,21 @@ impl MemberQueues {
         let mut left = most;
         for queue in back.iter().chain(front) {
             while left > 0 {
-                let taken = queue.take(left, |origin, taken| match taken {
-                    Taken::Record(record) => round.polled.push_record(
+                let taken = queue.take(left, |origin, taken| match (origin, taken) {
+                    (Some(origin), Taken::Record(record)) => round.polled.push_record(
                         record,
                         |(partition, _)| origin.is(partition),
                         // Once per run: runtimes change only in callbacks, which run in the
                         // consumer queue's `poll`, before the fetch queues are taken.
                         || run_key(shared, origin.key()),
                     ),
-                    Taken::Error { error, at } => {
+                    (Some(origin), Taken::Error { error, at }) => {
                         let key = run_key(shared, origin.key());
                         round.push_error(shared, Some(&key), &error, Some(at));
                     }
+                    // Whichever partition it was, what its lane takes next may not follow
+                    // what it took before: every chain ends here.
+                    (None, _) => round.polled.push(None, Polled::BreaksChain),
                 });
                 if taken == 0 {
                     break;
