@@ -45,7 +45,7 @@ pub(super) struct MemberQueues {
 #[derive(Default)]
 struct Split {
     /// Made as partitions are assigned, up to [`MEMBER_QUEUES`]; kept until the consumer
-    /// goes (a revoked partition's queue stays forwarded to its queue).
+    /// goes (what a revoked partition left in one is outdated, and dropped when taken).
     queues: Vec<FetchQueue>,
     /// Where each assigned partition fetches into.
     routes: BTreeMap<PartitionId, Route>,
@@ -153,9 +153,13 @@ impl MemberQueues {
         }
         for element in tpl.elements() {
             let key = (element.topic().to_owned(), element.partition());
-            // The old handle goes first: the callback belongs to the partition's queue, and
-            // dropping the old handle would switch the new one's off.
-            split.routes.remove(&key);
+            // Assigned again while it has a route (an eager protocol's assignment after an
+            // error, an assignment librdkafka refuses): a fetch that goes on keeps its queue,
+            // where what it fetched before waits in front of what it fetches next.
+            if let Some(route) = split.routes.get(&key) {
+                route.partition.forward_to(&split.queues[route.queue]);
+                continue;
+            }
             let Some(index) = split.least_used(consumer, &self.wakeup) else {
                 tracing::debug!(
                     topic = key.0,
@@ -258,7 +262,12 @@ impl MemberQueues {
                     }
                     // Whichever partition it was, what its lane takes next may not follow
                     // what it took before: every chain ends here.
-                    (None, _) => round.polled.push(None, Polled::BreaksChain),
+                    (None, taken) => {
+                        if let Taken::Error { error, .. } = taken {
+                            round.push_error(shared, None, &error, None);
+                        }
+                        round.polled.push(None, Polled::BreaksChain);
+                    }
                 });
                 if taken == 0 {
                     break;
