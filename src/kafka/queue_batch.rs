@@ -204,14 +204,7 @@ type WakeCallback = Box<Box<dyn Fn() + Send + Sync>>;
 /// it, and a fixed number of queues bounds the whole prefetch.
 ///
 /// Partitions are forwarded to it through a [`ForwardedPartition`].
-pub(crate) struct FetchQueue {
-    queue: Owned<rd::rd_kafka_queue_t>,
-    /// Held for librdkafka, which calls it through a pointer until the queue is dropped.
-    _wake: WakeCallback,
-}
-
-// SAFETY: the queue is librdkafka's (thread-safe) and the callback is `Send + Sync`.
-unsafe impl Send for FetchQueue {}
+pub(crate) struct FetchQueue(WakingQueue);
 
 impl FetchQueue {
     /// A new queue on the consumer `rk`; `None` when librdkafka cannot make one.
@@ -224,17 +217,13 @@ impl FetchQueue {
     ) -> Option<Self> {
         // SAFETY: a live handle, as the caller promises.
         let queue = unsafe { super::ffi::queue(rk) }.ok()?;
-        let wake: WakeCallback = Box::new(Box::new(wake));
-        // SAFETY: the queue is alive; `wake` lives in the returned value, whose drop switches
-        // the callback off before it frees it.
-        unsafe { enable_wake(&queue, &wake) };
-        Some(Self { queue, _wake: wake })
+        Some(Self(WakingQueue::new(queue, wake)))
     }
 
     /// The entries waiting in the queue.
     pub(crate) fn len(&self) -> usize {
         // SAFETY: the queue is alive.
-        unsafe { rd::rd_kafka_queue_length(self.queue.ptr) }
+        unsafe { rd::rd_kafka_queue_length(self.0.queue.ptr) }
     }
 
     /// Takes up to `max` waiting entries without waiting and hands each, in order, to `each`
@@ -242,7 +231,7 @@ impl FetchQueue {
     /// taken.
     pub(crate) fn take(&self, max: usize, each: impl FnMut(Option<Origin<'_>>, Taken)) -> usize {
         // SAFETY: the queue is alive while `self` is.
-        unsafe { take_from(self.queue.ptr, max, each) }
+        unsafe { take_from(self.0.queue.ptr, max, each) }
     }
 }
 
@@ -264,14 +253,11 @@ impl FetchQueue {
 /// forwards again before each round ([`ForwardedPartition::forward_to`] moves what waits to
 /// the fetch queue's end, in order), and this handle's callback wakes it for what arrives
 /// meanwhile.
-pub(crate) struct ForwardedPartition {
-    queue: Owned<rd::rd_kafka_queue_t>,
-    /// Held for librdkafka, which calls it through a pointer until the handle is dropped.
-    _wake: WakeCallback,
-}
-
-// SAFETY: the queue is librdkafka's (thread-safe) and the callback is `Send + Sync`.
-unsafe impl Send for ForwardedPartition {}
+///
+/// The callback belongs to the partition's queue (librdkafka has one per partition): a newer
+/// handle on it is made after this one is dropped, or this drop would switch the newer one's
+/// callback off.
+pub(crate) struct ForwardedPartition(WakingQueue);
 
 impl ForwardedPartition {
     /// A handle on the queue of `topic`/`partition` of the consumer `rk`, calling `wake`;
@@ -287,46 +273,46 @@ impl ForwardedPartition {
     ) -> Option<Self> {
         // SAFETY: a live handle, as the caller promises.
         let queue = unsafe { partition_queue(rk, topic, partition) }?;
-        let wake: WakeCallback = Box::new(Box::new(wake));
-        // SAFETY: the queue is alive; `wake` lives in the returned value, whose drop switches
-        // the callback off before it frees it.
-        unsafe { enable_wake(&queue, &wake) };
-        Some(Self { queue, _wake: wake })
+        Some(Self(WakingQueue::new(queue, wake)))
     }
 
     /// Forwards the partition's queue to `target` (again: nothing but a lock when it is
     /// forwarded there already); what waits in it moves to `target`'s end, in order.
     pub(crate) fn forward_to(&self, target: &FetchQueue) {
         // SAFETY: both queues are alive; the forward holds a reference on `target`'s queue.
-        unsafe { rd::rd_kafka_queue_forward(self.queue.ptr, target.queue.ptr) };
+        unsafe { rd::rd_kafka_queue_forward(self.0.queue.ptr, target.0.queue.ptr) };
     }
 }
 
-impl Drop for ForwardedPartition {
-    fn drop(&mut self) {
-        // SAFETY: as for `FetchQueue`'s drop. The callback belongs to the partition's queue
-        // (librdkafka has one per partition): a newer handle on it is made after this one
-        // is dropped, or this drop would switch the newer one's callback off.
-        unsafe { rd::rd_kafka_queue_cb_event_enable(self.queue.ptr, None, std::ptr::null_mut()) };
+/// A queue handle that calls `wake` when something arrives in the queue while it is empty,
+/// until the handle is dropped.
+struct WakingQueue {
+    queue: Owned<rd::rd_kafka_queue_t>,
+    /// Held for librdkafka, which calls it through a pointer until the handle is dropped.
+    _wake: WakeCallback,
+}
+
+// SAFETY: the queue is librdkafka's (thread-safe) and the callback is `Send + Sync`.
+unsafe impl Send for WakingQueue {}
+
+impl WakingQueue {
+    /// `queue`, calling `wake` from now on.
+    fn new(queue: Owned<rd::rd_kafka_queue_t>, wake: impl Fn() + Send + Sync + 'static) -> Self {
+        let wake: WakeCallback = Box::new(Box::new(wake));
+        // SAFETY: the queue is alive; `wake` lives in the returned value, whose drop switches
+        // the callback off before it frees it.
+        unsafe {
+            rd::rd_kafka_queue_cb_event_enable(
+                queue.ptr,
+                Some(call_wake),
+                &*wake as *const Box<dyn Fn() + Send + Sync> as *mut std::ffi::c_void,
+            );
+        }
+        Self { queue, _wake: wake }
     }
 }
 
-/// Makes librdkafka call `wake` when something arrives in `queue` while it is empty.
-///
-/// # Safety
-/// `queue` is alive, and `wake` outlives the callback (switched off before it is freed).
-unsafe fn enable_wake(queue: &Owned<rd::rd_kafka_queue_t>, wake: &WakeCallback) {
-    // SAFETY: as the caller promises.
-    unsafe {
-        rd::rd_kafka_queue_cb_event_enable(
-            queue.ptr,
-            Some(call_wake),
-            &**wake as *const Box<dyn Fn() + Send + Sync> as *mut std::ffi::c_void,
-        );
-    }
-}
-
-impl Drop for FetchQueue {
+impl Drop for WakingQueue {
     fn drop(&mut self) {
         // SAFETY: the queue is alive (freed after this, with `queue`). librdkafka calls the
         // callback under the queue's lock, which switching it off takes: once this returns,
@@ -335,10 +321,10 @@ impl Drop for FetchQueue {
     }
 }
 
-/// librdkafka's side of [`FetchQueue`]'s callback.
+/// librdkafka's side of [`WakingQueue`]'s callback.
 unsafe extern "C" fn call_wake(_: *mut rd::rd_kafka_t, opaque: *mut std::ffi::c_void) {
-    // SAFETY: `opaque` is the `Box<dyn Fn>` a live `FetchQueue` or `ForwardedPartition` holds
-    // (its drop switches the callback off first).
+    // SAFETY: `opaque` is the `Box<dyn Fn>` a live `WakingQueue` holds (its drop switches the
+    // callback off first).
     let wake = unsafe { &*(opaque as *const Box<dyn Fn() + Send + Sync>) };
     wake();
 }

@@ -3,6 +3,7 @@
 //! (`docs/design.md`, "Out of range").
 
 use super::*;
+use crate::kafka::queue_batch::Origin;
 
 /// One poll round of the live lane: up to `POLL_BATCH` messages taken without waiting (one
 /// while a lane is `held` to its read-ahead) fed to the partitions' cursors, the appends they
@@ -176,14 +177,15 @@ pub(super) fn poll_round(
             None => break,
             Some(Ok(message)) => {
                 polled_messages += 1;
-                let topic_name = topic_bytes(&message);
+                let origin = Origin {
+                    topic: topic_bytes(&message),
+                    partition: message.partition(),
+                };
                 round.polled.push_record(
                     to_record(&message),
-                    |((topic, partition), _)| {
-                        *partition == message.partition() && topic.as_bytes() == topic_name
-                    },
+                    |(partition, _)| origin.is(partition),
                     // Once per run (runtimes change only in callbacks, which seal the run).
-                    || run_key(shared, (message.topic().to_owned(), message.partition())),
+                    || run_key(shared, origin.key()),
                 );
             }
             // An error is not the end of what was polled (DESIGN §6): what came before it
