@@ -11,7 +11,9 @@
 //! full (it is not paused: a pause drops what librdkafka prefetched, and a resume waits for
 //! a new fetch; a first version that paused made `catchup run` at 1 KiB 30 % slower). Not
 //! held, a queue is polled up to what the lane may still read ahead
-//! (`fetch::read_ahead_room`), at least one message.
+//! (`fetch::read_ahead_room`), at least one message. That needs a queue of the partition's
+//! own: past eight partitions they share the catch-up consumer's fetch queues
+//! (`kafka::fetch_queues`), and a held partition whose queue another shares is paused instead.
 //!
 //! A live lane the reader can take now (not split, `Concurrent`, or its backlog handed out) is
 //! held to the same read-ahead. The group member's hold predates its partitions' own queues
@@ -68,6 +70,10 @@ pub(crate) struct Budget {
     /// while it may not be written (disk below its floor, or a failed write), and live lanes
     /// held below the floor while their backlog waits (`Shared::held_below_floor`).
     stops: WriteStops<PartitionId>,
+    /// The partitions held to their read-ahead and paused for it, as of the last `apply`:
+    /// those whose queue another partition shares, where what waits for them cannot be left
+    /// untaken while the other's is taken.
+    paused_holds: BTreeSet<PartitionId>,
 }
 
 impl Budget {
@@ -81,17 +87,20 @@ impl Budget {
             ahead: BTreeMap::new(),
             read_ahead_share: None,
             stops: WriteStops::new(),
+            paused_holds: BTreeSet::new(),
         }
     }
 
     /// Whether `key` must stay paused: by the budget, because the buffer may not be written,
-    /// or (a live lane) held below the floor while its backlog waits.
+    /// (a live lane) held below the floor while its backlog waits, or held to its read-ahead
+    /// in a queue it shares.
     pub fn is_paused(&self, key: &PartitionId) -> bool {
-        self.stops.stops(key) || self.policy.is_paused(key)
+        self.stops.stops(key) || self.policy.is_paused(key) || self.paused_holds.contains(key)
     }
 
     /// Whether `key` is held to its read-ahead: its reader has not taken what the lane read
-    /// ahead (the catch-up fetcher leaves its queue unpolled).
+    /// ahead (the catch-up fetcher leaves its queue untaken, or, where the queue is shared,
+    /// `apply` pauses it).
     pub fn holds(&self, key: &PartitionId) -> bool {
         self.read_ahead.is_paused(key)
     }
@@ -118,12 +127,14 @@ impl Budget {
 
     /// Pauses and resumes the partitions of `consumer` that `fetching` says it fetches,
     /// by their bytes in this fetcher's lane, all of them while the buffer may not be
-    /// written, and (the live lanes) those held below the floor.
+    /// written, (the live lanes) those held below the floor, and those held to their
+    /// read-ahead that `shares_queue` says fetch into a queue another partition fetches into.
     pub fn apply<C: ConsumerContext>(
         &mut self,
         shared: &Shared,
         consumer: &BaseConsumer<C>,
         fetching: impl Fn(&PartitionId) -> bool,
+        shares_queue: impl Fn(&PartitionId) -> bool,
     ) {
         // Measured here too: with every partition paused no append asks any more.
         let stopped = !shared.may_write();
@@ -133,11 +144,11 @@ impl Budget {
         };
         let mut usage = shared.buffered_by_partition(self.lane);
         usage.retain(|key, _| fetching(key));
-        let policy = &self.policy;
+        let (policy, paused_holds) = (&self.policy, &self.paused_holds);
         let changes = self
             .stops
             .round(usage.keys().cloned(), stopped, held, |key| {
-                policy.is_paused(key)
+                policy.is_paused(key) || paused_holds.contains(key)
             });
         for (key, paused) in changes {
             self.set_paused(shared, consumer, &key, paused);
@@ -158,12 +169,16 @@ impl Budget {
             );
         }
         self.ahead = ahead;
+        self.pause_shared_holds(shared, consumer, shares_queue);
         let changes = self.policy.decide(self.limit, slots, &usage);
         for change in changes {
             let (topic, partition) = &change.partition;
             // While writes are stopped everything stays paused (a live lane held below the
-            // floor, that lane); the budget's own state moves on and applies when they resume.
-            if !self.stops.stops(&change.partition) {
+            // floor, that lane), and so does a hold paused; the budget's own state moves on
+            // and applies when they end.
+            if !self.stops.stops(&change.partition)
+                && !self.paused_holds.contains(&change.partition)
+            {
                 self.set_paused(shared, consumer, &change.partition, change.paused);
             }
             tracing::debug!(
@@ -183,6 +198,43 @@ impl Budget {
                 buffered_bytes: change.buffered_bytes,
                 share: change.share,
             });
+        }
+    }
+
+    /// Pauses the partitions held to their read-ahead whose queue another partition shares,
+    /// and resumes those no longer held (or whose queue is theirs alone again) unless a stop
+    /// or the budget pauses them. librdkafka drops what it prefetched of a paused partition
+    /// and fetches again from one past what was taken when it resumes.
+    fn pause_shared_holds<C: ConsumerContext>(
+        &mut self,
+        shared: &Shared,
+        consumer: &BaseConsumer<C>,
+        shares_queue: impl Fn(&PartitionId) -> bool,
+    ) {
+        let wanted: BTreeSet<PartitionId> = self
+            .ahead
+            .keys()
+            .filter(|key| self.read_ahead.is_paused(key) && shares_queue(key))
+            .cloned()
+            .collect();
+        let changed: Vec<(PartitionId, bool)> = wanted
+            .symmetric_difference(&self.paused_holds)
+            // One no longer fetched is unassigned: nothing to resume.
+            .filter(|key| self.ahead.contains_key(*key))
+            .map(|key| (key.clone(), wanted.contains(key)))
+            .collect();
+        self.paused_holds = wanted;
+        for (key, paused) in changed {
+            if !self.stops.stops(&key) && !self.policy.is_paused(&key) {
+                tracing::trace!(
+                    fetcher = self.fetcher,
+                    topic = key.0,
+                    partition = key.1,
+                    paused,
+                    "read-ahead in a shared queue"
+                );
+                self.set_paused(shared, consumer, &key, paused);
+            }
         }
     }
 

@@ -6,6 +6,7 @@ mod budget;
 mod cached_watermarks;
 mod catchup_fetcher;
 mod context;
+mod fetch_queues;
 mod ffi;
 mod group_offsets;
 mod live;
@@ -40,7 +41,7 @@ use bytes::Bytes;
 
 use crate::store::Record;
 pub(crate) use positions::Positions;
-pub(crate) use queue_batch::{PartitionBatches, Taken};
+pub(crate) use queue_batch::Taken;
 use raw_message::RawMessage;
 
 /// Errors of the Kafka layer, with what was being done. New variants may come in minor

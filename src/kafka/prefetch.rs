@@ -33,13 +33,14 @@ const MIN_QUEUE_BYTES: u64 = 1 << 20;
 /// about 2 GiB).
 const MAX_QUEUE_BYTES: u64 = 64 << 20;
 
-/// The catch-up queues are sized for at least this many partitions.
-const EXPECTED_PARTITIONS: usize = 8;
-
 /// How many queues the group member's partitions fetch into (`kafka::live::queues`), however
 /// many are assigned: librdkafka's limits apply per queue, so this bounds the member's whole
 /// prefetch. At eight partitions or fewer, each has a queue of its own.
 pub(crate) const MEMBER_QUEUES: usize = 8;
+
+/// How many queues the catch-up consumer's partitions fetch into (`kafka::fetch_queues`), as
+/// [`MEMBER_QUEUES`] for the group member.
+pub(crate) const CATCHUP_QUEUES: usize = 8;
 
 /// The group member's fetch responses are this fraction of its share at most. A response's
 /// buffer lives until the last of its messages is freed, so each of the member's queues may
@@ -83,18 +84,16 @@ pub(crate) fn member(budget_bytes: u64) -> Vec<(&'static str, String)> {
     settings
 }
 
-/// The settings of the catch-up consumer, whose partitions each have a queue of their own
-/// (librdkafka's limits then apply per partition, and are fixed when the consumer is
-/// created): the share is divided among the `partitions` known then, and at least
-/// [`EXPECTED_PARTITIONS`] — partitions arrive one by one as they are reconciled.
+/// The settings of the catch-up consumer, whose partitions fetch into at most
+/// [`CATCHUP_QUEUES`] queues (`kafka::fetch_queues`): its share divided among them.
 /// (librdkafka then lowers `fetch.max.bytes` to one queue's size: a whole fetch response
-/// carries at most one partition's share. Raising it to the whole share read 1 KiB records
+/// carries at most one queue's share. Raising it to the whole share read 1 KiB records
 /// 10–30 % faster but doubled the peak RSS, so it stays.)
 ///
 /// It also waits at most [`FETCH_WAIT_MS`] for a fetch to find records.
-pub(crate) fn catchup(budget_bytes: u64, partitions: usize) -> Vec<(&'static str, String)> {
+pub(crate) fn catchup(budget_bytes: u64) -> Vec<(&'static str, String)> {
     let mut settings = settings(
-        queue_bytes(budget_bytes, partitions.max(EXPECTED_PARTITIONS) as u64),
+        queue_bytes(budget_bytes, CATCHUP_QUEUES as u64),
         MESSAGES_PER_KIB,
     );
     settings.push(("fetch.wait.max.ms", FETCH_WAIT_MS.to_string()));
@@ -180,22 +179,19 @@ mod tests {
 
     #[test]
     fn queues_are_sized_from_the_budget() {
-        for (budget_mib, partitions, member_kib, member_fetch_kib, catchup_kib) in [
-            // The default budget: 16 MiB for each consumer, shared by the member's queues
-            // (however many partitions it has) and by the catch-up consumer's partitions.
-            (256, 8, 2_048, 4_096, 2_048),
-            (256, 1, 2_048, 4_096, 2_048),
-            (256, 16, 2_048, 4_096, 1_024),
+        for (budget_mib, member_kib, member_fetch_kib, catchup_kib) in [
+            // The default budget: 16 MiB for each consumer, shared by its queues (however
+            // many partitions fetch into them).
+            (256, 2_048, 4_096, 2_048),
             // Never below one partition fetch.
-            (256, 64, 2_048, 4_096, 1_024),
-            (16, 4, 1_024, 1_024, 1_024),
-            (4096, 2, 32_768, 16_384, 32_768),
+            (16, 1_024, 1_024, 1_024),
+            (4096, 32_768, 16_384, 32_768),
             // librdkafka refuses more than about 2 GiB: never near it.
-            (65_536, 8, 65_536, 16_384, 65_536),
+            (65_536, 65_536, 16_384, 65_536),
         ] {
             let budget = budget_mib << 20;
             let member = member(budget);
-            let catchup = catchup(budget, partitions);
+            let catchup = catchup(budget);
             assert_eq!(value(&member, "queued.max.messages.kbytes"), member_kib);
             // A quarter of the share per fetch, never below one partition fetch.
             assert_eq!(value(&member, "fetch.max.bytes"), member_fetch_kib << 10);
@@ -211,11 +207,6 @@ mod tests {
                 );
             }
         }
-        // No partitions known yet counts as the expected number.
-        assert_eq!(
-            catchup(256 << 20, 0),
-            catchup(256 << 20, EXPECTED_PARTITIONS)
-        );
     }
 
     #[test]
@@ -223,7 +214,7 @@ mod tests {
         let mut config = ClientConfig::new();
         config.set("queued.max.messages.kbytes", "4096");
         config.set("fetch.max.bytes", "1048576");
-        apply(&mut config, &catchup(256 << 20, 8));
+        apply(&mut config, &catchup(256 << 20));
         assert_eq!(config.get("queued.max.messages.kbytes"), Some("4096"));
         assert_eq!(config.get("fetch.max.bytes"), Some("1048576"));
         assert_eq!(config.get("fetch.queue.backoff.ms"), Some("10"));
@@ -246,9 +237,9 @@ mod tests {
         }
         let mut config = ClientConfig::new();
         config.set("fetch.wait.max.ms", "100");
-        apply(&mut config, &catchup(256 << 20, 8));
+        apply(&mut config, &catchup(256 << 20));
         assert_eq!(config.get("fetch.wait.max.ms"), Some("100"));
-        for settings in [member(256 << 20), catchup(256 << 20, 8)] {
+        for settings in [member(256 << 20), catchup(256 << 20)] {
             // Neither consumer lets the broker hold a fetch of partitions at their end long,
             assert_eq!(value(&settings, "fetch.wait.max.ms"), FETCH_WAIT_MS);
             // but a user who batches fetches by bytes keeps librdkafka's wait for them.

@@ -5,9 +5,9 @@
 //! the catch-up thread's time went to reading the clock. librdkafka's batch call takes a run
 //! of messages under one lock and one clock reading. It serves rebalance events itself when
 //! the consumer has no rebalance callback, which is why the group member's queue never uses
-//! it; a partition's own queue, and a queue of catchup's that partitions are forwarded to,
-//! carry only those partitions' messages and errors (librdkafka queues its fetch errors there
-//! as consumer errors, handed out like messages), and the catch-up consumer is in no group.
+//! it; a queue of catchup's that partitions are forwarded to carries only those partitions'
+//! messages and errors (librdkafka queues its fetch errors there as consumer errors, handed
+//! out like messages), and the catch-up consumer is in no group.
 //!
 //! One difference matters: the batch call moves the application position one past the
 //! offset of everything it hands out, an end of partition or an error included (librdkafka
@@ -37,34 +37,6 @@ pub(crate) enum Taken {
         /// The offset it names, which the batch call moves the position one past.
         at: i64,
     },
-}
-
-/// A second handle on one partition's own queue, for librdkafka's batch call.
-pub(crate) struct PartitionBatches {
-    queue: Owned<rd::rd_kafka_queue_t>,
-}
-
-// SAFETY: librdkafka's queues are thread-safe (a queue handle may be used from any thread).
-unsafe impl Send for PartitionBatches {}
-
-impl PartitionBatches {
-    /// The queue of `topic`/`partition` of the consumer `rk`.
-    ///
-    /// # Safety
-    /// `rk` is a live consumer handle whose partition queue was split off (its forwarding to
-    /// the consumer queue removed), and it outlives the returned value.
-    pub(crate) unsafe fn new(rk: *mut rd::rd_kafka_t, topic: &str, partition: i32) -> Option<Self> {
-        // SAFETY: as the caller promises.
-        let queue = unsafe { partition_queue(rk, topic, partition) }?;
-        Some(Self { queue })
-    }
-
-    /// Takes up to `max` waiting entries without waiting and hands each, in order, to
-    /// `each`. Returns how many were taken.
-    pub(crate) fn take(&self, max: usize, mut each: impl FnMut(Taken)) -> usize {
-        // SAFETY: the queue is alive while `self` is.
-        unsafe { take_from(self.queue.ptr, max, |_, taken| each(taken)) }
-    }
 }
 
 /// A handle on the queue of `topic`/`partition` of `rk`; `None` when librdkafka has none.

@@ -15,18 +15,16 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
-use rdkafka::consumer::base_consumer::PartitionQueue;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError as RdError;
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
+use super::fetch_queues::FetchQueues;
+use super::prefetch::CATCHUP_QUEUES;
 use super::side_log::for_other_consumers;
 use super::wakeup::Wakeup;
 use super::watermarks::read_watermarks;
-use super::{
-    Budget, KafkaError, PartitionBatches, Positions, Rebootstrap, RoleContext, Taken, for_role,
-    to_record,
-};
+use super::{Budget, KafkaError, Positions, Rebootstrap, RoleContext, Taken, for_role, to_record};
 use crate::engine::telemetry;
 use crate::engine::types::Event;
 use crate::engine::{PartitionId, Shared, Stopped, key_notes};
@@ -34,15 +32,16 @@ use crate::fetch::{
     AfterOutOfRange, AppendResult, FatalKind, Hold, LanePartition, PendingAppend, PollErrorKind,
     Polled, Round, classify_poll_error, fatal_kind,
 };
-use crate::store::{Lane, LayoutId, OffsetRange, Record, StoreError};
+use crate::store::{Lane, LayoutId, OffsetRange, StoreError};
 
+/// Most entries taken from one fetch queue in a round.
 const POLL_BATCH: usize = 2000;
 /// The longest a fetcher whose queues are all empty waits before it looks again.
 const EMPTY_WAIT: Duration = Duration::from_millis(20);
 /// The longest a fetcher that leaves a queue unpolled (`Budget::holds`) waits: the reader
 /// wakes it when it takes catch-up records, and this covers a word it missed.
 const HELD_WAIT: Duration = Duration::from_millis(5);
-/// Most entries taken from a partition's queue in one call.
+/// Most entries taken from a fetch queue in one call.
 const MAX_RUN: usize = 256;
 
 /// Requests to the catch-up thread.
@@ -68,55 +67,6 @@ pub(crate) enum CatchupCommand {
 struct Tracked {
     /// The partition's catch-up lane: its chain of proof, ranges, holds.
     lane: LanePartition,
-    /// The partition's own queue; it holds the consumer, so it goes with the partition.
-    queue: Option<Queue>,
-}
-
-/// A tracked partition's own queue: its end-of-partition event names it unambiguously
-/// (rdkafka's `PartitionEOF` carries only the partition number). Taken from in runs
-/// (`PartitionBatches`), one message at a time only if that handle could not be had.
-struct Queue {
-    /// Declared first, so dropped first: `split` may hold the last reference on the consumer.
-    batches: Option<PartitionBatches>,
-    split: PartitionQueue<RoleContext>,
-}
-
-impl Queue {
-    /// Takes up to `max` waiting entries, as records, ends of partition or the errors queued
-    /// in their place, in order. Returns how many were taken.
-    fn take(&self, max: usize, mut each: impl FnMut(Entry)) -> usize {
-        match &self.batches {
-            Some(batches) => batches.take(max, |taken| {
-                each(match taken {
-                    Taken::Record(record) => Entry::Record(record),
-                    Taken::Error { error, at } => Entry::Error {
-                        error,
-                        named: Some(at),
-                    },
-                })
-            }),
-            None => match self.split.poll(Duration::ZERO) {
-                None => 0,
-                Some(polled) => {
-                    each(match polled {
-                        Ok(message) => Entry::Record(to_record(&message)),
-                        Err(error) => Entry::Error { error, named: None },
-                    });
-                    1
-                }
-            },
-        }
-    }
-}
-
-/// One entry taken from a partition's queue.
-enum Entry {
-    Record(Record),
-    /// An error (an end of partition among them) and, taken in a run, the offset it names.
-    Error {
-        error: RdError,
-        named: Option<i64>,
-    },
 }
 
 /// What a fetcher fetches for, and where its records go.
@@ -193,6 +143,7 @@ impl CatchupFetcher {
                     rebootstrap: Rebootstrap::new(&config),
                     config,
                     shared,
+                    queues: FetchQueues::new(CATCHUP_QUEUES),
                     consumer: None,
                     create_hold: Hold::default(),
                     tracked: HashMap::new(),
@@ -217,6 +168,9 @@ impl CatchupFetcher {
 struct Fetcher {
     config: ClientConfig,
     shared: Arc<Shared>,
+    /// The queues the consumer's partitions fetch into (`kafka::fetch_queues`). Declared
+    /// before the consumer, so dropped before it.
+    queues: FetchQueues,
     consumer: Option<Arc<BaseConsumer<RoleContext>>>,
     /// After a failed creation of the consumer: no attempt before it ends (1 s, doubling to
     /// 30 s while creation keeps failing). The partitions stay tracked meanwhile (a dropped
@@ -245,7 +199,9 @@ impl Fetcher {
                 self.follow_rebuilds();
             }
             let idle = if self.tracked.is_empty() {
-                self.consumer = None; // none left: leave the brokers alone
+                // None left: leave the brokers alone (the queues go first).
+                self.queues.close();
+                self.consumer = None;
                 self.create_hold.release();
                 // The catch-up fetcher is woken by its commands; the rebuild looks for work.
                 Some(match self.role {
@@ -278,7 +234,6 @@ impl Fetcher {
                         (topic, partition),
                         Tracked {
                             lane: LanePartition::catchup(layout, position, ranges),
-                            queue: None,
                         },
                     ),
                     CatchupCommand::Remove { partitions, done } => {
@@ -317,8 +272,8 @@ impl Fetcher {
         if tracked.lane.is_fetched() {
             return;
         }
-        // What was tracked for the key goes first: its queue, dropped, would switch off the
-        // callback of the new one (librdkafka has one queue per partition).
+        // What was tracked for the key goes first: its handle on the partition's queue,
+        // dropped, would switch off the callback of the new one.
         self.leave(&key);
         // Without a consumer the partition waits, tracked, for the next attempt to create it.
         if self.ensure_consumer() {
@@ -327,21 +282,27 @@ impl Fetcher {
         self.tracked.insert(key, tracked);
     }
 
-    /// Gives a tracked partition its own queue and assigns it at the buffer's position.
-    fn attach(&self, key: &PartitionId, tracked: &mut Tracked) {
-        tracked.queue = self.consumer.as_ref().and_then(|consumer| {
-            let mut split = consumer.split_partition_queue(&key.0, key.1)?;
-            split.set_nonempty_callback(self.wakeup.callback());
-            // SAFETY: the consumer is alive, its partition queue was just split off, and
-            // `split` keeps the consumer alive for as long as the queue (dropped first).
-            let batches =
-                unsafe { PartitionBatches::new(consumer.client().native_ptr(), &key.0, key.1) };
-            Some(Queue { batches, split })
-        });
+    /// Routes a tracked partition to a fetch queue and assigns it at the buffer's position.
+    fn attach(&mut self, key: &PartitionId, tracked: &mut Tracked) {
+        self.route(key);
         let at = tracked.lane.cursor().stored_next();
         if let Err(err) = self.assign_at(key, at) {
             self.error(err);
             tracked.lane.break_chain(); // repositioned (assigned) next round
+        }
+    }
+
+    /// Forwards `key`'s queue to a fetch queue: before it is assigned (its messages then never
+    /// reach the consumer queue), and again after each assignment made to move it (which
+    /// removed the forward).
+    fn route(&mut self, key: &PartitionId) {
+        if let Some(consumer) = &self.consumer {
+            // SAFETY: the consumer is alive, and the queues go before it (`queues.close()`
+            // before the consumer is let go; declared before it for a drop).
+            unsafe {
+                self.queues
+                    .route(consumer.client().native_ptr(), key, &self.wakeup)
+            };
         }
     }
 
@@ -356,23 +317,14 @@ impl Fetcher {
             return false;
         }
         let context = RoleContext::new(self.shared.health.clone(), self.role.client_role());
-        // Each partition gets a queue of its own: the prefetch share is divided among
-        // those the group member holds once its assignment is reconciled (any of them
-        // may be split; the consumer keeps its settings while it lives).
         let mut config = self.config.clone();
-        let partitions = self.shared.partitions().len().max(
-            self.shared
-                .assigning
-                .load(std::sync::atomic::Ordering::Relaxed),
-        );
         let budget = self.shared.config.buffer_budget_bytes;
-        super::prefetch::apply(&mut config, &super::prefetch::catchup(budget, partitions));
+        super::prefetch::apply(&mut config, &super::prefetch::catchup(budget));
         if self.role == Role::Rebuild {
             // It keeps keys only; what it prefetches is not the budget's.
             config.set("queued.max.messages.kbytes", rebuild::QUEUE_KIB);
         }
         tracing::debug!(
-            partitions,
             queue_kib = config.get("queued.max.messages.kbytes"),
             "creating the {} consumer",
             self.role.name()
@@ -382,6 +334,7 @@ impl Fetcher {
                 // Callbacks and errors arrive on the main queue.
                 consumer.set_nonempty_callback(self.wakeup.callback());
                 self.consumer = Some(Arc::new(consumer));
+                self.queues = FetchQueues::new(CATCHUP_QUEUES);
                 self.rebootstrap.new_client();
                 self.create_hold.release();
             }
@@ -439,6 +392,7 @@ impl Fetcher {
     fn leave(&mut self, key: &PartitionId) {
         if self.tracked.remove(key).is_some() {
             self.unassign(key);
+            self.queues.let_go(key);
         }
     }
 
@@ -495,63 +449,76 @@ impl Fetcher {
         }
         self.judge_out_of_range(&consumer, &keys);
         self.reposition();
-        let tracked = &self.tracked;
+        let (tracked, queues) = (&self.tracked, &self.queues);
         if let Some(budget) = &mut self.budget {
-            budget.apply(&self.shared, &consumer, |key| tracked.contains_key(key));
+            budget.apply(
+                &self.shared,
+                &consumer,
+                |key| tracked.contains_key(key),
+                |key| queues.shares_queue(key),
+            );
             self.shared.catchup_taken.set_holding(budget.holds_any());
         }
         Ok(())
     }
 
-    /// Polls the main queue (callbacks, and messages fetched before a queue was split) and
-    /// every partition queue the budget does not hold, up to `POLL_BATCH` each and up to what
-    /// each may still read ahead. Errors end a queue's turn, never the round: what was polled
-    /// before them is kept. A held queue keeps its records and events, in order, for a later
-    /// round.
+    /// Polls the main queue (callbacks, and the messages of a partition that fetches into no
+    /// fetch queue) and every fetch queue, up to `POLL_BATCH` each, in runs of one partition.
+    /// A queue of one partition is taken up to what that partition may still read ahead, and
+    /// not at all while the budget holds it: its records and events wait there, in order, for
+    /// a later round, and librdkafka stops fetching once it is full. A queue several
+    /// partitions share is taken whole (a held one of them is paused: `Budget::apply`). An
+    /// error ends a queue's turn, never the round: what was taken before it is kept.
     fn poll_round(&mut self, consumer: &BaseConsumer<RoleContext>) -> Round<PartitionId> {
         let mut polled = Round::new();
         self.poll_main(consumer, Duration::ZERO, &mut polled);
-        let held = |key: &PartitionId| self.budget.as_ref().is_some_and(|b| b.holds(key));
-        for (key, queue) in self
-            .tracked
-            .iter()
-            .filter(|(key, _)| !held(key))
-            .filter_map(|(k, t)| Some((k, t.queue.as_ref()?)))
-        {
-            let mut records = Vec::new();
+        self.queues.forward_again();
+        for index in self.queues.turn() {
+            let Some(queue) = self.queues.queue(index) else {
+                continue;
+            };
             // Up to the lane's read-ahead, not a fixed count past it (2,000 records of 1 KiB
             // ran 2 MB over it): a first message tells the size, each run after it is sized
             // to the room left.
-            let mut room = self
-                .budget
-                .as_ref()
-                .map_or(u64::MAX, |budget| budget.read_ahead_room(key));
-            let (mut taken, mut bytes, mut run) = (0, 0u64, 1);
+            let mut room = match (self.queues.sole_partition(index), &self.budget) {
+                (Some(key), Some(budget)) if budget.holds(key) => continue,
+                (Some(key), Some(budget)) => budget.read_ahead_room(key),
+                _ => u64::MAX,
+            };
+            let (mut taken, mut bytes) = (0, 0u64);
+            let mut run = if room == u64::MAX { MAX_RUN } else { 1 };
             let mut stopped = false;
             while taken < POLL_BATCH && room > 0 && !stopped {
-                let count = queue.take(run.min(POLL_BATCH - taken), |entry| {
-                    let event = match entry {
-                        Entry::Record(record) => {
+                let count = queue.take(run.min(POLL_BATCH - taken), |origin, taken| {
+                    match (origin, taken) {
+                        (Some(origin), Taken::Record(record)) => {
                             let size = record.payload_bytes() as u64;
                             room = room.saturating_sub(size);
                             bytes += size;
-                            records.push(record);
+                            polled.push_record(record, |key| origin.is(key), || origin.key());
                             return;
                         }
-                        Entry::Error { error, named } => {
-                            self.partition_error(Some(key), &error, named)
+                        // An end of partition or an error ends the queue's turn, after what
+                        // its partition had before it.
+                        (Some(origin), Taken::Error { error, at }) => {
+                            let key = origin.key();
+                            if let Some(event) = self.partition_error(Some(&key), &error, Some(at))
+                            {
+                                polled.push(Some(key), event);
+                            }
                         }
-                    };
-                    // An end of partition or an error ends the queue's turn; what came before
-                    // it stays in front of it, and what the run took after it, after it.
-                    if !records.is_empty() {
-                        polled.push(
-                            Some(key.clone()),
-                            Polled::Messages(std::mem::take(&mut records)),
-                        );
-                    }
-                    if let Some(event) = event {
-                        polled.push(Some(key.clone()), event);
+                        // Whichever partition it was, what its lane takes next may not follow
+                        // what it took before: every chain ends here.
+                        (None, taken) => {
+                            if let Taken::Error { error, .. } = taken {
+                                if let Some(event @ Polled::OutOfRange) =
+                                    self.partition_error(None, &error, None)
+                                {
+                                    polled.push(None, event);
+                                }
+                            }
+                            polled.push(None, Polled::BreaksChain);
+                        }
                     }
                     stopped = true;
                 });
@@ -559,13 +526,12 @@ impl Fetcher {
                     break;
                 }
                 taken += count;
-                let average = (bytes / taken as u64).max(1);
-                run = usize::try_from(room / average)
-                    .unwrap_or(usize::MAX)
-                    .clamp(1, MAX_RUN);
-            }
-            if !records.is_empty() {
-                polled.push(Some(key.clone()), Polled::Messages(records));
+                if room != u64::MAX {
+                    let average = (bytes / taken as u64).max(1);
+                    run = usize::try_from(room / average)
+                        .unwrap_or(usize::MAX)
+                        .clamp(1, MAX_RUN);
+                }
             }
         }
         polled
@@ -710,6 +676,7 @@ impl Fetcher {
         for (key, at) in targets {
             self.unassign(&key);
             let moved = self.assign_at(&key, at);
+            self.route(&key);
             let report = self
                 .tracked
                 .get_mut(&key)
@@ -869,6 +836,7 @@ mod tests {
             rebootstrap: Rebootstrap::new(&config),
             config,
             shared,
+            queues: FetchQueues::new(CATCHUP_QUEUES),
             consumer: None,
             create_hold: Hold::default(),
             tracked: HashMap::new(),
@@ -890,7 +858,6 @@ mod tests {
                         end: 120,
                     }],
                 ),
-                queue: None,
             },
         );
         assert!(fetcher.consumer.is_none());
@@ -919,6 +886,9 @@ mod tests {
                 .any(|e| (e.topic(), e.partition()) == ("orders", 3)),
             "assigned once created: {assignment:?}"
         );
-        assert!(fetcher.tracked[&key].queue.is_some(), "its own queue");
+        assert!(
+            fetcher.queues.is_routed(&key),
+            "it fetches into a fetch queue"
+        );
     }
 }

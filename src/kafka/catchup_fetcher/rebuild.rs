@@ -58,7 +58,6 @@ impl Fetcher {
                 partition.clone(),
                 Tracked {
                     lane: LanePartition::catchup(layout, left.start, vec![range]),
-                    queue: None,
                 },
             );
             // Only what is tracked (`add` leaves out a range already read).

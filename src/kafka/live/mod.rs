@@ -571,7 +571,8 @@ fn turns(
         if let Some((kind, message)) = round.fatal {
             state.on_fatal_error(consumer, kind, message);
         }
-        budget.apply(shared, consumer, |_| true);
+        // Its read-ahead holds are its own (`poll_into_buffer`): none is a pause.
+        budget.apply(shared, consumer, |_| true, |_| false);
     }
 }
 
