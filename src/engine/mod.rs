@@ -240,9 +240,6 @@ pub(crate) struct Shared {
     pub revocations: AtomicU64,
     /// Bumped on every assignment, empty ones included.
     pub assignments: AtomicU64,
-    /// How many partitions the group member holds once the assignment it is reconciling is
-    /// done (the catch-up consumer sizes its queues from it).
-    pub assigning: std::sync::atomic::AtomicUsize,
     /// Bytes acknowledged since the last commit: the buffer deletes records only once their
     /// commit is in Kafka, so the live thread commits early when this grows large.
     processed_since_commit: AtomicU64,
@@ -316,7 +313,6 @@ impl Shared {
             spilled_reported: AtomicU64::new(0),
             waiting_for_commits: std::sync::atomic::AtomicBool::new(false),
             hold_log: Mutex::new(crate::plan::HoldLog::default()),
-            assigning: std::sync::atomic::AtomicUsize::new(0),
             revocations: AtomicU64::new(0),
             assignments: AtomicU64::new(0),
             damaged: Mutex::new(BTreeSet::new()),

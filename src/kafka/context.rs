@@ -259,7 +259,7 @@ mod tests {
             let error = KafkaError::Global(code);
             assert_eq!(classify_client_error(&error), class, "{code:?}");
         }
-        // What the catch-up consumer's partition queues report at each end of partition.
+        // What the catch-up consumer's fetch queues report at each end of partition.
         assert_eq!(
             classify_client_error(&KafkaError::PartitionEOF(3)),
             ErrorClass::FetchSignal

@@ -101,11 +101,10 @@ pub(crate) fn catchup(budget_bytes: u64) -> Vec<(&'static str, String)> {
 }
 
 /// How long the broker may hold a fetch that finds no records (librdkafka's default: 500
-/// ms). Both consumers take each partition from a queue of its own, and librdkafka leaves a
-/// partition out of a fetch while its queue is full. So when the partitions whose queues had
-/// room all sat at their end, the fetch carried only those, the broker held it, and
-/// librdkafka sends a broker its next fetch only once the last one answered: every other
-/// partition waited behind it, its records still in Kafka.
+/// ms). librdkafka leaves a partition out of a fetch while the queue it fetches into is full.
+/// So when the partitions whose queues had room all sat at their end, the fetch carried only
+/// those, the broker held it, and librdkafka sends a broker its next fetch only once the last
+/// one answered: every other partition waited behind it, its records still in Kafka.
 ///
 /// * The catch-up consumer fetches what exists (its ranges end at the boundary, the log end at
 ///   assignment); a partition that has just fetched its last range is fetched once more at

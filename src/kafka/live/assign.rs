@@ -14,10 +14,6 @@ impl LiveState {
     ) -> TopicPartitionList {
         let partitions = partitions_of(tpl);
         tracing::info!(count = partitions.len(), "partitions assigned: reconciling");
-        let held = self.shared.partitions().len();
-        self.shared
-            .assigning
-            .store(held + partitions.len(), Ordering::Relaxed);
         let deferred = self.reconcile_all(consumer, &partitions, |topic, partition, start| {
             tpl.set_partition_offset(topic, partition, Offset::Offset(start))
         });
