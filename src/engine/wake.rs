@@ -2,8 +2,9 @@
 //! and again:
 //!
 //! * (the catch-up fetcher) it took catch-up records: the fetcher leaves a partition's queue
-//!   unpolled while the reader has not taken what the lane read ahead (`kafka::budget`), and
-//!   a queue left alone raises no callback;
+//!   untaken while the reader has not taken what the lane read ahead, where the queue is the
+//!   partition's alone (`kafka::budget`; a shared one's partition is paused), and a queue left
+//!   alone raises no callback;
 //! * (the live thread) a commit is wanted sooner than its timers say: with no live records to
 //!   fetch (a split's live lane at the log end) the group member waits for messages up to
 //!   50 ms at a time and looks at its commit schedule only between. A reader processing a

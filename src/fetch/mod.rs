@@ -15,6 +15,7 @@ mod cursor;
 mod disk;
 mod hold;
 mod lane;
+mod paused_holds;
 mod poll_error;
 mod round;
 mod schedule;
@@ -28,6 +29,7 @@ pub use disk::{
 };
 pub use hold::{HOLD_FIRST, HOLD_MAX, Hold, Standing, standing};
 pub use lane::{AfterOutOfRange, LanePartition, Polled};
+pub use paused_holds::PausedHolds;
 pub use poll_error::{FatalKind, PollErrorKind, classify_poll_error, fatal_kind};
 pub use round::Round;
 pub use schedule::{Due, Facts, Schedule, TrimWatch, early_commit_bytes};

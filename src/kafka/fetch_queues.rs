@@ -29,7 +29,7 @@ pub(crate) struct FetchQueues {
     /// The most queues made.
     limit: usize,
     /// Made as partitions are routed, up to `limit`; kept until the consumer goes (what a
-    /// partition let go of left in one is outdated, and dropped when taken).
+    /// partition let go of left in one is outdated, and dropped when taken: see `let_go`).
     queues: Vec<FetchQueue>,
     /// Where each routed partition fetches into.
     routes: BTreeMap<PartitionId, Route>,
@@ -60,10 +60,10 @@ impl FetchQueues {
         }
     }
 
-    /// Forwards `key`'s queue to a fetch queue, before the partition is assigned (forwarded
-    /// later, messages already on their way to the consumer queue could arrive after later
-    /// ones were taken here). Whether it fetches into one now: if not (librdkafka made no
-    /// queue, or the consumer is about to go), its messages stay on the consumer queue.
+    /// Forwards `key`'s queue to a fetch queue, before the partition is first assigned (forwarded
+    /// later, messages already on their way to the consumer queue could arrive after later ones
+    /// were taken here). Whether it fetches into one now: if not (librdkafka made no queue, or the
+    /// consumer is about to go), its messages stay on the consumer queue.
     ///
     /// Routed already, it keeps its queue (a fetch that goes on keeps what it fetched in
     /// front of what it fetches next) and is forwarded there again.
@@ -136,9 +136,12 @@ impl FetchQueues {
         }
     }
 
-    /// Forgets `key`, unassigned (what its fetch queue still holds of it is outdated, and
-    /// dropped when taken). Its handle goes first: a newer one on the partition's queue
-    /// would have its callback switched off by this one's drop.
+    /// Forgets `key`, unassigned. What its fetch queue still holds of it is outdated, and
+    /// dropped when taken — but for the few errors librdkafka queues with no version (an
+    /// offset reset among them): if the partition is added again, such an error reaches its
+    /// new lane, which reads the watermarks or moves the consumer, and loses nothing. Its
+    /// handle goes first: a newer one on the partition's queue would have its callback
+    /// switched off by this one's drop.
     pub fn let_go(&mut self, key: &PartitionId) {
         self.routes.remove(key);
     }

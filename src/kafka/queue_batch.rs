@@ -1,4 +1,5 @@
-//! Taking a partition queue's messages many at a time (`rd_kafka_consume_batch_queue`).
+//! Taking a fetch queue's messages many at a time (`rd_kafka_consume_batch_queue`), and the
+//! handles that forward partitions' queues to it.
 //!
 //! rust-rdkafka's `PartitionQueue::poll` serves one message per call, and each call reads the
 //! clock several times (its own deadline, librdkafka's poll bookkeeping): at 100 B a fifth of
@@ -165,9 +166,9 @@ impl Drop for Batch {
 /// librdkafka keeps a thin pointer to it.
 type WakeCallback = Box<Box<dyn Fn() + Send + Sync>>;
 
-/// A queue of catchup's own that some of the group member's partitions fetch into instead of
-/// the consumer queue, taken in runs, and calling `wake` when something arrives while it is
-/// empty.
+/// A queue of catchup's own that some of a consumer's partitions fetch into instead of the
+/// consumer queue (`kafka::fetch_queues`), taken in runs, and calling `wake` when something
+/// arrives while it is empty.
 ///
 /// librdkafka bounds what a partition prefetches by what the queue it fetches into holds
 /// (`queued.max.messages.kbytes`, `queued.min.messages`, fixed when the consumer is created).
@@ -216,15 +217,15 @@ impl FetchQueue {
 /// and nothing clears while the partition object lives). Forwarded after its fetch started,
 /// messages already on their way to the consumer queue would arrive there after later ones
 /// were taken from the fetch queue — which is why the group member forwards in its rebalance
-/// callback, before it assigns.
+/// callback, and the catch-up fetcher before it assigns.
 ///
 /// But every stop of the partition's fetch removes the forward itself (an unassign, and an
-/// assignment the member makes again outside a rebalance to move a partition whose position
-/// went out of range), and the start after it, seeing the flag, does not forward to the
-/// consumer queue either: the messages then wait in the partition's own queue. So the member
-/// forwards again before each round ([`ForwardedPartition::forward_to`] moves what waits to
-/// the fetch queue's end, in order), and this handle's callback wakes it for what arrives
-/// meanwhile.
+/// assignment the member makes again outside a rebalance to move a partition whose position went
+/// out of range, or the catch-up fetcher makes to move one), and the start after it, seeing the
+/// flag, does not forward to the consumer queue either: the messages then wait in the partition's
+/// own queue. So both forward again before each round ([`ForwardedPartition::forward_to`] moves
+/// what waits to the fetch queue's end, in order), and this handle's callback wakes it for what
+/// arrives meanwhile.
 ///
 /// The callback belongs to the partition's queue (librdkafka has one per partition): a newer
 /// handle on it is made after this one is dropped, or this drop would switch the newer one's

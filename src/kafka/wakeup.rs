@@ -1,12 +1,12 @@
 //! Wakes a fetcher thread when one of its consumer's queues receives something, or its reader
 //! has word for it (`engine::FetcherWake`).
 //!
-//! The catch-up fetcher polls every partition's queue without waiting, then waits when all
-//! were empty. It used to wait on the consumer's main queue, which a partition's records never
-//! reach (each partition has a queue of its own), so a fetcher that had drained its queues
-//! slept its whole wait while records arrived: a third of the machine stood idle, and a split
-//! read 500–600k records/s where a bare loop read 1.8M. librdkafka calls a queue's callback
-//! when something is put on it while empty; each queue's callback raises one flag here.
+//! The catch-up fetcher takes every fetch queue without waiting, then waits when all were empty. It
+//! used to wait on the consumer's main queue, which a partition's records never reach (they go to
+//! the fetch queues, `kafka::fetch_queues`), so a fetcher that had drained its queues slept its
+//! whole wait while records arrived: a third of the machine stood idle, and a split read 500–600k
+//! records/s where a bare loop read 1.8M. librdkafka calls a queue's callback when something is put
+//! on it while empty; each queue's callback raises one flag here.
 //!
 //! The group member's thread waits the same way on its one consumer queue (messages,
 //! rebalances, errors), no longer than its next timer; its reader raises the flag when a

@@ -38,8 +38,8 @@ use crate::store::{Lane, LayoutId, OffsetRange, StoreError};
 const POLL_BATCH: usize = 2000;
 /// The longest a fetcher whose queues are all empty waits before it looks again.
 const EMPTY_WAIT: Duration = Duration::from_millis(20);
-/// The longest a fetcher that leaves a queue unpolled (`Budget::holds`) waits: the reader
-/// wakes it when it takes catch-up records, and this covers a word it missed.
+/// The longest a fetcher that leaves a held partition's queue untaken (`Budget::holds`) waits: the
+/// reader wakes it when it takes catch-up records, and this covers a word it missed.
 const HELD_WAIT: Duration = Duration::from_millis(5);
 /// Most entries taken from a fetch queue in one call.
 const MAX_RUN: usize = 256;
@@ -410,7 +410,7 @@ impl Fetcher {
         }
     }
 
-    /// One round: poll every partition queue, feed the cursors, read the positions, append
+    /// One round: take every fetch queue, feed the cursors, read the positions, append
     /// what is proven, handle truncation, reposition broken chains, apply the budget.
     fn fetch(&mut self) -> Result<(), String> {
         if !self.ensure_consumer() {
