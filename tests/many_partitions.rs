@@ -144,11 +144,7 @@ async fn partitions_sharing_fetch_queues_move_between_members() {
             ),
         }
     }
-    let mut ends = vec![0i64; PARTITIONS as usize];
-    for record in &produced {
-        let end = &mut ends[record.partition as usize];
-        *end = (*end).max(record.offset + 1);
-    }
+    let ends = support::partition_ends(&produced, PARTITIONS);
     for (who, seen) in [("first", &first_seen), ("second", &second_seen)] {
         let wrong: Vec<_> = seen
             .wrong_payload(&produced)
@@ -171,22 +167,6 @@ async fn partitions_sharing_fetch_queues_move_between_members() {
     );
 
     // Everything acknowledged is committed at each partition's end.
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        first.commit().await.expect("commit");
-        let committed = kafka.committed(&backlog.group, &backlog.topic, PARTITIONS);
-        if committed
-            .iter()
-            .zip(&ends)
-            .all(|(at, end)| *at == Some(*end))
-        {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "committed {committed:?}, ends {ends:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    support::await_committed_at(&kafka, &first, &backlog.group, &backlog.topic, &ends, WAIT).await;
     first.close().await.expect("close");
 }

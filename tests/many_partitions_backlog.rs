@@ -46,11 +46,7 @@ async fn drains_through_shared_catchup_queues(mode: Mode) {
         .produce_from(&backlog.topic, PARTITIONS, BACKLOG, FRESH)
         .await;
     let produced: Vec<_> = backlog.produced.iter().chain(&fresh).cloned().collect();
-    let mut ends = vec![0i64; PARTITIONS as usize];
-    for record in &produced {
-        let end = &mut ends[record.partition as usize];
-        *end = (*end).max(record.offset + 1);
-    }
+    let ends = support::partition_ends(&produced, PARTITIONS);
 
     let mut seen = Deliveries::new(mode);
     while !seen.covers(&ends) {
@@ -87,23 +83,15 @@ async fn drains_through_shared_catchup_queues(mode: Mode) {
     assert!(twice.is_empty(), "delivered more than once: {twice:?}");
 
     // Everything acknowledged is committed at each partition's end.
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        consumer.commit().await.expect("commit");
-        let committed = kafka.committed(&backlog.group, &backlog.topic, PARTITIONS);
-        if committed
-            .iter()
-            .zip(&ends)
-            .all(|(at, end)| *at == Some(*end))
-        {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "committed {committed:?}, ends {ends:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    support::await_committed_at(
+        &kafka,
+        &consumer,
+        &backlog.group,
+        &backlog.topic,
+        &ends,
+        WAIT,
+    )
+    .await;
     consumer.close().await.expect("close");
 }
 

@@ -69,7 +69,7 @@ fn the_consumer_never_loses_a_record() {
          partition, {} transient errors taken in a run, {} entries taken after an error in its run ({} of them in a long tail), {} assignments of everything (eager), {} main-log writes refused, {} \
          partitions whose assignment waited for a write to Kafka, {} writes reported failed yet \
          applied, {} failed creations of the catch-up consumer, {} topic ids unreadable, {} assignments without \
-         the group's offsets, {} partitions waiting for what could not be read, {} reuses refused and laid out afresh, {} partitions reconciled on a retry and moved from the log end, {} crashes inside an assignment's local steps, {} reads finding a partition damaged ({} partitions discarded and reconciled again), {} local steps failing without stopping the consumer, {} histories with a free-space floor ({} stops below it, {} appends refused, {} resumes on a drained buffer, {} live appends refused below it while a backlog waited), {} histories with a byte budget ({} pauses, {} appends counted late ({} after a change of layout), {} reads the reader leaves out ({} finding records whose report was to come), {} partitions held to their read-ahead, {} rounds polling less for it, {} drains on a disk with less room than the budget), {} partitions assigned \
+         the group's offsets, {} partitions waiting for what could not be read, {} reuses refused and laid out afresh, {} partitions reconciled on a retry and moved from the log end, {} crashes inside an assignment's local steps, {} reads finding a partition damaged ({} partitions discarded and reconciled again), {} local steps failing without stopping the consumer, {} histories with a free-space floor ({} stops below it, {} appends refused, {} resumes on a drained buffer, {} live appends refused below it while a backlog waited), {} histories with a byte budget ({} pauses, {} appends counted late ({} after a change of layout), {} reads the reader leaves out ({} finding records whose report was to come), {} partitions held to their read-ahead, {} rounds polling less for it, {} histories sharing one catch-up queue ({} holds paused there), {} drains on a disk with less room than the budget), {} partitions assigned \
          again within a poll round, {} histories with a memory tier ({} crashes losing what it \
          held, {} bytes spilled to sled), {} histories in mode latest ({} records superseded, {} \
          assignments waiting for their keys to be read again), {} reads waiting for commits, {} \
@@ -112,6 +112,8 @@ fn the_consumer_never_loses_a_record() {
         stats.left_out_awaiting_report,
         stats.read_ahead_holds,
         stats.read_ahead_rounds,
+        stats.shared_queues,
+        stats.hold_pauses,
         stats.short_drains,
         stats.rebalances_in_a_round,
         stats.memory_tier,
@@ -161,6 +163,8 @@ fn the_consumer_never_loses_a_record() {
                 && stats.counts_of_old_layouts > 0
                 && stats.read_ahead_holds > 0
                 && stats.read_ahead_rounds > 0
+                && stats.shared_queues > 0
+                && stats.hold_pauses > 0
                 && stats.short_drains > 0
                 && stats.rebalances_in_a_round > 0
                 && stats.memory_tier > 0

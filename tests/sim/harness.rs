@@ -61,9 +61,9 @@ use std::time::{Duration, Instant};
 
 use catchup::fetch::{
     AfterOutOfRange, AppendResult, DiskFloor, DiskGuard, DiskSpace, Facts, Hold, LanePartition,
-    PausePolicy, PollErrorKind, Polled as LanePolled, READ_AHEAD_DIVISOR, Round, Schedule,
-    Unprocessed, WriteStops, held_below_floor, live_waits_for_backlog, nothing_deliverable,
-    read_ahead_bytes, read_ahead_room,
+    PausePolicy, PausedHolds, PollErrorKind, Polled as LanePolled, READ_AHEAD_DIVISOR, Round,
+    Schedule, Unprocessed, WriteStops, held_below_floor, live_waits_for_backlog,
+    nothing_deliverable, read_ahead_bytes, read_ahead_room,
 };
 use catchup::plan::{
     CommitCycle, CommitPlan, Committed, Decision, IdleReads, Inputs, KeyIndex, LaneAccount,
@@ -388,6 +388,10 @@ pub struct Stats {
     /// Rounds a fetcher polled less because of the read-ahead: a catch-up queue left
     /// untaken or taken only up to its room, the group member taking one message.
     pub read_ahead_rounds: u64,
+    /// Histories whose catch-up lanes share one queue.
+    pub shared_queues: u64,
+    /// Partitions held in a shared queue and paused for it.
+    pub hold_pauses: u64,
     /// Histories that drained on a disk with less room above the floor than their budget (a
     /// simulated record takes its size on disk: a weaker condition than `fetch::room_short`,
     /// which allows for sled's overhead), through the floor.
@@ -453,6 +457,8 @@ impl std::ops::AddAssign for Stats {
         self.counts_of_old_layouts += other.counts_of_old_layouts;
         self.read_ahead_holds += other.read_ahead_holds;
         self.read_ahead_rounds += other.read_ahead_rounds;
+        self.shared_queues += other.shared_queues;
+        self.hold_pauses += other.hold_pauses;
         self.short_drains += other.short_drains;
         self.memory_tier += other.memory_tier;
         self.memory_lost += other.memory_lost;
@@ -574,6 +580,10 @@ struct Disk {
 #[derive(Default)]
 struct ByteBudget {
     limit: Option<u64>,
+    /// The catch-up lanes share one queue while there are several (as the catch-up
+    /// consumer's fetch queues are shared past eight partitions): a held partition is paused
+    /// ([`PausedHolds`]) instead of left in its queue, and the queue is taken whole.
+    shared_catchup_queue: bool,
     /// The catch-up fetcher's and the group member's.
     lanes: [LaneBudget; 2],
 }
@@ -597,6 +607,8 @@ struct LaneBudget {
     read_ahead: PausePolicy<usize>,
     ahead: BTreeMap<usize, u64>,
     read_ahead_share: Option<u64>,
+    /// The partitions held in a shared queue, and paused for it.
+    paused_holds: PausedHolds<usize>,
 }
 
 impl LaneBudget {
@@ -727,9 +739,15 @@ impl Sim {
                 true => rng.below(64),
                 false => (4 + rng.below(records)) * RECORD_BYTES as u64,
             }),
+            // Half the budgeted histories, from the seed's bits rather than the generator's
+            // draws (the other histories replay unchanged).
+            shared_catchup_queue: budgeted
+                && count > 1
+                && seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 63 == 1,
             lanes: Default::default(),
         };
         let reader_budget = budget.limit.unwrap_or(READER_BUDGET);
+        let shared_queues = u64::from(budget.shared_catchup_queue);
         let mut sim = Self {
             rng,
             dir,
@@ -758,6 +776,7 @@ impl Sim {
                 partitions: count,
                 disks,
                 budgets: u64::from(budgeted),
+                shared_queues,
                 memory_tier: u64::from(memory > 0),
                 latest: u64::from(latest),
                 ..Stats::default()
@@ -1015,6 +1034,18 @@ impl Sim {
 
     /// Whether the engine keeps a runtime for `part`: not while it waits to be reconciled,
     /// nor once the reader took it off as damaged.
+    /// Whether the catch-up lanes share a queue now: the history shares one (`shared`), and
+    /// more than one partition fetches into it (`kafka::fetch_queues::FetchQueues::shares_queue`).
+    fn catchup_queue_shared(&self, shared: bool) -> bool {
+        shared
+            && self
+                .fetchers
+                .iter()
+                .filter(|f| f.lane == Lane::Catchup && !f.zombie && f.rebuild.is_none())
+                .count()
+                > 1
+    }
+
     fn has_runtime(&self, part: usize) -> bool {
         !self.unreconciled.contains(&part) && !self.damaged.contains(&part)
     }
@@ -1650,6 +1681,8 @@ impl Sim {
             let read_ahead = &self.budget.lanes[lane_index(lane)];
             let held = |member: &usize| read_ahead.holds(self.fetchers[*member].part);
             match lane {
+                // A shared queue is taken whole: its held partitions are paused instead.
+                Lane::Catchup if self.catchup_queue_shared(self.budget.shared_catchup_queue) => {}
                 Lane::Catchup => {
                     for &member in &members {
                         let allowed = read_ahead.records_allowed(self.fetchers[member].part);
@@ -2049,17 +2082,16 @@ impl Sim {
             .filter(|&part| self.has_runtime(part))
             .map(|part| 1 + usize::from(!self.backlog_delivered(part)))
             .sum();
+        // (`budget` is out of `self` meanwhile.)
+        let shared_queue =
+            lane == Lane::Catchup && self.catchup_queue_shared(budget.shared_catchup_queue);
         let lane_budget = &mut budget.lanes[lane_index(lane)];
-        let policy = &lane_budget.policy;
+        let (policy, paused_holds) = (&lane_budget.policy, &lane_budget.paused_holds);
         let mut changes = lane_budget
             .stops
             .round(usage.keys().copied(), stopped, held, |part| {
-                policy.is_paused(part)
+                policy.is_paused(part) || paused_holds.contains(part)
             });
-        let decided = match budget.limit {
-            Some(limit) => lane_budget.policy.decide(limit, slots, &usage),
-            None => Vec::new(),
-        };
         if let Some(limit) = budget.limit {
             // The read-ahead, on the bytes fetched and not handed out that the reader could
             // take now.
@@ -2081,10 +2113,30 @@ impl Sim {
             for change in lane_budget.read_ahead.decide(read_ahead, slots, &ahead) {
                 self.stats.read_ahead_holds += u64::from(change.paused);
             }
+            // Held in a shared queue: paused (`Budget::pause_shared_holds`).
+            let wanted: BTreeSet<usize> = ahead
+                .keys()
+                .copied()
+                .filter(|part| shared_queue && lane_budget.read_ahead.is_paused(part))
+                .collect();
+            let (stops, policy) = (&lane_budget.stops, &lane_budget.policy);
+            for (part, paused) in lane_budget.paused_holds.round(
+                wanted,
+                |part| ahead.contains_key(part),
+                |part| stops.stops(part) || policy.is_paused(part),
+            ) {
+                self.stats.hold_pauses += u64::from(paused);
+                changes.push((part, paused));
+            }
             lane_budget.ahead = ahead;
         }
+        let decided = match budget.limit {
+            Some(limit) => lane_budget.policy.decide(limit, slots, &usage),
+            None => Vec::new(),
+        };
         for change in decided {
-            if !lane_budget.stops.stops(&change.partition) {
+            let (stops, paused_holds) = (&lane_budget.stops, &lane_budget.paused_holds);
+            if !stops.stops(&change.partition) && !paused_holds.contains(&change.partition) {
                 self.stats.budget_pauses += u64::from(change.paused);
                 changes.push((change.partition, change.paused));
             }

@@ -810,3 +810,44 @@ pub async fn wait_until_buffered(
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// One past the last offset `produced` has in each of `partitions` partitions (0 for one it
+/// has none in).
+pub fn partition_ends(produced: &[Produced], partitions: i32) -> Vec<i64> {
+    let mut ends = vec![0i64; usize::try_from(partitions).expect("a partition count")];
+    for record in produced {
+        let end = &mut ends[usize::try_from(record.partition).expect("a partition")];
+        *end = (*end).max(record.offset + 1);
+    }
+    ends
+}
+
+/// Commits what `consumer` acknowledged until `group` stands committed at `ends` on every
+/// partition of `topic`; fails after `wait`.
+pub async fn await_committed_at(
+    kafka: &Kafka,
+    consumer: &catchup::CatchupConsumer,
+    group: &str,
+    topic: &str,
+    ends: &[i64],
+    wait: Duration,
+) {
+    let partitions = i32::try_from(ends.len()).expect("a partition count");
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        consumer.commit().await.expect("commit");
+        let committed = kafka.committed(group, topic, partitions);
+        if committed
+            .iter()
+            .zip(ends)
+            .all(|(at, end)| *at == Some(*end))
+        {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "committed {committed:?}, ends {ends:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
