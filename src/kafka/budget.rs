@@ -32,9 +32,9 @@
 //! partition was held kept them apart, but a reader rarely has every partition ahead at once,
 //! and `catchup run` in `off` spilled again (106k records/s at 255 MiB). Leaving a held
 //! partition's own queue untaken alone, as the catch-up fetcher does with a queue that is the
-//! partition's alone, while the others were
-//! taken at full speed, was built and measured: `catchup run` in `off` at 1 KiB read 439k
-//! records/s at 2.85 µs of CPU per record against 548k at 2.15 µs with this hold, side by side
+//! partition's alone, while the others were taken at full speed, was built and measured:
+//! `catchup run` in `off` at 1 KiB read 439k records/s at 2.85 µs of CPU per record against
+//! 548k at 2.15 µs with this hold, side by side
 //! (329k against 532k with each queue also taken only up to its read-ahead): the member ran
 //! more, smaller rounds, and the quiet partition's fresh record came no sooner (after 200 of
 //! the busy one's records either way in `tests/read_ahead.rs`).

@@ -582,7 +582,9 @@ struct ByteBudget {
     limit: Option<u64>,
     /// The catch-up lanes share one queue while there are several (as the catch-up
     /// consumer's fetch queues are shared past eight partitions): a held partition is paused
-    /// ([`PausedHolds`]) instead of left in its queue, and the queue is taken whole.
+    /// ([`PausedHolds`]) instead of left in its queue, and the others are taken past their
+    /// room. (Nothing is prefetched here: a paused client hands out nothing and resumes at
+    /// its application position; a resume's refetch of a whole batch is not modelled.)
     shared_catchup_queue: bool,
     /// The catch-up fetcher's and the group member's.
     lanes: [LaneBudget; 2],
@@ -1032,10 +1034,9 @@ impl Sim {
         self.budget.forget(part);
     }
 
-    /// Whether the engine keeps a runtime for `part`: not while it waits to be reconciled,
-    /// nor once the reader took it off as damaged.
     /// Whether the catch-up lanes share a queue now: the history shares one (`shared`), and
-    /// more than one partition fetches into it (`kafka::fetch_queues::FetchQueues::shares_queue`).
+    /// more than one partition fetches into it
+    /// (`kafka::fetch_queues::FetchQueues::shares_queue`).
     fn catchup_queue_shared(&self, shared: bool) -> bool {
         shared
             && self
@@ -1046,6 +1047,8 @@ impl Sim {
                 > 1
     }
 
+    /// Whether the engine keeps a runtime for `part`: not while it waits to be reconciled,
+    /// nor once the reader took it off as damaged.
     fn has_runtime(&self, part: usize) -> bool {
         !self.unreconciled.contains(&part) && !self.damaged.contains(&part)
     }
@@ -1681,7 +1684,8 @@ impl Sim {
             let read_ahead = &self.budget.lanes[lane_index(lane)];
             let held = |member: &usize| read_ahead.holds(self.fetchers[*member].part);
             match lane {
-                // A shared queue is taken whole: its held partitions are paused instead.
+                // A shared queue is not held to a partition's room: its held partitions are
+                // paused instead.
                 Lane::Catchup if self.catchup_queue_shared(self.budget.shared_catchup_queue) => {}
                 Lane::Catchup => {
                     for &member in &members {

@@ -34,21 +34,21 @@ use crate::fetch::{
 };
 use crate::store::{Lane, LayoutId, OffsetRange, StoreError};
 
-/// Most entries taken from one fetch queue in a round.
-const POLL_BATCH: usize = 2000;
-/// Most entries taken from a fetch queue several partitions share in a round: all it holds
-/// (librdkafka's limits and the fetches in flight bound that). A held partition there is
-/// paused after the round, and librdkafka drops what it prefetched of it; a resume fetches
-/// again from the position, and the broker answers with the whole record batch around it.
-/// Taking 2,000 entries a round left most of each batch to be dropped: at 128 partitions,
-/// 100 B, `ordered` moved 745–860 MiB over the loopback for a 250 MB topic (283–284 with a
-/// queue per partition); taking all moved 313–318 MiB, and read in 1.68–1.87 s against
+/// Most entries taken in a round from a fetch queue of one partition. A queue several
+/// partitions share is taken for what it holds when its turn comes (bounded by librdkafka's
+/// limits, which apply to the queue as a whole): a held partition there is paused after the
+/// round, and librdkafka drops what it prefetched of it; a resume fetches again from the
+/// position, and the broker answers with the whole record batch around it. Taking 2,000
+/// entries a round left most of each batch to be dropped: at 128 partitions, 100 B,
+/// `ordered` moved 745–860 MiB over the loopback for a 250 MB topic (283–284 with a queue per
+/// partition); taking what the queue held moved 313–318 MiB, and read in 1.68–1.87 s against
 /// 2.40–2.62.
-const SHARED_POLL_BATCH: usize = 1 << 20;
+const POLL_BATCH: usize = 2000;
 /// The longest a fetcher whose queues are all empty waits before it looks again.
 const EMPTY_WAIT: Duration = Duration::from_millis(20);
-/// The longest a fetcher that leaves a held partition's queue untaken (`Budget::holds`) waits: the
-/// reader wakes it when it takes catch-up records, and this covers a word it missed.
+/// The longest a fetcher that leaves a held partition's queue untaken (`Budget::holds`)
+/// waits: the reader wakes it when it takes catch-up records, and this covers a word it
+/// missed.
 const HELD_WAIT: Duration = Duration::from_millis(5);
 /// Most entries taken from a fetch queue in one call.
 const MAX_RUN: usize = 256;
@@ -476,7 +476,7 @@ impl Fetcher {
     /// is taken up to `POLL_BATCH` and what that partition may still read ahead, and not at
     /// all while the budget holds it: its records and events wait there, in order, for a
     /// later round, and librdkafka stops fetching once it is full. A queue several partitions
-    /// share is taken whole (`SHARED_POLL_BATCH`; a held one of them is paused:
+    /// share is taken for what it holds when its turn comes (a held one of them is paused:
     /// `Budget::apply`). An error ends a queue's turn, never the round: what was taken before
     /// it is kept.
     fn poll_round(&mut self, consumer: &BaseConsumer<RoleContext>) -> Round<PartitionId> {
@@ -490,17 +490,18 @@ impl Fetcher {
             // Up to the lane's read-ahead, not a fixed count past it (2,000 records of 1 KiB
             // ran 2 MB over it): a first message tells the size, each run after it is sized
             // to the room left.
-            let mut room = match (self.queues.sole_partition(index), &self.budget) {
+            let sole = self.queues.sole_partition(index);
+            let mut room = match (sole, &self.budget) {
                 (Some(key), Some(budget)) if budget.holds(key) => continue,
                 (Some(key), Some(budget)) => budget.read_ahead_room(key),
                 _ => u64::MAX,
             };
             let (mut taken, mut bytes) = (0, 0u64);
             let mut run = if room == u64::MAX { MAX_RUN } else { 1 };
-            let most = if room == u64::MAX {
-                SHARED_POLL_BATCH
-            } else {
-                POLL_BATCH
+            // A shared queue: what it holds now (see `POLL_BATCH`).
+            let most = match sole {
+                Some(_) => POLL_BATCH,
+                None => queue.len(),
             };
             let mut stopped = false;
             while taken < most && room > 0 && !stopped {
