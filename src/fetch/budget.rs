@@ -18,6 +18,62 @@ pub fn read_ahead_room(read_ahead: Option<u64>, ahead: u64) -> u64 {
     })
 }
 
+/// Who fetches into one of a consumer's fetch queues, as a round takes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueueOwner {
+    /// One partition alone, `held` to its read-ahead or with `room` bytes left of it
+    /// ([`read_ahead_room`]; `u64::MAX` for a fetcher without a budget).
+    Sole { held: bool, room: u64 },
+    /// Several partitions.
+    Shared,
+}
+
+/// What a round takes from one fetch queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueTake {
+    /// Entries at most.
+    pub most: usize,
+    /// Bytes of records at most (`u64::MAX`: no bound).
+    pub room: u64,
+}
+
+/// What a round takes from a fetch queue that holds `queued` entries now: nothing from a
+/// queue of one held partition (what waits there stays, in order, and librdkafka stops
+/// fetching once it is full); up to `per_round` entries and the partition's room from a
+/// queue of one that is not held; what a shared queue holds, whatever anyone's room (a held
+/// partition there is paused: [`PausedHolds`](super::PausedHolds), and librdkafka drops what
+/// it prefetched of it, so what is left behind in the queue would be fetched again).
+pub fn queue_take(owner: QueueOwner, queued: usize, per_round: usize) -> Option<QueueTake> {
+    match owner {
+        QueueOwner::Sole { held: true, .. } => None,
+        QueueOwner::Sole { held: false, room } => Some(QueueTake {
+            most: per_round,
+            room,
+        }),
+        QueueOwner::Shared => Some(QueueTake {
+            most: queued,
+            room: u64::MAX,
+        }),
+    }
+}
+
+/// How many entries the next call takes from a queue taken up to `room` bytes (`u64::MAX`:
+/// no bound, `most_per_call` each): one first, to tell a record's size, then as many as the
+/// room left holds at the average size of the `taken` so far (`bytes`), between one and
+/// `most_per_call`.
+pub fn next_run(room: u64, taken: usize, bytes: u64, most_per_call: usize) -> usize {
+    if room == u64::MAX {
+        return most_per_call;
+    }
+    if taken == 0 {
+        return 1;
+    }
+    let average = (bytes / taken as u64).max(1);
+    usize::try_from(room / average)
+        .unwrap_or(usize::MAX)
+        .clamp(1, most_per_call)
+}
+
 /// Bytes of a partition's `lane` that count against its read-ahead: what the lane fetched
 /// and the reader has not taken (`undelivered`), if the reader could take it now. In an
 /// in-order mode (`fresh_first` false) a live lane whose backlog is not handed out yet
@@ -120,6 +176,47 @@ impl<K: Ord + Clone> PausePolicy<K> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_queue_is_taken_by_who_fetches_into_it() {
+        let sole = |held, room| QueueOwner::Sole { held, room };
+        let take = |most, room| Some(QueueTake { most, room });
+        let cases = [
+            (sole(true, 4096), 50, None),
+            (sole(false, 4096), 50, take(2000, 4096)),
+            (sole(false, u64::MAX), 50, take(2000, u64::MAX)),
+            // Shared: what it holds now, a held partition's entries included.
+            (QueueOwner::Shared, 50, take(50, u64::MAX)),
+            (QueueOwner::Shared, 0, take(0, u64::MAX)),
+        ];
+        for (owner, queued, expected) in cases {
+            assert_eq!(
+                queue_take(owner, queued, 2000),
+                expected,
+                "{owner:?}, {queued}"
+            );
+        }
+    }
+
+    #[test]
+    fn runs_are_sized_to_the_room_left() {
+        // (room, taken, bytes) → next run, at most 256 a call
+        for (room, taken, bytes, expected) in [
+            (u64::MAX, 0, 0, 256),
+            (u64::MAX, 500, 50_000, 256),
+            (10_000, 0, 0, 1),
+            (10_000, 1, 100, 100),
+            (100_000, 10, 1_000, 256),
+            (50, 4, 400, 1),
+            (0, 4, 400, 1),
+        ] {
+            assert_eq!(
+                next_run(room, taken, bytes, 256),
+                expected,
+                "room {room}, {taken} taken, {bytes} bytes"
+            );
+        }
+    }
 
     #[test]
     fn pauses_above_a_share_and_resumes_below_half() {

@@ -21,7 +21,10 @@ mod round;
 mod schedule;
 mod write_stops;
 
-pub use budget::{PauseChange, PausePolicy, READ_AHEAD_DIVISOR, read_ahead_bytes, read_ahead_room};
+pub use budget::{
+    PauseChange, PausePolicy, QueueOwner, QueueTake, READ_AHEAD_DIVISOR, next_run, queue_take,
+    read_ahead_bytes, read_ahead_room,
+};
 pub use cursor::{AppendResult, FetchCursor, PendingAppend};
 pub use disk::{
     DiskChange, DiskFloor, DiskGuard, DiskSpace, RoomShort, Unprocessed, held_below_floor,

@@ -30,7 +30,7 @@ use crate::engine::types::Event;
 use crate::engine::{PartitionId, Shared, Stopped, key_notes};
 use crate::fetch::{
     AfterOutOfRange, AppendResult, FatalKind, Hold, LanePartition, PendingAppend, PollErrorKind,
-    Polled, Round, classify_poll_error, fatal_kind,
+    Polled, QueueOwner, QueueTake, Round, classify_poll_error, fatal_kind, next_run, queue_take,
 };
 use crate::store::{Lane, LayoutId, OffsetRange, StoreError};
 
@@ -490,21 +490,25 @@ impl Fetcher {
             // Up to the lane's read-ahead, not a fixed count past it (2,000 records of 1 KiB
             // ran 2 MB over it): a first message tells the size, each run after it is sized
             // to the room left.
-            let sole = self.queues.sole_partition(index);
-            let mut room = match (sole, &self.budget) {
-                (Some(key), Some(budget)) if budget.holds(key) => continue,
-                (Some(key), Some(budget)) => budget.read_ahead_room(key),
-                _ => u64::MAX,
+            let owner = match (self.queues.sole_partition(index), &self.budget) {
+                (Some(key), Some(budget)) => QueueOwner::Sole {
+                    held: budget.holds(key),
+                    room: budget.read_ahead_room(key),
+                },
+                (Some(_), None) => QueueOwner::Sole {
+                    held: false,
+                    room: u64::MAX,
+                },
+                (None, _) => QueueOwner::Shared,
+            };
+            let Some(QueueTake { most, mut room }) = queue_take(owner, queue.len(), POLL_BATCH)
+            else {
+                continue;
             };
             let (mut taken, mut bytes) = (0, 0u64);
-            let mut run = if room == u64::MAX { MAX_RUN } else { 1 };
-            // A shared queue: what it holds now (see `POLL_BATCH`).
-            let most = match sole {
-                Some(_) => POLL_BATCH,
-                None => queue.len(),
-            };
             let mut stopped = false;
             while taken < most && room > 0 && !stopped {
+                let run = next_run(room, taken, bytes, MAX_RUN);
                 let count = queue.take(run.min(most - taken), |origin, taken| {
                     match (origin, taken) {
                         (Some(origin), Taken::Record(record)) => {
@@ -542,12 +546,6 @@ impl Fetcher {
                     break;
                 }
                 taken += count;
-                if room != u64::MAX {
-                    let average = (bytes / taken as u64).max(1);
-                    run = usize::try_from(room / average)
-                        .unwrap_or(usize::MAX)
-                        .clamp(1, MAX_RUN);
-                }
             }
         }
         polled
