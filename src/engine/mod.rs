@@ -600,7 +600,7 @@ impl Shared {
         bytes: u64,
     ) {
         if let Some(runtime) = self.partitions().get_mut(key) {
-            runtime.idle.appended();
+            runtime.idle.appended(lane);
             runtime.lanes[lane_index(lane)].appended(layout, fetched_next, bytes);
         }
     }

@@ -2,11 +2,12 @@
 //! order, handing them out, acknowledging them, and partitions found damaged on a read.
 
 use super::*;
+use crate::plan::{AppendCounts, ReadSlot};
 
 /// Where a fill reads one partition: its key, the assignment it was read for, the appends
 /// reported when the read started ([`crate::plan::IdleReads`]), and per lane the offset the
 /// read starts at.
-type ReadStarts = (PartitionId, u64, u64, Vec<(Lane, i64)>);
+type ReadStarts = (PartitionId, u64, AppendCounts, Vec<(Lane, i64)>);
 
 impl Shared {
     /// Whether some partition's backlog is not all handed out yet (a split whose catch-up
@@ -118,23 +119,24 @@ impl Shared {
                 continue;
             }
             for (lane, from, batch) in batches {
-                let (queue, next) = if self.config.mode.fresh_first() {
-                    (lane_index(lane), &mut runtime.lane_next[lane_index(lane)])
+                let (queue, slot, next) = if self.config.mode.fresh_first() {
+                    let next = &mut runtime.lane_next[lane_index(lane)];
+                    (lane_index(lane), ReadSlot::Lane(lane), next)
                 } else {
-                    (0, &mut runtime.ordered_next)
+                    (0, ReadSlot::Ordered, &mut runtime.ordered_next)
                 };
                 if *next != from {
                     continue; // read again meanwhile (cannot happen: one reader at a time)
                 }
                 let found = !batch.records.is_empty() || batch.next != from;
-                if found && runtime.idle.missed(queue, appends) {
+                if found && runtime.idle.missed(slot, appends) {
                     tracing::debug!(
                         topic = key.0,
                         partition = key.1,
                         "a read left out since it reached the buffer's end found more with no append reported"
                     );
                 }
-                runtime.idle.read(queue, appends, batch.exhausted, now);
+                runtime.idle.read(slot, appends, batch.exhausted, now);
                 *next = batch.next;
                 catchup_taken |= batch.lane == Lane::Catchup && !batch.records.is_empty();
                 let queued = self.deliver(
@@ -253,7 +255,7 @@ impl Shared {
         now: std::time::Instant,
     ) -> Vec<(Lane, i64)> {
         if !self.config.mode.fresh_first() {
-            if !runtime.idle.worth_reading(0, now) {
+            if !runtime.idle.worth_reading(ReadSlot::Ordered, now) {
                 return Vec::new();
             }
             return vec![(Lane::Catchup, runtime.ordered_next)];
@@ -267,7 +269,7 @@ impl Shared {
         };
         lanes
             .iter()
-            .filter(|&&lane| !waits(lane) && runtime.idle.worth_reading(lane_index(lane), now))
+            .filter(|&&lane| !waits(lane) && runtime.idle.worth_reading(ReadSlot::Lane(lane), now))
             .map(|&lane| (lane, runtime.lane_next[lane_index(lane)]))
             .collect()
     }

@@ -30,7 +30,7 @@ pub use client_outage::{ClientOutage, OWN_PROBE_EVERY, REBOOTSTRAP_AFTER};
 pub use commit::{CommitPlan, CommitWrites, Progress, plan_commit};
 pub use cycle::CommitCycle;
 pub use hold_notice::{HOLD_WARN_AFTER, HoldLog, HoldNotice};
-pub use idle_reads::{IdleReads, SWEEP_EVERY};
+pub use idle_reads::{AppendCounts, IdleReads, ReadSlot, SWEEP_EVERY};
 pub use incarnation::incarnation_unknown;
 pub use lag::{SideStatus, TrueLag, true_lag};
 pub use lane_account::{LaneAccount, commit_landed, commit_planned};

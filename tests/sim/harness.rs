@@ -67,9 +67,9 @@ use catchup::fetch::{
 };
 use catchup::plan::{
     CommitCycle, CommitPlan, Committed, Decision, IdleReads, Inputs, KeyIndex, LaneAccount,
-    LocalStep, MainLogCommit, OffsetReset, PlanEvent, Progress, SideEntry, SideValue, SideWrite,
-    SplitSecret, SplitToken, commit_landed, commit_planned, incarnation_unknown, may_read,
-    plan_commit, reader_waits_for_commits, reconcile, side_key, waits_unreconciled,
+    LocalStep, MainLogCommit, OffsetReset, PlanEvent, Progress, ReadSlot, SideEntry, SideValue,
+    SideWrite, SplitSecret, SplitToken, commit_landed, commit_planned, incarnation_unknown,
+    may_read, plan_commit, reader_waits_for_commits, reconcile, side_key, waits_unreconciled,
 };
 #[path = "world.rs"]
 mod world;
@@ -2160,7 +2160,7 @@ impl Sim {
     /// in the partition's runtime if it has one now, whoever appended.
     fn count_append(&mut self, count: Count) {
         if self.has_runtime(count.part) {
-            self.parts[count.part].idle.appended();
+            self.parts[count.part].idle.appended(count.lane);
             self.parts[count.part].readers[lane_index(count.lane)]
                 .account
                 .appended(count.layout, count.fetched_next, count.bytes);
@@ -2380,7 +2380,11 @@ impl Sim {
         let buffer = self.buffer()?;
         // The production reader's slot for this read, and whether it would make it (the
         // simulation always does, and checks that leaving it out only waits for a report).
-        let slot = if self.ordered { 0 } else { lane_index(lane) };
+        let slot = if self.ordered {
+            ReadSlot::Ordered
+        } else {
+            ReadSlot::Lane(lane)
+        };
         let idle_clock = self.idle_clock;
         let worth = self.parts[part].idle.worth_reading(slot, idle_clock);
         let appends = self.parts[part].idle.appends();
@@ -2401,7 +2405,11 @@ impl Sim {
         if !worth {
             self.stats.reads_left_out += 1;
             if !batch.records.is_empty() || batch.next != from {
-                if !self.uncounted.iter().any(|count| count.part == part) {
+                // What the slot waits for: an append to either lane in `Ordered`, to its own
+                // lane otherwise.
+                let awaited =
+                    |count: &&Count| count.part == part && (self.ordered || count.lane == lane);
+                if !self.uncounted.iter().any(|count| awaited(&count)) {
                     return Err(format!(
                         "a read of partition {part} from {from} that the reader leaves out (it reached the buffer's end, and no append was reported since) found records or moved to {}",
                         batch.next
