@@ -281,13 +281,14 @@ fn catchup_lane_keeps_only_its_ranges_and_gaps_are_covered() {
     let evens: Vec<Record> = (10..24).step_by(2).map(record).collect();
     let outcome = append(&buffer, Lane::Catchup, "t", 0, &evens, 23).expect("append");
     assert_eq!(
-        outcome,
-        AppendOutcome {
-            stored: 5,
-            stored_bytes: evens.iter().map(|r| r.payload_bytes() as u64).take(5).sum(),
-            fetched_next: 30
-        }
+        (outcome.stored, outcome.stored_bytes, outcome.fetched_next),
+        (
+            5,
+            evens.iter().map(|r| r.payload_bytes() as u64).take(5).sum(),
+            30
+        )
     );
+    assert!(outcome.relief_failed.is_none());
     // Transaction markers only at the end of the second range.
     append(&buffer, Lane::Catchup, "t", 0, &records(30..35), 35).expect("append");
     append(&buffer, Lane::Catchup, "t", 0, &[], 40).expect("append");
@@ -1253,6 +1254,55 @@ fn records_a_reader_took_wait_for_their_commit_in_memory_and_what_waits_is_spill
         from = batch.next;
     }
     assert_eq!(read, (90..300).collect::<Vec<_>>());
+}
+
+#[test]
+fn an_append_whose_spill_fails_is_answered_as_made() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let each = super::tail::append_cost(&records(0..1)) - super::tail::append_cost(&[]);
+    let buffer = Buffer::open(
+        dir.path().join("buf"),
+        BufferOptions {
+            memory_bytes: 20 * each,
+            ..BufferOptions::default()
+        },
+    )
+    .expect("open buffer");
+    buffer
+        .reset_partition("t", 0, PartitionLayout::split(1, 0, 1_000))
+        .expect("layout");
+    append(&buffer, Lane::Catchup, "t", 0, &records(0..10), 10).expect("append");
+    // The next append takes the tier over its allowance; its spill fails.
+    super::write::FAIL_SPILLS.with(|fail| fail.set(true));
+    let outcome = append(&buffer, Lane::Catchup, "t", 0, &records(10..40), 40);
+    super::write::FAIL_SPILLS.with(|fail| fail.set(false));
+    let outcome = outcome.expect("the append itself is made");
+    assert_eq!((outcome.stored, outcome.fetched_next), (30, 40));
+    assert!(
+        outcome
+            .relief_failed
+            .as_ref()
+            .is_some_and(StoreError::is_io_failure),
+        "{:?}",
+        outcome.relief_failed
+    );
+    assert_eq!(buffer.spilled_bytes(), 0);
+    // Its records are read, and the lane goes on from where it stands.
+    let batch = buffer.read(Lane::Catchup, "t", 0, 0, 1_000).expect("read");
+    assert_eq!(offsets(&batch), (0..40).collect::<Vec<_>>());
+    let next = append(&buffer, Lane::Catchup, "t", 0, &records(40..50), 50).expect("append");
+    assert!(next.relief_failed.is_none());
+    assert!(buffer.spilled_bytes() > 0, "spilled once spills work again");
+    let mut read = Vec::new();
+    let mut from = 0;
+    while from < 50 {
+        let batch = buffer
+            .read(Lane::Catchup, "t", 0, from, 1_000)
+            .expect("read");
+        read.extend(offsets(&batch));
+        from = batch.next;
+    }
+    assert_eq!(read, (0..50).collect::<Vec<_>>());
 }
 
 /// The regular files under `dir`, at any depth.

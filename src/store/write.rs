@@ -89,7 +89,7 @@ fn decode_claim_bound(record: &Record) -> usize {
 }
 
 /// What an append stored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct AppendOutcome {
     /// Records written (the batch minus what the lane already held or does not own).
     pub stored: usize,
@@ -97,6 +97,18 @@ pub struct AppendOutcome {
     pub stored_bytes: u64,
     /// The lane's fetch position after the append.
     pub fetched_next: i64,
+    /// The memory tier's spill after the append failed. The append itself was made (its
+    /// records are held in memory, readable, and the lane stands at `fetched_next`), so it is
+    /// answered as made; the caller treats the error as any failed write (an I/O failure
+    /// stops writing).
+    pub relief_failed: Option<StoreError>,
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Makes this thread's spills fail as a failed write would: what the tests hold an
+    /// append's answer to when the memory tier cannot spill.
+    pub(crate) static FAIL_SPILLS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 impl Buffer {
@@ -240,6 +252,7 @@ impl Buffer {
                 stored: 0,
                 stored_bytes: 0,
                 fetched_next: expected,
+                relief_failed: None,
             });
         };
         // Refused now, not when a spill finds it: a record no read could decode.
@@ -289,14 +302,22 @@ impl Buffer {
                 }
                 return Err(err);
             }
-        } else if super::tail::must_spill(held, taken, allowed) {
-            drop(shard);
-            self.relieve_memory()?;
         }
+        // The append is made from here on, whatever the spill does: an error returned now
+        // would tell the fetcher its lane did not move, and it would neither report the
+        // append (the reader waits for the report, the byte budget counts it) nor fetch on
+        // from where the lane stands.
+        let relief_failed = if allowed > 0 && super::tail::must_spill(held, taken, allowed) {
+            drop(shard);
+            self.relieve_memory().err()
+        } else {
+            None
+        };
         Ok(AppendOutcome {
             stored,
             stored_bytes,
             fetched_next,
+            relief_failed,
         })
     }
 
@@ -441,6 +462,17 @@ impl Buffer {
             .map(|pending| pending.bytes)
             .sum();
         let mut persisted = tail.persisted.clone();
+        #[cfg(test)]
+        let written = if FAIL_SPILLS.with(std::cell::Cell::get) {
+            Err(StoreError::Io {
+                dir: self.dir.clone(),
+                action: "spilling (a failure the test asked for)".into(),
+                error: std::io::Error::other("injected"),
+            })
+        } else {
+            self.write_pending(part, &mut persisted, lane, &popped)
+        };
+        #[cfg(not(test))]
         let written = self.write_pending(part, &mut persisted, lane, &popped);
         self.allowance.landed(bytes, written.is_ok());
         match written {

@@ -610,7 +610,7 @@ impl Fetcher {
             .shared
             .buffer
             .append_owned(Lane::Catchup, &key.0, key.1, append);
-        match &result {
+        let failed = match &result {
             Ok(outcome) => {
                 if outcome.stored > 0 {
                     telemetry::records_fetched(
@@ -632,10 +632,15 @@ impl Fetcher {
                     self.shared.note_keys(key, generation, notes);
                 }
                 self.shared.notify.notify_waiters();
+                outcome.relief_failed.as_ref()
             }
-            Err(StoreError::StaleLayout { .. }) => {}
-            Err(err) if err.is_io_failure() => self.shared.write_failed(err),
-            Err(err) => self.error(format!("catch-up append of {}/{}: {err}", key.0, key.1)),
+            Err(StoreError::StaleLayout { .. }) => None,
+            Err(err) => Some(err),
+        };
+        match failed {
+            Some(err) if err.is_io_failure() => self.shared.write_failed(err),
+            Some(err) => self.error(format!("catch-up append of {}/{}: {err}", key.0, key.1)),
+            None => {}
         }
         match AppendResult::from_store(&result) {
             Some(answer) => self.appended(key, answer),

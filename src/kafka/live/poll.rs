@@ -232,7 +232,7 @@ pub(super) fn append_live(
     let result = shared
         .buffer
         .append_owned(Lane::Live, &key.0, key.1, append);
-    match &result {
+    let failed = match &result {
         Ok(outcome) => {
             telemetry::records_fetched(&shared.group, "live", outcome.stored as u64);
             shared.add_buffered(
@@ -245,12 +245,17 @@ pub(super) fn append_live(
             if let Some((generation, notes)) = notes {
                 shared.note_keys(key, generation, notes);
             }
+            outcome.relief_failed.as_ref()
         }
-        Err(StoreError::StaleLayout { .. }) => {}
-        Err(err) if err.is_io_failure() => shared.write_failed(err),
-        Err(err) => shared.emit(Event::Error {
+        Err(StoreError::StaleLayout { .. }) => None,
+        Err(err) => Some(err),
+    };
+    match failed {
+        Some(err) if err.is_io_failure() => shared.write_failed(err),
+        Some(err) => shared.emit(Event::Error {
             message: format!("live append of {}/{}: {err}", key.0, key.1),
         }),
+        None => {}
     }
     // Only a cursor naming this layout is told (see the callers): a stale one is stale
     // itself and must not wait for an answer forever.
