@@ -24,8 +24,8 @@ impl Shared {
     /// out, not while the buffer is read: the fetchers need it after every append. A read
     /// whose partition was assigned again meanwhile is dropped (its new runtime reads anew).
     /// A read that reached the end of what the buffer proved is not made again until the
-    /// partition's next append, or for [`crate::plan::SWEEP_EVERY`]
-    /// ([`crate::plan::IdleReads`]).
+    /// next append to what it reads (its lane, or either lane in `Ordered` and `Off`), or for
+    /// [`crate::plan::SWEEP_EVERY`] ([`crate::plan::IdleReads`]).
     pub fn fill(
         &self,
         queues: &mut [VecDeque<Delivery>; 2],
@@ -246,8 +246,8 @@ impl Shared {
 
     /// Where `runtime`'s reads start: one position in `Ordered` and `Off`, one per lane of
     /// `lanes` in `Concurrent` and `Latest` — where the catch-up lane waits while its key
-    /// index is rebuilt. A read that reached the buffer's end since the partition's last
-    /// append is left out (for [`crate::plan::SWEEP_EVERY`] at most: `now`).
+    /// index is rebuilt. A read that reached the buffer's end since the last append to what
+    /// it reads is left out (for [`crate::plan::SWEEP_EVERY`] at most: `now`).
     fn read_starts(
         &self,
         runtime: &PartitionRuntime,

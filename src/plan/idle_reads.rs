@@ -1,5 +1,6 @@
 //! Which of a partition's reads the reader may leave out of a fill: one that reached the end
-//! of what the buffer proved finds nothing again until the partition is appended to.
+//! of what the buffer proved finds nothing again until what it reads is appended to (its
+//! lane, or either lane for the one order of `Ordered` and `Off`: [`ReadSlot`]).
 //!
 //! A fill visits every assigned partition. With many partitions and the reader at the tail,
 //! nearly all of them hold nothing new, and a fill cost a read of each (a lookup, the
