@@ -146,9 +146,14 @@ fn child(dir: &Path, oracle: &Path, seed: u64) -> ! {
                     records: &batch,
                     next: start + count,
                 };
-                buffer
+                let outcome = buffer
                     .append(lane, TOPIC, partition, fetched)
                     .expect("append");
+                assert!(
+                    outcome.relief_failed.is_none(),
+                    "the memory tier's spill: {:?}",
+                    outcome.relief_failed
+                );
             }
             60..=84 => {
                 let state = &states[&partition];

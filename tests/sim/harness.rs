@@ -169,7 +169,9 @@ struct Count {
 }
 
 /// The buffer's answer to an append, as the adapters read it (`None`: the writer is stale and
-/// leaves). A stale writer's append that is accepted, or a write that fails, is a failure.
+/// leaves). A stale writer's append that is accepted, or a write that fails (the append's own
+/// or the memory tier's spill after it: the simulation injects no I/O failure, so either is a
+/// bookkeeping error, such as a spill out of order), is a failure.
 fn answer(
     result: Result<catchup::store::AppendOutcome, StoreError>,
     zombie: bool,
@@ -177,7 +179,14 @@ fn answer(
 ) -> Result<Option<AppendResult>, Failure> {
     match &result {
         Ok(_) if zombie => return Err(format!("a stale {lane} writer's append was accepted")),
-        Ok(_) | Err(StoreError::StaleLayout { .. } | StoreError::Discontinuous { .. }) => {}
+        Ok(outcome) => {
+            if let Some(err) = &outcome.relief_failed {
+                return Err(format!(
+                    "the memory tier's spill after a {lane} append: {err}"
+                ));
+            }
+        }
+        Err(StoreError::StaleLayout { .. } | StoreError::Discontinuous { .. }) => {}
         Err(other) => return Err(format!("append: {other}")),
     }
     Ok(AppendResult::from_store(&result))
