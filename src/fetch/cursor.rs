@@ -78,6 +78,18 @@ impl AppendResult {
     }
 }
 
+/// The failed write an append's answer carries, for the fetcher to act on as on any failed
+/// write (an I/O failure stops writing): the append's own error, or the memory tier's spill
+/// after an append that was made ([`AppendOutcome::relief_failed`]). A stale layout is no
+/// failure: that writer leaves.
+pub fn write_failure(result: &Result<AppendOutcome, StoreError>) -> Option<&StoreError> {
+    match result {
+        Ok(outcome) => outcome.relief_failed.as_ref(),
+        Err(StoreError::StaleLayout { .. }) => None,
+        Err(err) => Some(err),
+    }
+}
+
 impl FetchCursor {
     /// A cursor for a consumer just positioned at `at`, the lane's `fetched_next` under
     /// `layout`.
@@ -298,6 +310,39 @@ mod tests {
     }
 
     const LAYOUT: LayoutId = LayoutId(7);
+
+    /// (the buffer's answer to an append, the failed write it carries)
+    #[test]
+    fn an_appends_failed_write_is_its_own_or_its_spills() {
+        let io = || StoreError::Io {
+            dir: "buf".into(),
+            action: "writing".into(),
+            error: std::io::Error::other("disk"),
+        };
+        let outcome = |relief_failed| AppendOutcome {
+            stored: 1,
+            stored_bytes: 10,
+            fetched_next: 5,
+            relief_failed,
+        };
+        let stale = StoreError::StaleLayout {
+            dir: "buf".into(),
+            topic: "t".into(),
+            partition: 0,
+            lane: crate::store::Lane::Catchup,
+            fetched_under: LayoutId(1),
+            current: LayoutId(2),
+        };
+        let cases: [(Result<AppendOutcome, StoreError>, bool); 4] = [
+            (Ok(outcome(None)), false),
+            (Ok(outcome(Some(io()))), true),
+            (Err(stale), false),
+            (Err(io()), true),
+        ];
+        for (result, failed) in cases {
+            assert_eq!(write_failure(&result).is_some(), failed, "{result:?}");
+        }
+    }
 
     #[test]
     fn consecutive_messages_prove_the_gaps_between_them() {

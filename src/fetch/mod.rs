@@ -25,7 +25,7 @@ pub use budget::{
     PauseChange, PausePolicy, QueueOwner, QueueTake, READ_AHEAD_DIVISOR, next_run, queue_take,
     read_ahead_bytes, read_ahead_room,
 };
-pub use cursor::{AppendResult, FetchCursor, PendingAppend};
+pub use cursor::{AppendResult, FetchCursor, PendingAppend, write_failure};
 pub use disk::{
     DiskChange, DiskFloor, DiskGuard, DiskSpace, RoomShort, Unprocessed, held_below_floor,
     live_waits_for_backlog, nothing_deliverable, room_for_budget, room_short,

@@ -31,8 +31,9 @@ use crate::engine::{PartitionId, Shared, Stopped, key_notes};
 use crate::fetch::{
     AfterOutOfRange, AppendResult, FatalKind, Hold, LanePartition, PendingAppend, PollErrorKind,
     Polled, QueueOwner, QueueTake, Round, classify_poll_error, fatal_kind, next_run, queue_take,
+    write_failure,
 };
-use crate::store::{Lane, LayoutId, OffsetRange, StoreError};
+use crate::store::{Lane, LayoutId, OffsetRange};
 
 /// Most entries taken in a round from a fetch queue of one partition. A queue several
 /// partitions share is taken for what it holds when its turn comes (bounded by librdkafka's
@@ -610,34 +611,25 @@ impl Fetcher {
             .shared
             .buffer
             .append_owned(Lane::Catchup, &key.0, key.1, append);
-        let failed = match &result {
-            Ok(outcome) => {
-                if outcome.stored > 0 {
-                    telemetry::records_fetched(
-                        &self.shared.group,
-                        "catchup",
-                        outcome.stored as u64,
-                    );
-                }
-                // Reported with no record too: an append that only moved the lane past a
-                // gap may end the backlog, and the reader must look again.
-                self.shared.add_buffered(
-                    key,
-                    Lane::Catchup,
-                    layout,
-                    outcome.fetched_next,
-                    outcome.stored_bytes,
-                );
-                if let Some((generation, notes)) = notes.filter(|_| outcome.stored > 0) {
-                    self.shared.note_keys(key, generation, notes);
-                }
-                self.shared.notify.notify_waiters();
-                outcome.relief_failed.as_ref()
+        if let Ok(outcome) = &result {
+            if outcome.stored > 0 {
+                telemetry::records_fetched(&self.shared.group, "catchup", outcome.stored as u64);
             }
-            Err(StoreError::StaleLayout { .. }) => None,
-            Err(err) => Some(err),
-        };
-        match failed {
+            // Reported with no record too: an append that only moved the lane past a gap may
+            // end the backlog, and the reader must look again.
+            self.shared.add_buffered(
+                key,
+                Lane::Catchup,
+                layout,
+                outcome.fetched_next,
+                outcome.stored_bytes,
+            );
+            if let Some((generation, notes)) = notes.filter(|_| outcome.stored > 0) {
+                self.shared.note_keys(key, generation, notes);
+            }
+            self.shared.notify.notify_waiters();
+        }
+        match write_failure(&result) {
             Some(err) if err.is_io_failure() => self.shared.write_failed(err),
             Some(err) => self.error(format!("catch-up append of {}/{}: {err}", key.0, key.1)),
             None => {}

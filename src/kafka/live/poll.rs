@@ -3,6 +3,7 @@
 //! (`docs/design.md`, "Out of range").
 
 use super::*;
+use crate::fetch::write_failure;
 use crate::kafka::queue_batch::Origin;
 
 /// One poll round of the live lane: up to `POLL_BATCH` messages taken without waiting (one
@@ -232,25 +233,20 @@ pub(super) fn append_live(
     let result = shared
         .buffer
         .append_owned(Lane::Live, &key.0, key.1, append);
-    let failed = match &result {
-        Ok(outcome) => {
-            telemetry::records_fetched(&shared.group, "live", outcome.stored as u64);
-            shared.add_buffered(
-                key,
-                Lane::Live,
-                layout,
-                outcome.fetched_next,
-                outcome.stored_bytes,
-            );
-            if let Some((generation, notes)) = notes {
-                shared.note_keys(key, generation, notes);
-            }
-            outcome.relief_failed.as_ref()
+    if let Ok(outcome) = &result {
+        telemetry::records_fetched(&shared.group, "live", outcome.stored as u64);
+        shared.add_buffered(
+            key,
+            Lane::Live,
+            layout,
+            outcome.fetched_next,
+            outcome.stored_bytes,
+        );
+        if let Some((generation, notes)) = notes {
+            shared.note_keys(key, generation, notes);
         }
-        Err(StoreError::StaleLayout { .. }) => None,
-        Err(err) => Some(err),
-    };
-    match failed {
+    }
+    match write_failure(&result) {
         Some(err) if err.is_io_failure() => shared.write_failed(err),
         Some(err) => shared.emit(Event::Error {
             message: format!("live append of {}/{}: {err}", key.0, key.1),
