@@ -30,10 +30,7 @@ async fn tokens_acknowledge_what_moved_away() {
     // Each payload moves into a task of its own; only the token comes back.
     let mut handlers = Vec::new();
     for _ in 0..2 * PER_PARTITION {
-        let delivery = tokio::time::timeout(WAIT, consumer.recv())
-            .await
-            .expect("a delivery in time")
-            .expect("recv");
+        let delivery = support::next_delivery(&consumer, WAIT).await;
         let token = delivery.ack_token();
         let payload = delivery.payload;
         handlers.push(tokio::spawn(async move {

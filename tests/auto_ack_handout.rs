@@ -21,10 +21,7 @@ fn config(dir: &tempfile::TempDir) -> CatchupConfig {
 }
 
 async fn next_offset(consumer: &CatchupConsumer) -> i64 {
-    let delivery = tokio::time::timeout(WAIT, consumer.recv())
-        .await
-        .unwrap_or_else(|_| panic!("no delivery within {WAIT:?}"))
-        .expect("recv");
+    let delivery = support::next_delivery(consumer, WAIT).await;
     assert_eq!(delivery.partition, 0, "the topic has one partition");
     delivery.offset
 }
@@ -122,10 +119,7 @@ async fn a_revoke_commits_only_what_recv_handed_out() {
     let mut handed = [0i64; 2];
     let mut seen = BTreeSet::new();
     for _ in 0..TAKEN {
-        let delivery = tokio::time::timeout(WAIT, first.recv())
-            .await
-            .expect("a delivery in time")
-            .expect("recv");
+        let delivery = support::next_delivery(&first, WAIT).await;
         let partition = delivery.partition as usize;
         assert_eq!(delivery.offset, handed[partition], "in order per partition");
         handed[partition] += 1;

@@ -121,10 +121,7 @@ async fn reads_through_the_gap(mode: Mode) {
     let mut payloads = Vec::new();
     let mut last = None;
     while payloads.len() < COMMITTED {
-        let delivery = tokio::time::timeout(WAIT, consumer.recv())
-            .await
-            .expect("in time")
-            .expect("recv");
+        let delivery = support::next_delivery(&consumer, WAIT).await;
         payloads.push(
             String::from_utf8(delivery.payload.as_deref().unwrap_or_default().to_vec())
                 .expect("utf-8"),

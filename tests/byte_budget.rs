@@ -67,10 +67,7 @@ async fn fetchers_pause_at_the_budget_and_resume_below_half() {
     taken.iter().for_each(|delivery| consumer.ack(delivery));
     let mut next = taken.len() as i64;
     while next < RECORDS as i64 {
-        let delivery = tokio::time::timeout(WAIT, consumer.recv())
-            .await
-            .expect("in time")
-            .expect("recv");
+        let delivery = support::next_delivery(&consumer, WAIT).await;
         assert_eq!(delivery.offset, next);
         next += 1;
         consumer.ack(&delivery);

@@ -119,10 +119,7 @@ async fn one_offset_commit_per_cycle_for_eight_partitions() {
     let (consumer, requests) = counted_consumer(&kafka, &group, dir.path(), u64::MAX);
     consumer.subscribe(&[&topic]).expect("subscribe");
     for _ in 0..PARTITIONS as usize * PER_PARTITION {
-        let delivery = tokio::time::timeout(WAIT, consumer.recv())
-            .await
-            .expect("a delivery")
-            .expect("recv");
+        let delivery = support::next_delivery(&consumer, WAIT).await;
         consumer.ack(&delivery);
     }
 
@@ -171,10 +168,7 @@ async fn one_offset_commit_for_an_assignment_that_splits_eight_partitions() {
     // The splits work: every record, in order per partition.
     let mut next = [0i64; PARTITIONS as usize];
     for _ in 0..PARTITIONS as usize * PER_PARTITION {
-        let delivery = tokio::time::timeout(WAIT, consumer.recv())
-            .await
-            .expect("a delivery")
-            .expect("recv");
+        let delivery = support::next_delivery(&consumer, WAIT).await;
         let slot = &mut next[delivery.partition as usize];
         assert_eq!(
             delivery.offset, *slot,

@@ -43,10 +43,7 @@ async fn the_backlog_gets_a_share_while_fresh_records_outpace_the_application() 
     let (mut catchup, mut live) = (0u64, 0u64);
     let started = Instant::now();
     while started.elapsed() < RUN_FOR {
-        let delivery = tokio::time::timeout(Duration::from_secs(30), consumer.recv())
-            .await
-            .expect("a delivery within 30 s")
-            .expect("recv");
+        let delivery = support::next_delivery(&consumer, Duration::from_secs(30)).await;
         match delivery.lane {
             DeliveryLane::Catchup => catchup += 1,
             DeliveryLane::Live => live += 1,

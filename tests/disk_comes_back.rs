@@ -50,10 +50,10 @@ fn disk_bytes(path: &std::path::Path) -> u64 {
 async fn receive(consumer: &CatchupConsumer, expected: &BTreeSet<(i32, i64)>) {
     let mut seen = BTreeSet::new();
     while &seen != expected {
-        let delivery = tokio::time::timeout(WAIT, consumer.recv())
-            .await
-            .unwrap_or_else(|_| panic!("{} of {} delivered in time", seen.len(), expected.len()))
-            .expect("recv");
+        let delivery = support::next_delivery_or(consumer, WAIT, || {
+            format!("{} of {} delivered in time", seen.len(), expected.len())
+        })
+        .await;
         assert_eq!(
             delivery.payload.as_deref(),
             Some(value(delivery.partition, delivery.offset).as_bytes()),

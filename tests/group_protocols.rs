@@ -43,10 +43,7 @@ async fn scenario(settings: &[(&str, &str)]) {
     // Partition 1 has a backlog of 50 < min_lag: plain. Partition 0 is split.
     let mut next = [100i64, 250];
     while next != [300, 300] {
-        let delivery = tokio::time::timeout(WAIT, consumer.recv())
-            .await
-            .expect("in time")
-            .expect("recv");
+        let delivery = support::next_delivery(&consumer, WAIT).await;
         let slot = &mut next[delivery.partition as usize];
         assert_eq!(
             delivery.offset, *slot,

@@ -97,10 +97,7 @@ async fn read_through(mode: Mode, lane: DeliveryLane) {
     .expect("consumer");
     consumer.subscribe(&[&topic]).expect("subscribe");
     for offset in 0..RECORDS as i64 {
-        let delivery = tokio::time::timeout(WAIT, consumer.recv())
-            .await
-            .expect("delivered in time")
-            .expect("recv");
+        let delivery = support::next_delivery(&consumer, WAIT).await;
         assert_eq!((delivery.offset, delivery.lane), (offset, lane));
         let headers: Vec<(&str, Option<&[u8]>)> = delivery
             .headers

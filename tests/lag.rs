@@ -30,10 +30,7 @@ async fn lag_during_a_split_agrees_with_the_consumer() {
     // Process part of the backlog and some fresh records, then commit both lanes.
     let (mut backlog, mut fresh) = (0, 0);
     while backlog < 300 || fresh < 10 {
-        let delivery = tokio::time::timeout(WAIT, consumer.recv())
-            .await
-            .expect("delivered in time")
-            .expect("recv");
+        let delivery = support::next_delivery(&consumer, WAIT).await;
         match delivery.lane {
             DeliveryLane::Catchup if backlog < 300 => backlog += 1,
             DeliveryLane::Live if fresh < 10 => fresh += 1,

@@ -30,10 +30,7 @@ async fn a_split_reports_its_metrics() {
     let (mut events, _split) = support::subscribe_until_split(&consumer, &topic).await;
     kafka.produce_from(&topic, 1, 300, 10).await;
     for _ in 0..310 {
-        let delivery = tokio::time::timeout(WAIT, consumer.recv())
-            .await
-            .expect("in time")
-            .expect("recv");
+        let delivery = support::next_delivery(&consumer, WAIT).await;
         consumer.ack(&delivery);
     }
     wait_for_event(&mut events, WAIT, |e| matches!(e, Event::Merged { .. })).await;

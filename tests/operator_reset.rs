@@ -32,10 +32,7 @@ async fn reset_offsets_make_the_side_entry_stale() {
             "{split:?}"
         );
         for _ in 0..100 {
-            let delivery = tokio::time::timeout(WAIT, consumer.recv())
-                .await
-                .expect("in time")
-                .expect("recv");
+            let delivery = support::next_delivery(&consumer, WAIT).await;
             consumer.ack(&delivery);
         }
         consumer.commit().await.expect("commit");
@@ -70,10 +67,7 @@ async fn reset_offsets_make_the_side_entry_stale() {
             boundary: 500
         }
     );
-    let first = tokio::time::timeout(WAIT, consumer.recv())
-        .await
-        .expect("in time")
-        .expect("recv");
+    let first = support::next_delivery(&consumer, WAIT).await;
     assert_eq!(first.offset, 50, "processing restarts at the reset offset");
     assert!(side_value(&kafka, "__catchup_side", &side_key).is_some_and(|v| v.contains("e=2")));
     consumer.close().await.expect("close");

@@ -160,10 +160,7 @@ async fn any_mix_of_lost_writes_ends_verified_or_refetched() {
             Instant::now() < deadline,
             "the run processed only {processed}"
         );
-        let delivery = tokio::time::timeout(WAIT, run.recv())
-            .await
-            .expect("a delivery in time")
-            .expect("recv");
+        let delivery = support::next_delivery(&run, WAIT).await;
         run.ack(&delivery);
         processed += 1;
         if processed % 500 == 0 || last_copy.elapsed() > Duration::from_millis(300) {

@@ -56,10 +56,7 @@ async fn ordered_delivers_the_backlog_then_live_and_merges() {
     support::wait_until_buffered(&consumer, 1, 125).await;
     let mut delivered = Vec::new();
     while delivered.len() < 55 {
-        let delivery = tokio::time::timeout(WAIT, consumer.recv())
-            .await
-            .expect("delivery in time")
-            .expect("recv");
+        let delivery = support::next_delivery(&consumer, WAIT).await;
         delivered.push((delivery.offset, delivery.lane));
         consumer.ack(&delivery);
     }
@@ -104,10 +101,7 @@ async fn concurrent_delivers_fresh_records_before_the_backlog_is_done() {
     let mut produced_fresh = false;
     let mut fresh_before_backlog_done = false;
     while catchup_seen.len() < 50 || live_seen.is_empty() {
-        let delivery = tokio::time::timeout(WAIT, consumer.recv())
-            .await
-            .expect("delivery in time")
-            .expect("recv");
+        let delivery = support::next_delivery(&consumer, WAIT).await;
         match delivery.lane {
             DeliveryLane::Catchup => {
                 catchup_seen.push(delivery.offset);

@@ -137,10 +137,7 @@ async fn read_slowly(
 ) -> i64 {
     let mut farthest_ahead = 0;
     for expected in 0..RECORDS as i64 {
-        let delivery = tokio::time::timeout(WAIT, consumer.recv())
-            .await
-            .expect("delivery in time")
-            .expect("recv");
+        let delivery = support::next_delivery(consumer, WAIT).await;
         assert_eq!(delivery.offset, expected);
         consumer.ack(&delivery);
         // About 250 µs of work per record (the timer's grain is a millisecond).
@@ -190,10 +187,10 @@ async fn an_application_acknowledging_whole_batches_gets_every_batch() {
     const BATCH: usize = 4_000;
     let mut batch = Vec::with_capacity(BATCH);
     for expected in 0..RECORDS as i64 {
-        let delivery = tokio::time::timeout(WAIT, consumer.recv())
-            .await
-            .unwrap_or_else(|_| panic!("offset {expected} not delivered in time"))
-            .expect("recv");
+        let delivery = support::next_delivery_or(&consumer, WAIT, || {
+            format!("offset {expected} not delivered in time")
+        })
+        .await;
         assert_eq!(delivery.offset, expected);
         batch.push(delivery);
         if batch.len() == BATCH {
@@ -233,10 +230,7 @@ async fn a_quiet_partition_waits_only_for_the_busy_ones_read_ahead() {
     const BEFORE: i64 = 3_000;
     let mut busy_taken = 0;
     while busy_taken < BEFORE {
-        let delivery = tokio::time::timeout(WAIT, consumer.recv())
-            .await
-            .expect("delivery in time")
-            .expect("recv");
+        let delivery = support::next_delivery(&consumer, WAIT).await;
         assert_eq!((delivery.partition, delivery.offset), (0, busy_taken));
         consumer.ack(&delivery);
         busy_taken += 1;
@@ -248,10 +242,7 @@ async fn a_quiet_partition_waits_only_for_the_busy_ones_read_ahead() {
         .produce_keyed(&topic, 1, &[("quiet".into(), "fresh".into())])
         .await;
     let busy_before_fresh = loop {
-        let delivery = tokio::time::timeout(WAIT, consumer.recv())
-            .await
-            .expect("delivery in time")
-            .expect("recv");
+        let delivery = support::next_delivery(&consumer, WAIT).await;
         consumer.ack(&delivery);
         if delivery.partition == 1 {
             assert_eq!(delivery.payload.as_deref(), Some(&b"fresh"[..]));

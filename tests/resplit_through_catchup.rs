@@ -47,10 +47,10 @@ fn side_body(kafka: &Kafka, key: &str) -> Option<String> {
 
 /// The next delivery, or a panic naming what was awaited.
 async fn next(consumer: &CatchupConsumer, what: &str) -> catchup::Delivery {
-    tokio::time::timeout(WAIT, consumer.recv())
-        .await
-        .unwrap_or_else(|_| panic!("no delivery within {WAIT:?} while waiting for {what}"))
-        .expect("recv")
+    support::next_delivery_or(consumer, WAIT, || {
+        format!("no delivery within {WAIT:?} while waiting for {what}")
+    })
+    .await
 }
 
 /// The first life: splits at `BACKLOG`, acknowledges catch-up `[0, G1)` and live

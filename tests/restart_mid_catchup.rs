@@ -47,10 +47,7 @@ fn config(dir: &Path) -> CatchupConfig {
 async fn process(consumer: &CatchupConsumer, count: usize, say: bool) -> Vec<i64> {
     let mut offsets = Vec::new();
     while offsets.len() < count {
-        let delivery = tokio::time::timeout(WAIT, consumer.recv())
-            .await
-            .expect("delivery in time")
-            .expect("recv");
+        let delivery = support::next_delivery(consumer, WAIT).await;
         offsets.push(delivery.offset);
         if say {
             println!("processed {}", delivery.offset);
@@ -119,10 +116,7 @@ async fn resume_and_finish(kafka: &Kafka, topic: &str, group: &str, dir: &Path, 
     let mut second = BTreeSet::new();
     let mut previous = committed - 1;
     while !second.contains(&(end - 1)) {
-        let delivery = tokio::time::timeout(WAIT, consumer.recv())
-            .await
-            .expect("delivery in time")
-            .expect("recv");
+        let delivery = support::next_delivery(&consumer, WAIT).await;
         assert!(delivery.offset > previous, "Ordered: strictly increasing");
         previous = delivery.offset;
         // Fresh records come from the live lane, or, once the split merged (commits come

@@ -90,10 +90,10 @@ async fn truncated_live_lane(assignor: Option<&str>) {
     let mut delivered: Vec<i64> = taken.iter().map(|delivery| delivery.offset).collect();
     taken.iter().for_each(|delivery| consumer.ack(delivery));
     while delivered.last().is_none_or(|&last| last < LOG_END - 1) {
-        let delivery = tokio::time::timeout(WAIT, consumer.recv())
-            .await
-            .unwrap_or_else(|_| panic!("stalled after {:?}", delivered.last()))
-            .expect("recv");
+        let delivery = support::next_delivery_or(&consumer, WAIT, || {
+            format!("stalled after {:?}", delivered.last())
+        })
+        .await;
         delivered.push(delivery.offset);
         consumer.ack(&delivery);
     }

@@ -66,10 +66,7 @@ async fn second_member_takes_one(
 /// `from`, and commits them.
 async fn process(consumer: &CatchupConsumer, partition: i32, from: i64, count: i64) {
     for expected in from..from + count {
-        let delivery = tokio::time::timeout(WAIT, consumer.recv())
-            .await
-            .expect("a delivery in time")
-            .expect("recv");
+        let delivery = support::next_delivery(consumer, WAIT).await;
         assert_eq!(
             (delivery.partition, delivery.offset),
             (partition, expected),
@@ -121,10 +118,10 @@ async fn a_partition_that_comes_back_is_served_from_the_kept_records() {
         .filter(|&(partition, offset)| partition != moved || offset >= 300)
         .collect();
     while !wanted.is_empty() {
-        let delivery = tokio::time::timeout(WAIT, first.recv())
-            .await
-            .unwrap_or_else(|_| panic!("{} offsets never delivered", wanted.len()))
-            .expect("recv");
+        let delivery = support::next_delivery_or(&first, WAIT, || {
+            format!("{} offsets never delivered", wanted.len())
+        })
+        .await;
         wanted.remove(&(delivery.partition, delivery.offset));
         first.ack(&delivery);
     }

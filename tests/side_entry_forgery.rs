@@ -128,10 +128,10 @@ async fn restart_after_forgery(kafka: &Kafka, victim: &Victim, value: &str, reas
 
     let mut next = 0i64;
     while next < END {
-        let delivery = tokio::time::timeout(WAIT, consumer.recv())
-            .await
-            .unwrap_or_else(|_| panic!("stalled at offset {next} of {END}"))
-            .expect("recv");
+        let delivery = support::next_delivery_or(&consumer, WAIT, || {
+            format!("stalled at offset {next} of {END}")
+        })
+        .await;
         assert_eq!(
             delivery.offset, next,
             "Ordered: every offset, in order, none skipped"
@@ -202,10 +202,8 @@ async fn another_groups_entry_copied_under_this_key_skips_nothing() {
     produce_fresh(&kafka, &victim).await;
     let (mut catchup_next, mut live_next) = (0i64, BACKLOG as i64);
     while catchup_next < BACKLOG as i64 - 10 || live_next < END {
-        let delivery = tokio::time::timeout(WAIT, other.recv())
-            .await
-            .expect("the other group stalled")
-            .expect("recv");
+        let delivery =
+            support::next_delivery_or(&other, WAIT, || "the other group stalled".into()).await;
         match delivery.lane {
             DeliveryLane::Catchup if delivery.offset < BACKLOG as i64 - 10 => {
                 other.ack(&delivery);

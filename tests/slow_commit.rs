@@ -169,10 +169,7 @@ async fn consumer_with_a_held_commit(group: &str) -> Held {
 
 /// Takes the next record, checks it is `offset`, and acknowledges it.
 async fn take(consumer: &CatchupConsumer, offset: i64) {
-    let delivery = tokio::time::timeout(WAIT, consumer.recv())
-        .await
-        .expect("a record in time")
-        .expect("recv");
+    let delivery = support::next_delivery(consumer, WAIT).await;
     assert_eq!(delivery.offset, offset);
     consumer.ack(&delivery);
 }

@@ -61,10 +61,7 @@ async fn fresh_records_behind_a_backlog_are_spilled_and_counted() {
     }
 
     for expected in 0..(BACKLOG + FRESH) as i64 {
-        let delivery = tokio::time::timeout(WAIT, consumer.recv())
-            .await
-            .expect("in time")
-            .expect("recv");
+        let delivery = support::next_delivery(&consumer, WAIT).await;
         assert_eq!(delivery.offset, expected, "in order, none lost");
         consumer.ack(&delivery);
     }

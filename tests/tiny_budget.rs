@@ -27,10 +27,10 @@ async fn a_budget_of_zero_still_drains_a_split() {
     let mut events = consumer.events();
     consumer.subscribe(&[&topic]).expect("subscribe");
     for expected in 0..RECORDS as i64 {
-        let delivery = tokio::time::timeout(WAIT, consumer.recv())
-            .await
-            .unwrap_or_else(|_| panic!("offset {expected} not delivered within {WAIT:?}"))
-            .expect("recv");
+        let delivery = support::next_delivery_or(&consumer, WAIT, || {
+            format!("offset {expected} not delivered within {WAIT:?}")
+        })
+        .await;
         assert_eq!(delivery.offset, expected, "in order, nothing skipped");
     }
     let mut split = false;

@@ -36,10 +36,7 @@ async fn buffer_then_recreate(
     let first = CatchupConsumer::new(&client, config.clone()).expect("consumer");
     first.subscribe(&[topic]).expect("subscribe");
     for expected in 0..1_000 {
-        let delivery = tokio::time::timeout(WAIT, first.recv())
-            .await
-            .expect("in time")
-            .expect("recv");
+        let delivery = support::next_delivery(&first, WAIT).await;
         assert_eq!(delivery.offset, expected);
         first.ack(&delivery);
     }
@@ -89,10 +86,7 @@ async fn restart_reads_the_new_incarnation(
     .await;
     kafka.produce_from(topic, 1, NEW_INDEX + 3_000, 100).await;
     for expected in from..3_100 {
-        let delivery = tokio::time::timeout(WAIT, second.recv())
-            .await
-            .expect("in time")
-            .expect("recv");
+        let delivery = support::next_delivery(&second, WAIT).await;
         assert_eq!(delivery.offset, expected);
         let (_, payload) = key_and_payload(topic, NEW_INDEX + expected as usize);
         assert_eq!(

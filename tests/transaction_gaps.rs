@@ -82,10 +82,7 @@ async fn aborted_transactions_and_markers_do_not_stall_catch_up() {
 
     let mut payloads = Vec::new();
     while payloads.len() < 120 {
-        let delivery = tokio::time::timeout(WAIT, consumer.recv())
-            .await
-            .expect("in time")
-            .expect("recv");
+        let delivery = support::next_delivery(&consumer, WAIT).await;
         payloads.push(
             String::from_utf8(delivery.payload.as_deref().unwrap_or_default().to_vec())
                 .expect("utf-8"),

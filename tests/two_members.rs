@@ -29,10 +29,10 @@ async fn consume_until(
         .iter()
         .all(|p| seen.get(p).and_then(|o| o.last()) == Some(&(end - 1)))
     {
-        let delivery = tokio::time::timeout(WAIT, consumer.recv())
-            .await
-            .unwrap_or_else(|_| panic!("no delivery for {partitions:?} within {WAIT:?}"))
-            .expect("recv");
+        let delivery = support::next_delivery_or(consumer, WAIT, || {
+            format!("no delivery for {partitions:?} within {WAIT:?}")
+        })
+        .await;
         seen.entry(delivery.partition)
             .or_default()
             .push(delivery.offset);
@@ -67,10 +67,7 @@ async fn a_partition_moves_during_catch_up() {
     // A processes the first 100 records it gets, then stays idle but in the group.
     let mut first_life: BTreeMap<i32, Vec<i64>> = BTreeMap::new();
     while first_life.values().map(Vec::len).sum::<usize>() < 100 {
-        let delivery = tokio::time::timeout(WAIT, member_a.recv())
-            .await
-            .expect("in time")
-            .expect("recv");
+        let delivery = support::next_delivery(&member_a, WAIT).await;
         first_life
             .entry(delivery.partition)
             .or_default()

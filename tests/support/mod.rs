@@ -624,6 +624,32 @@ pub async fn wait_for_named_event(
     }
 }
 
+/// The consumer's next delivery, awaited at most `within`; panics when none comes in time
+/// or `recv` fails.
+pub async fn next_delivery(
+    consumer: &catchup::CatchupConsumer,
+    within: Duration,
+) -> catchup::Delivery {
+    next_delivery_or(consumer, within, || {
+        format!("no delivery within {within:?}")
+    })
+    .await
+}
+
+/// As [`next_delivery`]; the panic when none comes in time is `stalled()`, which can say
+/// what the test was waiting for.
+pub async fn next_delivery_or(
+    consumer: &catchup::CatchupConsumer,
+    within: Duration,
+    stalled: impl FnOnce() -> String,
+) -> catchup::Delivery {
+    match tokio::time::timeout(within, consumer.recv()).await {
+        Ok(Ok(delivery)) => delivery,
+        Ok(Err(err)) => panic!("recv: {err}"),
+        Err(_) => panic!("{}", stalled()),
+    }
+}
+
 /// Takes deliveries without acknowledging them (what is handed out and not acknowledged
 /// counts against the byte budget) until an event satisfies `predicate` (bounded); returns
 /// what was taken and that event.
