@@ -4,9 +4,21 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::store::Lane;
 
-/// A lane stops reading ahead of the reader once it is its share divided by this
-/// ahead (decided once a round: the round that crosses it may poll one queue's worth more).
+/// A lane stops reading ahead of the reader once it is its share divided by this ahead, or
+/// one fetch ([`read_ahead_share`]; decided once a round: the round that crosses it may poll
+/// one queue's worth more).
 pub const READ_AHEAD_DIVISOR: u64 = 8;
+
+/// A lane's read-ahead: an eighth of its share of the budget (`limit` over `slots`,
+/// [`READ_AHEAD_DIVISOR`]), but at least what one fetch may bring of a partition
+/// (`fetch_bytes`), and at most the whole share. A smaller read-ahead held the lane after
+/// each fetch: at 64 partitions the default budget gave 256 KiB, a quarter of librdkafka's
+/// 1 MiB, and a held lane in a shared queue is paused, which drops what librdkafka fetched
+/// for it meanwhile (`docs/performance.md`).
+pub fn read_ahead_share(limit: u64, slots: usize, fetch_bytes: u64) -> u64 {
+    let share = limit / slots.max(1) as u64;
+    (share / READ_AHEAD_DIVISOR).max(fetch_bytes).min(share)
+}
 
 /// Bytes a lane that is not held may still poll this round: what is left of its read-ahead
 /// (`read_ahead` bytes, `None` before the budget was first measured: no bound) once `ahead`
@@ -142,9 +154,13 @@ impl<K: Ord + Clone> PausePolicy<K> {
         slots: usize,
         usage: &BTreeMap<K, u64>,
     ) -> Vec<PauseChange<K>> {
+        self.decide_share(limit / slots.max(1) as u64, usage)
+    }
+
+    /// As [`decide`](Self::decide), against a `share` given for each partition.
+    pub fn decide_share(&mut self, share: u64, usage: &BTreeMap<K, u64>) -> Vec<PauseChange<K>> {
         self.paused
             .retain(|partition| usage.contains_key(partition));
-        let share = limit / slots.max(1) as u64;
         let mut changes = Vec::new();
         for (partition, &bytes) in usage {
             let paused = self.paused.contains(partition);
@@ -234,6 +250,45 @@ mod tests {
         let changes = policy.decide(1000, 4, &usage(125, 240));
         assert_eq!((changes[0].partition, changes[0].paused), ("a", false));
         assert!(!policy.any_paused());
+    }
+
+    #[test]
+    fn a_read_ahead_is_an_eighth_of_a_share_and_at_least_one_fetch_within_the_share() {
+        const MIB: u64 = 1 << 20;
+        // (budget, slots, one fetch of a partition) -> read-ahead.
+        let table = [
+            // 8 partitions, both lanes, the default budget: an eighth of 16 MiB.
+            ((256 * MIB, 16, MIB), 2 * MIB),
+            // 64 partitions: an eighth of a share is 256 KiB; one fetch instead.
+            ((256 * MIB, 128, MIB), MIB),
+            // A user's larger fetch.
+            ((256 * MIB, 128, 4 * MIB / 3), 4 * MIB / 3),
+            // 256 partitions: one fetch is more than the share; the share.
+            ((256 * MIB, 512, MIB), MIB / 2),
+            // A budget of a few bytes (`tests/tiny_budget.rs`).
+            ((40, 4, MIB), 10),
+            ((0, 4, MIB), 0),
+            // No slot yet counts as one.
+            ((8 * MIB, 0, MIB), MIB),
+        ];
+        for ((limit, slots, fetch_bytes), expected) in table {
+            assert_eq!(
+                read_ahead_share(limit, slots, fetch_bytes),
+                expected,
+                "budget {limit}, {slots} slots, fetch {fetch_bytes}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_share_given_decides_as_the_budget_divided() {
+        let usage = BTreeMap::from([("a", 300), ("b", 100)]);
+        let (mut divided, mut given) = (PausePolicy::new(), PausePolicy::new());
+        assert_eq!(
+            divided.decide(1000, 4, &usage),
+            given.decide_share(250, &usage)
+        );
+        assert!(given.is_paused(&"a") && !given.is_paused(&"b"));
     }
 
     #[test]

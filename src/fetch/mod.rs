@@ -23,7 +23,7 @@ mod write_stops;
 
 pub use budget::{
     PauseChange, PausePolicy, QueueOwner, QueueTake, READ_AHEAD_DIVISOR, next_run, queue_take,
-    read_ahead_bytes, read_ahead_room,
+    read_ahead_bytes, read_ahead_room, read_ahead_share,
 };
 pub use cursor::{AppendResult, FetchCursor, PendingAppend, write_failure};
 pub use disk::{

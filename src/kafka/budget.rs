@@ -3,7 +3,8 @@
 //! resumes and reports.
 //!
 //! A catch-up lane is also held to a read-ahead: what it fetched and the reader has not taken
-//! yet stays within an eighth of its share. The buffer's memory tier spills a lane's oldest
+//! yet stays within an eighth of its share, or one fetch of the partition where that is more
+//! (`fetch::read_ahead_share`). The buffer's memory tier spills a lane's oldest
 //! records first (sled must hold each lane's prefix), so a catch-up lane fetched far ahead of
 //! a slower reader wrote to sled exactly the records the reader was to take next, and the
 //! reader read them back. Held, the lane's next records wait in librdkafka's queue instead —
@@ -49,7 +50,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::engine::types::Event;
 use crate::engine::{PartitionId, Shared};
-use crate::fetch::{PausePolicy, PausedHolds, READ_AHEAD_DIVISOR, WriteStops, read_ahead_room};
+use crate::fetch::{PausePolicy, PausedHolds, WriteStops, read_ahead_room, read_ahead_share};
 use crate::store::Lane;
 
 /// One fetcher's side of the byte budget.
@@ -57,6 +58,8 @@ pub(crate) struct Budget {
     fetcher: &'static str,
     lane: Lane,
     limit: u64,
+    /// The most one fetch brings of a partition: a lane's read-ahead is never less.
+    fetch_bytes: u64,
     policy: PausePolicy<PartitionId>,
     /// The lane's read-ahead: the partitions held, decided on the bytes fetched and not
     /// handed out (not on those unacknowledged: an application that acknowledges a batch once
@@ -78,11 +81,15 @@ pub(crate) struct Budget {
 }
 
 impl Budget {
-    pub fn new(fetcher: &'static str, lane: Lane, limit: u64) -> Self {
+    /// The budget of `fetcher`, whose consumer fetches `lane`: `limit` bytes over every
+    /// lane, and at most `fetch_bytes` of a partition per fetch
+    /// (`kafka::prefetch::partition_fetch_bytes`), which the read-ahead never goes below.
+    pub fn new(fetcher: &'static str, lane: Lane, limit: u64, fetch_bytes: u64) -> Self {
         Self {
             fetcher,
             lane,
             limit,
+            fetch_bytes,
             policy: PausePolicy::new(),
             read_ahead: PausePolicy::new(),
             ahead: BTreeMap::new(),
@@ -157,9 +164,9 @@ impl Budget {
         let slots = shared.budget_slots();
         let mut ahead = shared.undelivered_by_partition(self.lane);
         ahead.retain(|key, _| fetching(key));
-        let read_ahead = self.limit / READ_AHEAD_DIVISOR;
-        self.read_ahead_share = Some(read_ahead / slots.max(1) as u64);
-        for change in self.read_ahead.decide(read_ahead, slots, &ahead) {
+        let read_ahead = read_ahead_share(self.limit, slots, self.fetch_bytes);
+        self.read_ahead_share = Some(read_ahead);
+        for change in self.read_ahead.decide_share(read_ahead, &ahead) {
             tracing::trace!(
                 fetcher = self.fetcher,
                 topic = change.partition.0,

@@ -148,6 +148,21 @@ pub(crate) fn apply(config: &mut ClientConfig, settings: &[(&'static str, String
     }
 }
 
+/// librdkafka's default for the most one fetch brings of one partition.
+const PARTITION_FETCH_BYTES: u64 = 1 << 20;
+
+/// The most one fetch brings of one partition (`max.partition.fetch.bytes`, or its older
+/// name `fetch.message.max.bytes`), as `config` sets it or librdkafka's default (1 MiB). A
+/// value librdkafka would refuse counts as the default: creating the client reports it.
+/// (A record batch larger than this still comes whole when it is the first of a fetch.)
+pub(crate) fn partition_fetch_bytes(config: &ClientConfig) -> u64 {
+    ["max.partition.fetch.bytes", "fetch.message.max.bytes"]
+        .iter()
+        .find_map(|key| config.get(key))
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or(PARTITION_FETCH_BYTES)
+}
+
 /// The keys that size a prefetch queue.
 const QUEUE_KEYS: [&str; 2] = ["queued.max.messages.kbytes", "queued.min.messages"];
 
@@ -206,6 +221,23 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn a_partition_fetch_is_the_users_or_librdkafkas_default() {
+        let with = |pairs: &[(&str, &str)]| {
+            let mut config = ClientConfig::new();
+            for (key, value) in pairs {
+                config.set(*key, *value);
+            }
+            partition_fetch_bytes(&config)
+        };
+        assert_eq!(with(&[]), 1 << 20);
+        assert_eq!(with(&[("max.partition.fetch.bytes", "4194304")]), 4 << 20);
+        assert_eq!(with(&[("fetch.message.max.bytes", "65536")]), 65_536);
+        assert_eq!(with(&[("max.partition.fetch.bytes", "lots")]), 1 << 20);
+        // Other sizes do not bound one partition's fetch.
+        assert_eq!(with(&[("fetch.max.bytes", "65536")]), 1 << 20);
     }
 
     #[test]

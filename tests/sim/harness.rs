@@ -61,9 +61,9 @@ use std::time::{Duration, Instant};
 
 use catchup::fetch::{
     AfterOutOfRange, AppendResult, DiskFloor, DiskGuard, DiskSpace, Facts, Hold, LanePartition,
-    PausePolicy, PausedHolds, PollErrorKind, Polled as LanePolled, READ_AHEAD_DIVISOR, Round,
-    Schedule, Unprocessed, WriteStops, held_below_floor, live_waits_for_backlog,
-    nothing_deliverable, read_ahead_bytes, read_ahead_room,
+    PausePolicy, PausedHolds, PollErrorKind, Polled as LanePolled, Round, Schedule, Unprocessed,
+    WriteStops, held_below_floor, live_waits_for_backlog, nothing_deliverable, read_ahead_bytes,
+    read_ahead_room, read_ahead_share,
 };
 use catchup::plan::{
     CommitCycle, CommitPlan, Committed, Decision, IdleReads, Inputs, KeyIndex, LaneAccount,
@@ -595,6 +595,9 @@ struct ByteBudget {
     /// room. (Nothing is prefetched here: a paused client hands out nothing and resumes at
     /// its application position; a resume's refetch of a whole batch is not modelled.)
     shared_catchup_queue: bool,
+    /// The most one fetch brings of a partition, which a lane's read-ahead never goes below
+    /// (`fetch::read_ahead_share`): one to four records.
+    fetch_bytes: u64,
     /// The catch-up fetcher's and the group member's.
     lanes: [LaneBudget; 2],
 }
@@ -755,6 +758,9 @@ impl Sim {
             shared_catchup_queue: budgeted
                 && count > 1
                 && seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 63 == 1,
+            // From the seed's bits too.
+            fetch_bytes: (1 + (seed.wrapping_mul(0xC2B2_AE3D_27D4_EB4F) >> 62))
+                * RECORD_BYTES as u64,
             lanes: Default::default(),
         };
         let reader_budget = budget.limit.unwrap_or(READER_BUDGET);
@@ -2121,9 +2127,9 @@ impl Sim {
                     )
                 })
                 .collect();
-            let read_ahead = limit / READ_AHEAD_DIVISOR;
-            lane_budget.read_ahead_share = Some(read_ahead / slots.max(1) as u64);
-            for change in lane_budget.read_ahead.decide(read_ahead, slots, &ahead) {
+            let read_ahead = read_ahead_share(limit, slots, budget.fetch_bytes);
+            lane_budget.read_ahead_share = Some(read_ahead);
+            for change in lane_budget.read_ahead.decide_share(read_ahead, &ahead) {
                 self.stats.read_ahead_holds += u64::from(change.paused);
             }
             // Held in a shared queue: paused (`Budget::pause_shared_holds`).

@@ -141,6 +141,7 @@ impl CatchupFetcher {
             .set("auto.offset.reset", "error")
             .set("enable.partition.eof", "true");
         let budget = shared.config.buffer_budget_bytes;
+        let fetch_bytes = super::prefetch::partition_fetch_bytes(&config);
         let (commands, receiver) = crossbeam_channel::unbounded();
         let wakeup = Wakeup::default();
         if role == Role::Catchup {
@@ -159,7 +160,7 @@ impl CatchupFetcher {
                     tracked: HashMap::new(),
                     // The rebuild buffers nothing: no budget pauses it.
                     budget: (role == Role::Catchup)
-                        .then(|| Budget::new("catch-up", Lane::Catchup, budget)),
+                        .then(|| Budget::new("catch-up", Lane::Catchup, budget, fetch_bytes)),
                     role,
                     rebuilding: HashMap::new(),
                     wakeup,
@@ -851,7 +852,7 @@ mod tests {
             consumer: None,
             create_hold: Hold::default(),
             tracked: HashMap::new(),
-            budget: Some(Budget::new("catch-up", Lane::Catchup, 1 << 20)),
+            budget: Some(Budget::new("catch-up", Lane::Catchup, 1 << 20, 1 << 20)),
             role: Role::Catchup,
             rebuilding: HashMap::new(),
             wakeup: Wakeup::default(),

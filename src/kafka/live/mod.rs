@@ -318,6 +318,12 @@ impl LiveFetcher {
             &mut config,
             &super::prefetch::member(shared.config.buffer_budget_bytes),
         );
+        let budget = Budget::new(
+            "live",
+            Lane::Live,
+            shared.config.buffer_budget_bytes,
+            super::prefetch::partition_fetch_bytes(&config),
+        );
         // Messages, rebalances and errors arrive on the consumer queue, and the partitions'
         // messages on their own queues: the live thread waits for any of them, or for its
         // reader's word (`engine::FetcherWake`).
@@ -349,7 +355,7 @@ impl LiveFetcher {
         let (commands, receiver) = crossbeam_channel::unbounded();
         let thread = std::thread::Builder::new()
             .name("catchup-live".into())
-            .spawn(move || run(consumer, receiver, state, rebootstrap, wakeup))
+            .spawn(move || run(consumer, receiver, state, rebootstrap, wakeup, budget))
             .map_err(|error| KafkaError::Spawn {
                 thread: "live",
                 error,
@@ -364,6 +370,7 @@ fn run(
     state: Arc<LiveState>,
     rebootstrap: Rebootstrap,
     wakeup: Wakeup,
+    budget: Budget,
 ) {
     let shared = state.shared.clone();
     let _stop_on_panic = shared.stop_on_panic("live");
@@ -380,6 +387,7 @@ fn run(
             rebootstrap,
             &wakeup,
             commit_thread,
+            budget,
         )
     });
     drop(queues_first);
@@ -408,6 +416,7 @@ fn turns(
     mut rebootstrap: Rebootstrap,
     wakeup: &Wakeup,
     commit_thread: Option<CommitThread<'_>>,
+    mut budget: Budget,
 ) -> Option<(Reply<()>, Result<(), KafkaError>)> {
     let shared = &state.shared;
     let mut schedule = Schedule::new(
@@ -415,7 +424,6 @@ fn turns(
         shared.config.commit_interval,
         shared.config.buffer_budget_bytes,
     );
-    let mut budget = Budget::new("live", Lane::Live, shared.config.buffer_budget_bytes);
     let mut positions = Positions::default();
     let mut trim_watch = TrimWatch::default();
     // Whether the last round polled nothing: the next waits for the queue (or the reader).
