@@ -1,8 +1,8 @@
 //! The buffer's byte budget: above it the fetchers pause, below half of it they resume —
 //! a large backlog never fills the disk, and everything is still delivered. What counts is
 //! what is not acknowledged: a reader that takes records and acknowledges none makes the
-//! fetcher pause (one that takes nothing holds the lane to its read-ahead first, far below
-//! the budget: `tests/read_ahead.rs`).
+//! fetcher pause (one that takes nothing holds the lane to its read-ahead first, at most half
+//! its share: `tests/read_ahead.rs`).
 
 mod support;
 

@@ -18,10 +18,10 @@ mod support;
 const RECORDS: i64 = 3_000;
 /// Each record's value: about a kibibyte.
 const VALUE_BYTES: usize = 1_024;
-/// Small, so that the reader's read-ahead (an eighth of it) is small beside what may wait for
-/// commits: the floor, 1 MiB (about 1,000 records).
+/// Small, so that the lane's read-ahead (half its share here: one fetch is more than that) is
+/// small beside what may wait for commits: the floor, 1 MiB (about 1,000 records).
 const BUDGET: u64 = 512 << 10;
-/// Far more than the records an eighth of the budget holds, with the reader's read-ahead.
+/// Far more than the records the floor holds, with the lane's read-ahead.
 const AT_MOST_WHILE_FAILING: i64 = 2_000;
 /// Fewer than may wait for commits (1 MiB of records of 1 KiB and their keys): the reader
 /// must not hold back before it.

@@ -1,4 +1,5 @@
-//! A lane reads ahead of its reader about an eighth of its share of the byte budget: behind a
+//! A lane reads ahead of its reader about an eighth of its share of the byte budget, and at
+//! least one fetch of a partition within the share (`fetch::read_ahead_share`): behind a
 //! slow reader its next records wait in Kafka's client, not in sled (the memory tier spills a
 //! lane's oldest records first, exactly those the reader takes next). A catch-up lane's queue
 //! is left unpolled; the group member, one queue for all its partitions, takes a message at a
@@ -22,16 +23,24 @@ const VALUE_BYTES: usize = 1_024;
 const BUDGET: u64 = 32 << 20;
 /// Records of a lane's whole share (about 16,000): how far the lane ran ahead before.
 const SHARE_RECORDS: i64 = (BUDGET / 2 / VALUE_BYTES as u64) as i64;
-/// Records of a lane's read-ahead, an eighth of its share (about 2,000).
-const READ_AHEAD_RECORDS: i64 = SHARE_RECORDS / 8;
 /// The records the reader takes from the buffer at a time, all partitions together (the
 /// consumer's hand-out queue).
 const READER_HAND: i64 = 256;
-/// A budget whose read-ahead (512 KiB, about 500 records) is a quarter of what the catch-up
-/// fetcher polls from a queue in one round at most (2,000 messages): a lane polled past its
-/// read-ahead shows here, where at `BUDGET` the two are about the same.
+/// librdkafka's default for the most one fetch brings of a partition.
+const FETCH_BYTES: u64 = 1 << 20;
+/// A budget whose read-ahead (512 KiB, about 500 records: an eighth of the share, as the
+/// consumer fetches at most `SMALL_FETCH_BYTES` of a partition at a time) is a quarter of what
+/// the catch-up fetcher polls from a queue in one round at most (2,000 messages): a lane
+/// polled past its read-ahead shows here, where at `BUDGET` the two are about the same.
 const SMALL_BUDGET: u64 = 8 << 20;
-const SMALL_READ_AHEAD_RECORDS: i64 = (SMALL_BUDGET / 2 / VALUE_BYTES as u64 / 8) as i64;
+/// Below an eighth of the small budget's share: a read-ahead is at least one fetch.
+const SMALL_FETCH_BYTES: u64 = 256 << 10;
+
+/// Records of a lane's read-ahead at `budget`, fetching `fetch_bytes` of a partition at a
+/// time, by the production rule: one partition, split (two lanes).
+fn read_ahead_records(budget: u64, fetch_bytes: u64) -> i64 {
+    (catchup::fetch::read_ahead_share(budget, 2, fetch_bytes) / VALUE_BYTES as u64) as i64
+}
 
 /// A topic of `RECORDS` 1 KiB records in one partition, and a consumer in `mode` of a group
 /// committed at its start, subscribed (split, the partition splits at its log end: all of it
@@ -40,6 +49,7 @@ async fn backlog(
     name: &str,
     mode: Mode,
     budget: u64,
+    fetch_bytes: u64,
 ) -> (
     CatchupConsumer,
     tokio::sync::broadcast::Receiver<Event>,
@@ -61,7 +71,9 @@ async fn backlog(
         .mode(mode)
         .min_lag(100)
         .buffer_budget_bytes(budget);
-    let consumer = catchup_consumer(&kafka, &group, config);
+    let mut client = kafka.consumer_config(&group);
+    client.set("max.partition.fetch.bytes", fetch_bytes.to_string());
+    let consumer = CatchupConsumer::new(&client, config).expect("catchup consumer");
     let events = consumer.events();
     consumer.subscribe(&[&topic]).expect("subscribe");
     (consumer, events, dir)
@@ -69,7 +81,7 @@ async fn backlog(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_catchup_lane_reads_ahead_an_eighth_of_its_share() {
-    let (consumer, events, _dir) = backlog("read-ahead", Mode::Ordered, BUDGET).await;
+    let (consumer, events, _dir) = backlog("read-ahead", Mode::Ordered, BUDGET, FETCH_BYTES).await;
     let farthest_ahead = read_slowly(&consumer, |buffer| buffer.catchup.fetched_next).await;
     eprintln!("the catch-up lane ran at most {farthest_ahead} records ahead of the reader");
     assert!(
@@ -84,7 +96,7 @@ async fn a_catchup_lane_reads_ahead_an_eighth_of_its_share() {
     // read-ahead (about 2,000 records) is about one poll round, so this bound also holds for a
     // round polled past the read-ahead (3,999 records, against 3,946-3,950 capped): the cap
     // itself is tested by the small budget below, where the two differ fourfold.
-    assert_within_read_ahead(farthest_ahead, READ_AHEAD_RECORDS);
+    assert_within_read_ahead(farthest_ahead, read_ahead_records(BUDGET, FETCH_BYTES));
     assert_never_paused(events);
     consumer.close().await.expect("close");
 }
@@ -94,17 +106,24 @@ async fn a_catchup_lane_reads_ahead_an_eighth_of_its_share() {
 /// polled 2,000 messages a round would run at least 2,000 ahead).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_catchup_lane_stops_at_a_read_ahead_smaller_than_a_poll_round() {
-    let (consumer, events, _dir) = backlog("read-ahead-small", Mode::Ordered, SMALL_BUDGET).await;
+    let (consumer, events, _dir) = backlog(
+        "read-ahead-small",
+        Mode::Ordered,
+        SMALL_BUDGET,
+        SMALL_FETCH_BYTES,
+    )
+    .await;
+    let read_ahead = read_ahead_records(SMALL_BUDGET, SMALL_FETCH_BYTES);
     let farthest_ahead = read_slowly(&consumer, |buffer| buffer.catchup.fetched_next).await;
     eprintln!(
         "the catch-up lane ran at most {farthest_ahead} records ahead of the reader \
-         (read-ahead {SMALL_READ_AHEAD_RECORDS})"
+         (read-ahead {read_ahead})"
     );
     assert!(
-        farthest_ahead > SMALL_READ_AHEAD_RECORDS / 2,
+        farthest_ahead > read_ahead / 2,
         "the fetcher did run ahead of the slow reader ({farthest_ahead} records)"
     );
-    assert_within_read_ahead(farthest_ahead, SMALL_READ_AHEAD_RECORDS);
+    assert_within_read_ahead(farthest_ahead, read_ahead);
     assert_never_paused(events);
     consumer.close().await.expect("close");
 }
@@ -114,7 +133,7 @@ async fn a_catchup_lane_stops_at_a_read_ahead_smaller_than_a_poll_round() {
 /// the whole topic ahead of the slow reader.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_live_lane_reads_ahead_an_eighth_of_its_share() {
-    let (consumer, events, _dir) = backlog("read-ahead-live", Mode::Off, BUDGET).await;
+    let (consumer, events, _dir) = backlog("read-ahead-live", Mode::Off, BUDGET, FETCH_BYTES).await;
     let farthest_ahead = read_slowly(&consumer, |buffer| buffer.live.fetched_next).await;
     eprintln!("the live lane ran at most {farthest_ahead} records ahead of the reader");
     assert!(
@@ -182,7 +201,8 @@ fn assert_never_paused(mut events: tokio::sync::broadcast::Receiver<Event>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_application_acknowledging_whole_batches_gets_every_batch() {
-    let (consumer, _events, _dir) = backlog("read-ahead-batches", Mode::Ordered, BUDGET).await;
+    let (consumer, _events, _dir) =
+        backlog("read-ahead-batches", Mode::Ordered, BUDGET, FETCH_BYTES).await;
     // 4,000 records of 1 KiB: twice the read-ahead, a quarter of the share.
     const BATCH: usize = 4_000;
     let mut batch = Vec::with_capacity(BATCH);

@@ -1,4 +1,4 @@
-//! A byte budget too small for any read-ahead (0 bytes: an eighth of a lane's share is 0)
+//! A byte budget too small for any read-ahead (0 bytes: half a lane's share is 0)
 //! slows the lanes to a record at a time but stops none: a split partition still hands out
 //! every record, in order, and its catch-up lane drains. (Regression: a catch-up queue polled
 //! only up to the room its read-ahead left was never polled again once that room was 0.)

@@ -95,7 +95,8 @@ pub struct CatchupConfig {
     /// quarter of it is the buffer's memory tier: records the reader takes from memory, and
     /// that a commit drops without writing them; what waits beyond it is written to disk. A
     /// catch-up lane reads ahead of the reader about an eighth of its share (fetched and
-    /// not handed out yet): the rest of its backlog waits in Kafka, not on disk. Once an
+    /// not handed out yet), and at least one fetch of a partition within half its share: the
+    /// rest of its backlog waits in Kafka, not on disk. Once an
     /// eighth of it (at least 1 MiB) that the application acknowledged waits for commits
     /// that have not landed, the reader reads no partition holding its share of that until
     /// its commit lands (`docs/buffer.md`).

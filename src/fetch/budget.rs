@@ -5,19 +5,25 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::store::Lane;
 
 /// A lane stops reading ahead of the reader once it is its share divided by this ahead, or
-/// one fetch ([`read_ahead_share`]; decided once a round: the round that crosses it may poll
-/// one queue's worth more).
+/// one fetch of a partition within half its share, where that is more ([`read_ahead_share`];
+/// decided once a round: the round that crosses it may poll one queue's worth more).
 pub const READ_AHEAD_DIVISOR: u64 = 8;
 
 /// A lane's read-ahead: an eighth of its share of the budget (`limit` over `slots`,
 /// [`READ_AHEAD_DIVISOR`]), but at least what one fetch may bring of a partition
-/// (`fetch_bytes`), and at most the whole share. A smaller read-ahead held the lane after
-/// each fetch: at 64 partitions the default budget gave 256 KiB, a quarter of librdkafka's
-/// 1 MiB, and a held lane in a shared queue is paused, which drops what librdkafka fetched
-/// for it meanwhile (`docs/performance.md`).
+/// (`fetch_bytes`), and at most half the share.
+///
+/// * A read-ahead under one fetch held the lane after each fetch: at 64 partitions the
+///   default budget gave 256 KiB, a quarter of librdkafka's 1 MiB, and a held lane in a
+///   shared queue is paused, which drops what librdkafka fetched for it meanwhile
+///   (`docs/performance.md`).
+/// * Half the share keeps a hold ahead of the budget's pause (bytes not taken are never
+///   more than bytes not acknowledged: a read-ahead of the whole share would pause the lane
+///   in the round it is held, dropping its prefetch), and bounds what all lanes read ahead
+///   together to half the budget.
 pub fn read_ahead_share(limit: u64, slots: usize, fetch_bytes: u64) -> u64 {
     let share = limit / slots.max(1) as u64;
-    (share / READ_AHEAD_DIVISOR).max(fetch_bytes).min(share)
+    (share / READ_AHEAD_DIVISOR).max(fetch_bytes).min(share / 2)
 }
 
 /// Bytes a lane that is not held may still poll this round: what is left of its read-ahead
@@ -253,20 +259,23 @@ mod tests {
     }
 
     #[test]
-    fn a_read_ahead_is_an_eighth_of_a_share_and_at_least_one_fetch_within_the_share() {
+    fn a_read_ahead_is_an_eighth_of_a_share_and_at_least_one_fetch_within_half_the_share() {
         const MIB: u64 = 1 << 20;
         // (budget, slots, one fetch of a partition) -> read-ahead.
         let table = [
             // 8 partitions, both lanes, the default budget: an eighth of 16 MiB.
             ((256 * MIB, 16, MIB), 2 * MIB),
-            // 64 partitions: an eighth of a share is 256 KiB; one fetch instead.
+            // 64 partitions: an eighth of a share (2 MiB) is 256 KiB; one fetch instead.
             ((256 * MIB, 128, MIB), MIB),
-            // A user's larger fetch.
-            ((256 * MIB, 128, 4 * MIB / 3), 4 * MIB / 3),
-            // 256 partitions: one fetch is more than the share; the share.
-            ((256 * MIB, 512, MIB), MIB / 2),
+            // A larger fetch, within half the share.
+            ((256 * MIB, 128, 3 * MIB / 4), 3 * MIB / 4),
+            ((256 * MIB, 128, 4 * MIB), MIB),
+            // 128 partitions: one fetch is the whole share; half of it.
+            ((256 * MIB, 256, MIB), MIB / 2),
+            // A small budget at 8 partitions: half the share (1 MiB), never all of it.
+            ((16 * MIB, 16, MIB), MIB / 2),
             // A budget of a few bytes (`tests/tiny_budget.rs`).
-            ((40, 4, MIB), 10),
+            ((40, 4, MIB), 5),
             ((0, 4, MIB), 0),
             // No slot yet counts as one.
             ((8 * MIB, 0, MIB), MIB),

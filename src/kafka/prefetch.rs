@@ -148,19 +148,33 @@ pub(crate) fn apply(config: &mut ClientConfig, settings: &[(&'static str, String
     }
 }
 
-/// librdkafka's default for the most one fetch brings of one partition.
+/// librdkafka's defaults: the most one fetch brings of one partition, of all partitions, and
+/// what one queue prefetches (KiB).
 const PARTITION_FETCH_BYTES: u64 = 1 << 20;
+const FETCH_MAX_BYTES: u64 = 52_428_800;
+const QUEUE_KIB: u64 = 65_536;
 
-/// The most one fetch brings of one partition (`max.partition.fetch.bytes`, or its older
-/// name `fetch.message.max.bytes`), as `config` sets it or librdkafka's default (1 MiB). A
-/// value librdkafka would refuse counts as the default: creating the client reports it.
-/// (A record batch larger than this still comes whole when it is the first of a fetch.)
+/// The most one fetch brings of one partition with `config` (the consumer's, with
+/// [`apply`]'s settings): `max.partition.fetch.bytes` (or its older name
+/// `fetch.message.max.bytes`), within the whole response (`fetch.max.bytes`) and one queue
+/// (`queued.max.messages.kbytes`: librdkafka lowers a response to it), each the user's or
+/// librdkafka's default. A value librdkafka would refuse counts as the default: creating the
+/// client reports it. (A record batch larger than this still comes whole when it is the
+/// first of a fetch.)
 pub(crate) fn partition_fetch_bytes(config: &ClientConfig) -> u64 {
-    ["max.partition.fetch.bytes", "fetch.message.max.bytes"]
-        .iter()
-        .find_map(|key| config.get(key))
-        .and_then(|value| value.trim().parse().ok())
-        .unwrap_or(PARTITION_FETCH_BYTES)
+    let number = |keys: &[&str], default: u64| {
+        keys.iter()
+            .find_map(|key| config.get(key))
+            .and_then(|value| value.trim().parse::<u64>().ok())
+            .unwrap_or(default)
+    };
+    let partition = number(
+        &["max.partition.fetch.bytes", "fetch.message.max.bytes"],
+        PARTITION_FETCH_BYTES,
+    );
+    let response = number(&["fetch.max.bytes"], FETCH_MAX_BYTES);
+    let queue = number(&["queued.max.messages.kbytes"], QUEUE_KIB).saturating_mul(1024);
+    partition.min(response).min(queue)
 }
 
 /// The keys that size a prefetch queue.
@@ -224,7 +238,7 @@ mod tests {
     }
 
     #[test]
-    fn a_partition_fetch_is_the_users_or_librdkafkas_default() {
+    fn a_partition_fetch_is_bounded_by_the_response_and_the_queue() {
         let with = |pairs: &[(&str, &str)]| {
             let mut config = ClientConfig::new();
             for (key, value) in pairs {
@@ -236,8 +250,24 @@ mod tests {
         assert_eq!(with(&[("max.partition.fetch.bytes", "4194304")]), 4 << 20);
         assert_eq!(with(&[("fetch.message.max.bytes", "65536")]), 65_536);
         assert_eq!(with(&[("max.partition.fetch.bytes", "lots")]), 1 << 20);
-        // Other sizes do not bound one partition's fetch.
-        assert_eq!(with(&[("fetch.max.bytes", "65536")]), 1 << 20);
+        // librdkafka's response and queue bound a large partition fetch.
+        assert_eq!(
+            with(&[("max.partition.fetch.bytes", "209715200")]),
+            FETCH_MAX_BYTES
+        );
+        assert_eq!(with(&[("fetch.max.bytes", "65536")]), 65_536);
+        assert_eq!(with(&[("queued.max.messages.kbytes", "512")]), 512 << 10);
+        // As each consumer is set up: its queue (2 MiB at the default budget) and the
+        // member's response (4 MiB) bound a user's 50 MiB.
+        for settings in [member(256 << 20), catchup(256 << 20)] {
+            let mut config = ClientConfig::new();
+            config.set("max.partition.fetch.bytes", "52428800");
+            apply(&mut config, &settings);
+            assert_eq!(partition_fetch_bytes(&config), 2 << 20);
+            let mut config = ClientConfig::new();
+            apply(&mut config, &settings);
+            assert_eq!(partition_fetch_bytes(&config), 1 << 20);
+        }
     }
 
     #[test]

@@ -141,7 +141,12 @@ impl CatchupFetcher {
             .set("auto.offset.reset", "error")
             .set("enable.partition.eof", "true");
         let budget = shared.config.buffer_budget_bytes;
-        let fetch_bytes = super::prefetch::partition_fetch_bytes(&config);
+        // As the consumer will be created (`ensure_consumer`).
+        let fetch_bytes = {
+            let mut sized = config.clone();
+            super::prefetch::apply(&mut sized, &super::prefetch::catchup(budget));
+            super::prefetch::partition_fetch_bytes(&sized)
+        };
         let (commands, receiver) = crossbeam_channel::unbounded();
         let wakeup = Wakeup::default();
         if role == Role::Catchup {
