@@ -3,7 +3,7 @@
 //! and a partition held to its read-ahead is paused instead of left in its queue, which
 //! librdkafka answers by dropping what it prefetched of it and fetching it again on resume).
 //! A member reads a backlog of 24 partitions through both lanes, under a budget whose
-//! read-ahead (a lane's whole share, about 21 KiB) is far below what one fetch of a partition
+//! read-ahead (half a lane's share, about 11 KiB) is far below what one fetch of a partition
 //! brings, so holds come and go all along; fresh records arrive once it is assigned. Every produced
 //! record is delivered once with its own payload, in order, and the group ends committed at
 //! every partition's end.
@@ -19,8 +19,8 @@ use support::{Kafka, catchup_consumer};
 const PARTITIONS: i32 = 24;
 const BACKLOG: usize = 48_000;
 const FRESH: usize = 2_400;
-/// Shared by every lane: about 21 KiB a lane, each lane's read-ahead too (one fetch of a
-/// partition is more than the share: `fetch::read_ahead_share`).
+/// Shared by every lane: about 21 KiB a lane, half of it each lane's read-ahead (one fetch
+/// of a partition is more than the share: `fetch::read_ahead_share`).
 const BUDGET: u64 = 1 << 20;
 /// How long the member may go without a delivery it waits for.
 const WAIT: Duration = Duration::from_secs(30);
