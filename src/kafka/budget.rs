@@ -173,6 +173,7 @@ impl Budget {
                 partition = change.partition.1,
                 held = change.paused,
                 ahead = change.buffered_bytes,
+                read_ahead,
                 "read-ahead"
             );
         }
