@@ -51,7 +51,11 @@ async fn receive(consumer: &CatchupConsumer, expected: &BTreeSet<(i32, i64)>) {
     let mut seen = BTreeSet::new();
     while &seen != expected {
         let delivery = support::next_delivery_or(consumer, WAIT, || {
-            format!("{} of {} delivered in time", seen.len(), expected.len())
+            format!(
+                "only {} of {} delivered within {WAIT:?}",
+                seen.len(),
+                expected.len()
+            )
         })
         .await;
         assert_eq!(

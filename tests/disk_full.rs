@@ -15,9 +15,9 @@
 //!
 //! What fills the disk is what waits: fresh records, produced once the first run has split
 //! its partitions, fetched by the live lanes while a run (`ordered`) that processes 500
-//! records a second is still on the backlog (40 s of it). (A lane the reader can take reads ahead only an
-//! eighth of its share: a backlog alone, or live lanes whose backlog is handed out, would stay
-//! in Kafka rather than fill the disk.)
+//! records a second is still on the backlog (40 s of it). (A lane the reader can take reads
+//! ahead only its read-ahead, at most half its share: a backlog alone, or live lanes whose
+//! backlog is handed out, would stay in Kafka rather than fill the disk.)
 
 mod support;
 

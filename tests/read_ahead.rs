@@ -1,5 +1,5 @@
 //! A lane reads ahead of its reader about an eighth of its share of the byte budget, and at
-//! least one fetch of a partition within the share (`fetch::read_ahead_share`): behind a
+//! least one fetch of a partition within half the share (`fetch::read_ahead_share`): behind a
 //! slow reader its next records wait in Kafka's client, not in sled (the memory tier spills a
 //! lane's oldest records first, exactly those the reader takes next). A catch-up lane's queue
 //! is left unpolled; the group member, one queue for all its partitions, takes a message at a
@@ -114,6 +114,11 @@ async fn a_catchup_lane_stops_at_a_read_ahead_smaller_than_a_poll_round() {
     )
     .await;
     let read_ahead = read_ahead_records(SMALL_BUDGET, SMALL_FETCH_BYTES);
+    // Pinned, so that a rule reading further ahead fails here rather than widen the bound.
+    assert_eq!(
+        read_ahead, 512,
+        "an eighth of the 4 MiB share, in records of 1 KiB"
+    );
     let farthest_ahead = read_slowly(&consumer, |buffer| buffer.catchup.fetched_next).await;
     eprintln!(
         "the catch-up lane ran at most {farthest_ahead} records ahead of the reader \

@@ -5,7 +5,8 @@
 //!
 //! What waits on disk is the live lane's: fresh records produced once the split started wait
 //! behind the backlog (`Ordered`), beyond what the memory tier holds. The catch-up lane reads
-//! only a little ahead of its reader, in memory, and is fetched again.
+//! ahead of its reader at most half its share (16 KiB here, what the tier holds), in memory,
+//! and is fetched again.
 
 mod support;
 

@@ -272,7 +272,7 @@ mod tests {
             ((256 * MIB, 128, 4 * MIB), MIB),
             // 128 partitions: one fetch is the whole share; half of it.
             ((256 * MIB, 256, MIB), MIB / 2),
-            // A small budget at 8 partitions: half the share (1 MiB), never all of it.
+            // A small budget at 8 partitions: half of the 1 MiB share, never all of it.
             ((16 * MIB, 16, MIB), MIB / 2),
             // A budget of a few bytes (`tests/tiny_budget.rs`).
             ((40, 4, MIB), 5),

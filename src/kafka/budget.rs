@@ -3,8 +3,8 @@
 //! resumes and reports.
 //!
 //! A catch-up lane is also held to a read-ahead: what it fetched and the reader has not taken
-//! yet stays within an eighth of its share, or one fetch of the partition where that is more
-//! (`fetch::read_ahead_share`). The buffer's memory tier spills a lane's oldest
+//! yet stays within an eighth of its share, or one fetch of the partition where that is more,
+//! at most half the share (`fetch::read_ahead_share`). The buffer's memory tier spills a lane's oldest
 //! records first (sled must hold each lane's prefix), so a catch-up lane fetched far ahead of
 //! a slower reader wrote to sled exactly the records the reader was to take next, and the
 //! reader read them back. Held, the lane's next records wait in librdkafka's queue instead —

@@ -148,33 +148,39 @@ pub(crate) fn apply(config: &mut ClientConfig, settings: &[(&'static str, String
     }
 }
 
-/// librdkafka's defaults: the most one fetch brings of one partition, of all partitions, and
-/// what one queue prefetches (KiB).
+/// librdkafka's defaults: the most one fetch brings of one partition, of all partitions,
+/// what one queue prefetches (KiB), and the largest message.
 const PARTITION_FETCH_BYTES: u64 = 1 << 20;
 const FETCH_MAX_BYTES: u64 = 52_428_800;
 const QUEUE_KIB: u64 = 65_536;
+const MESSAGE_MAX_BYTES: u64 = 1_000_000;
 
 /// The most one fetch brings of one partition with `config` (the consumer's, with
 /// [`apply`]'s settings): `max.partition.fetch.bytes` (or its older name
-/// `fetch.message.max.bytes`), within the whole response (`fetch.max.bytes`) and one queue
-/// (`queued.max.messages.kbytes`: librdkafka lowers a response to it), each the user's or
-/// librdkafka's default. A value librdkafka would refuse counts as the default: creating the
-/// client reports it. (A record batch larger than this still comes whole when it is the
-/// first of a fetch.)
+/// `fetch.message.max.bytes`), within the whole response. The response is `fetch.max.bytes`
+/// where set; otherwise librdkafka lowers its default to one queue
+/// (`queued.max.messages.kbytes`), and never below the largest message
+/// (`message.max.bytes`). Each is the user's or librdkafka's default; a value that does not
+/// parse counts as the default (creating the client reports it). (A record batch larger than
+/// this still comes whole when it is the first of a fetch.)
 pub(crate) fn partition_fetch_bytes(config: &ClientConfig) -> u64 {
-    let number = |keys: &[&str], default: u64| {
-        keys.iter()
-            .find_map(|key| config.get(key))
+    let number = |key: &str| {
+        config
+            .get(key)
             .and_then(|value| value.trim().parse::<u64>().ok())
-            .unwrap_or(default)
     };
-    let partition = number(
-        &["max.partition.fetch.bytes", "fetch.message.max.bytes"],
-        PARTITION_FETCH_BYTES,
-    );
-    let response = number(&["fetch.max.bytes"], FETCH_MAX_BYTES);
-    let queue = number(&["queued.max.messages.kbytes"], QUEUE_KIB).saturating_mul(1024);
-    partition.min(response).min(queue)
+    let partition = number("max.partition.fetch.bytes")
+        .or_else(|| number("fetch.message.max.bytes"))
+        .unwrap_or(PARTITION_FETCH_BYTES);
+    let response = number("fetch.max.bytes").unwrap_or_else(|| {
+        let queue = number("queued.max.messages.kbytes")
+            .unwrap_or(QUEUE_KIB)
+            .saturating_mul(1024);
+        FETCH_MAX_BYTES
+            .min(queue)
+            .max(number("message.max.bytes").unwrap_or(MESSAGE_MAX_BYTES))
+    });
+    partition.min(response)
 }
 
 /// The keys that size a prefetch queue.
@@ -238,7 +244,7 @@ mod tests {
     }
 
     #[test]
-    fn a_partition_fetch_is_bounded_by_the_response_and_the_queue() {
+    fn a_partition_fetch_is_bounded_by_the_response() {
         let with = |pairs: &[(&str, &str)]| {
             let mut config = ClientConfig::new();
             for (key, value) in pairs {
@@ -250,20 +256,41 @@ mod tests {
         assert_eq!(with(&[("max.partition.fetch.bytes", "4194304")]), 4 << 20);
         assert_eq!(with(&[("fetch.message.max.bytes", "65536")]), 65_536);
         assert_eq!(with(&[("max.partition.fetch.bytes", "lots")]), 1 << 20);
-        // librdkafka's response and queue bound a large partition fetch.
+        let large = ("max.partition.fetch.bytes", "209715200");
+        // librdkafka's response, lowered to one queue, never below the largest message.
+        assert_eq!(with(&[large]), FETCH_MAX_BYTES);
         assert_eq!(
-            with(&[("max.partition.fetch.bytes", "209715200")]),
-            FETCH_MAX_BYTES
+            with(&[large, ("queued.max.messages.kbytes", "2048")]),
+            2 << 20
         );
-        assert_eq!(with(&[("fetch.max.bytes", "65536")]), 65_536);
-        assert_eq!(with(&[("queued.max.messages.kbytes", "512")]), 512 << 10);
-        // As each consumer is set up: its queue (2 MiB at the default budget) and the
-        // member's response (4 MiB) bound a user's 50 MiB.
-        for settings in [member(256 << 20), catchup(256 << 20)] {
+        assert_eq!(
+            with(&[large, ("queued.max.messages.kbytes", "512")]),
+            MESSAGE_MAX_BYTES
+        );
+        assert_eq!(
+            with(&[
+                large,
+                ("queued.max.messages.kbytes", "512"),
+                ("message.max.bytes", "2000000")
+            ]),
+            2_000_000
+        );
+        // A response the user sized is not lowered to the queue.
+        assert_eq!(
+            with(&[
+                large,
+                ("fetch.max.bytes", "8388608"),
+                ("queued.max.messages.kbytes", "512")
+            ]),
+            8 << 20
+        );
+        // As each consumer is set up at the default budget, a user's 50 MiB: the member's
+        // response (4 MiB), and the catch-up consumer's queue (2 MiB).
+        for (settings, expected) in [(member(256 << 20), 4 << 20), (catchup(256 << 20), 2 << 20)] {
             let mut config = ClientConfig::new();
             config.set("max.partition.fetch.bytes", "52428800");
             apply(&mut config, &settings);
-            assert_eq!(partition_fetch_bytes(&config), 2 << 20);
+            assert_eq!(partition_fetch_bytes(&config), expected);
             let mut config = ClientConfig::new();
             apply(&mut config, &settings);
             assert_eq!(partition_fetch_bytes(&config), 1 << 20);

@@ -141,12 +141,14 @@ impl CatchupFetcher {
             .set("auto.offset.reset", "error")
             .set("enable.partition.eof", "true");
         let budget = shared.config.buffer_budget_bytes;
-        // As the consumer will be created (`ensure_consumer`).
-        let fetch_bytes = {
+        // The rebuild buffers nothing: no budget pauses it. The catch-up consumer's fetch is
+        // sized as `ensure_consumer` creates it.
+        let catchup_budget = (role == Role::Catchup).then(|| {
             let mut sized = config.clone();
             super::prefetch::apply(&mut sized, &super::prefetch::catchup(budget));
-            super::prefetch::partition_fetch_bytes(&sized)
-        };
+            let fetch_bytes = super::prefetch::partition_fetch_bytes(&sized);
+            Budget::new("catch-up", Lane::Catchup, budget, fetch_bytes)
+        });
         let (commands, receiver) = crossbeam_channel::unbounded();
         let wakeup = Wakeup::default();
         if role == Role::Catchup {
@@ -163,9 +165,7 @@ impl CatchupFetcher {
                     consumer: None,
                     create_hold: Hold::default(),
                     tracked: HashMap::new(),
-                    // The rebuild buffers nothing: no budget pauses it.
-                    budget: (role == Role::Catchup)
-                        .then(|| Budget::new("catch-up", Lane::Catchup, budget, fetch_bytes)),
+                    budget: catchup_budget,
                     role,
                     rebuilding: HashMap::new(),
                     wakeup,
