@@ -96,10 +96,10 @@ pub struct CatchupConfig {
     /// that a commit drops without writing them; what waits beyond it is written to disk. A
     /// catch-up lane reads ahead of the reader about an eighth of its share (fetched and
     /// not handed out yet), and at least one fetch of a partition within half its share: the
-    /// rest of its backlog waits in Kafka, not on disk. Once an
-    /// eighth of it (at least 1 MiB) that the application acknowledged waits for commits
-    /// that have not landed, the reader reads no partition holding its share of that until
-    /// its commit lands (`docs/buffer.md`).
+    /// rest of its backlog waits in Kafka, not on disk. Once an eighth of it (at least 1 MiB)
+    /// that the application acknowledged waits for commits that have not landed, the reader
+    /// reads no partition holding its share of that until its commit lands
+    /// (`docs/buffer.md`).
     pub buffer_budget_bytes: u64,
     /// Free space to leave on the buffer's filesystem: below it both fetchers pause every
     /// partition and write nothing until the space is back (the records wait in Kafka).

@@ -4,10 +4,10 @@
 //!
 //! A catch-up lane is also held to a read-ahead: what it fetched and the reader has not taken
 //! yet stays within an eighth of its share, or one fetch of the partition where that is more,
-//! at most half the share (`fetch::read_ahead_share`). The buffer's memory tier spills a lane's oldest
-//! records first (sled must hold each lane's prefix), so a catch-up lane fetched far ahead of
-//! a slower reader wrote to sled exactly the records the reader was to take next, and the
-//! reader read them back. Held, the lane's next records wait in librdkafka's queue instead —
+//! at most half the share (`fetch::read_ahead_share`). The buffer's memory tier spills a
+//! lane's oldest records first (sled must hold each lane's prefix), so a catch-up lane
+//! fetched far ahead of a slower reader wrote to sled exactly the records the reader was to
+//! take next, and the reader read them back. Held, the lane's next records wait in librdkafka's queue instead —
 //! the fetcher leaves the partition's queue unpolled, and librdkafka stops fetching once it is
 //! full (it is not paused: a pause drops what librdkafka prefetched, and a resume waits for
 //! a new fetch; a first version that paused made `catchup run` at 1 KiB 30 % slower). Not
