@@ -361,12 +361,11 @@ mod tests {
 
     #[test]
     fn token_settings_table() {
-        let config = |pairs: &[(&str, &str)]| {
-            let mut config = ClientConfig::new();
-            for (key, value) in pairs {
-                config.set(*key, *value);
-            }
-            config
+        let config = |pairs: &[(&str, &str)]| -> ClientConfig {
+            pairs
+                .iter()
+                .map(|&(key, value)| (key.into(), value.into()))
+                .collect()
         };
         let sasl = ("security.protocol", "SASL_SSL");
         let oauth = ("sasl.mechanism", "OAUTHBEARER");

@@ -246,10 +246,10 @@ mod tests {
     #[test]
     fn a_partition_fetch_is_bounded_by_the_response() {
         let with = |pairs: &[(&str, &str)]| {
-            let mut config = ClientConfig::new();
-            for (key, value) in pairs {
-                config.set(*key, *value);
-            }
+            let config: ClientConfig = pairs
+                .iter()
+                .map(|&(key, value)| (key.into(), value.into()))
+                .collect();
             partition_fetch_bytes(&config)
         };
         assert_eq!(with(&[]), 1 << 20);

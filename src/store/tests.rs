@@ -26,6 +26,21 @@ fn offsets(batch: &ReadBatch) -> Vec<i64> {
 }
 
 /// Appends as a fetcher that continued from wherever the lane stands.
+/// The offsets of partition `t/0`'s catch-up lane read from `range.start`, read after read
+/// until a read ends at or past `range.end`.
+fn catchup_offsets(buffer: &Buffer, range: std::ops::Range<i64>) -> Vec<i64> {
+    let mut read = Vec::new();
+    let mut from = range.start;
+    while from < range.end {
+        let batch = buffer
+            .read(Lane::Catchup, "t", 0, from, 1_000)
+            .expect("read");
+        read.extend(offsets(&batch));
+        from = batch.next;
+    }
+    read
+}
+
 fn append(
     buffer: &Buffer,
     lane: Lane,
@@ -1244,16 +1259,10 @@ fn records_a_reader_took_wait_for_their_commit_in_memory_and_what_waits_is_spill
     assert!(buffer.spilled_bytes() > 0, "what waits was not spilled");
     assert!(buffer.memory_held() <= allowed);
     // Nothing lost on the way: sled's prefix and memory read on from the commit.
-    let mut read = Vec::new();
-    let mut from = 90;
-    while from < 300 {
-        let batch = buffer
-            .read(Lane::Catchup, "t", 0, from, 1_000)
-            .expect("read");
-        read.extend(offsets(&batch));
-        from = batch.next;
-    }
-    assert_eq!(read, (90..300).collect::<Vec<_>>());
+    assert_eq!(
+        catchup_offsets(&buffer, 90..300),
+        (90..300).collect::<Vec<_>>()
+    );
 }
 
 #[test]
@@ -1293,16 +1302,7 @@ fn an_append_whose_spill_fails_is_answered_as_made() {
     let next = append(&buffer, Lane::Catchup, "t", 0, &records(40..50), 50).expect("append");
     assert!(next.relief_failed.is_none());
     assert!(buffer.spilled_bytes() > 0, "spilled once spills work again");
-    let mut read = Vec::new();
-    let mut from = 0;
-    while from < 50 {
-        let batch = buffer
-            .read(Lane::Catchup, "t", 0, from, 1_000)
-            .expect("read");
-        read.extend(offsets(&batch));
-        from = batch.next;
-    }
-    assert_eq!(read, (0..50).collect::<Vec<_>>());
+    assert_eq!(catchup_offsets(&buffer, 0..50), (0..50).collect::<Vec<_>>());
 }
 
 /// The regular files under `dir`, at any depth.

@@ -112,6 +112,26 @@ thread_local! {
 }
 
 impl Buffer {
+    /// The failure a unit test asked this thread's spills to meet ([`FAIL_SPILLS`]).
+    #[cfg(test)]
+    fn injected_spill_failure(&self) -> Option<StoreError> {
+        FAIL_SPILLS
+            .with(std::cell::Cell::get)
+            .then(|| StoreError::Io {
+                dir: self.dir.clone(),
+                action: "spilling (a failure the test asked for)".into(),
+                error: std::io::Error::other("injected"),
+            })
+    }
+
+    /// None outside the unit tests.
+    #[cfg(not(test))]
+    fn injected_spill_failure(&self) -> Option<StoreError> {
+        None
+    }
+}
+
+impl Buffer {
     /// Lays out `topic`/`partition` afresh: drops whatever the buffer held for it and
     /// records `layout` with nothing fetched and nothing committed, in one atomic batch.
     pub fn reset_partition(
@@ -462,18 +482,10 @@ impl Buffer {
             .map(|pending| pending.bytes)
             .sum();
         let mut persisted = tail.persisted.clone();
-        #[cfg(test)]
-        let written = if FAIL_SPILLS.with(std::cell::Cell::get) {
-            Err(StoreError::Io {
-                dir: self.dir.clone(),
-                action: "spilling (a failure the test asked for)".into(),
-                error: std::io::Error::other("injected"),
-            })
-        } else {
-            self.write_pending(part, &mut persisted, lane, &popped)
+        let written = match self.injected_spill_failure() {
+            Some(err) => Err(err),
+            None => self.write_pending(part, &mut persisted, lane, &popped),
         };
-        #[cfg(not(test))]
-        let written = self.write_pending(part, &mut persisted, lane, &popped);
         self.allowance.landed(bytes, written.is_ok());
         match written {
             Ok(()) => {
