@@ -66,7 +66,7 @@ fn the_consumer_never_loses_a_record() {
     eprintln!(
         "{count} seeds over {} partitions, {} steps, {} splits ({} layouts with several ranges), \
          {} merges, {} truncations, {} positions held past the log end, {} errors naming no \
-         partition, {} transient errors taken in a run, {} entries taken after an error in its run ({} of them in a long tail), {} assignments of everything (eager), {} main-log writes refused, {} \
+         partition, {} transient errors taken in a run, {} histories whose group member takes runs ({} errors in them), {} entries taken after an error in its run ({} of them in a long tail), {} assignments of everything (eager), {} main-log writes refused, {} \
          partitions whose assignment waited for a write to Kafka, {} writes reported failed yet \
          applied, {} failed creations of the catch-up consumer, {} topic ids unreadable, {} assignments without \
          the group's offsets, {} partitions waiting for what could not be read, {} reuses refused and laid out afresh, {} partitions reconciled on a retry and moved from the log end, {} crashes inside an assignment's local steps, {} reads finding a partition damaged ({} partitions discarded and reconciled again), {} local steps failing without stopping the consumer, {} histories with a free-space floor ({} stops below it, {} appends refused, {} resumes on a drained buffer, {} live appends refused below it while a backlog waited), {} histories with a byte budget ({} pauses, {} appends counted late ({} after a change of layout), {} reads the reader leaves out ({} finding records whose report was to come), {} partitions held to their read-ahead, {} rounds polling less for it, {} histories sharing one catch-up queue ({} holds paused there), {} drains on a disk with less room than the budget), {} partitions assigned \
@@ -83,6 +83,8 @@ fn the_consumer_never_loses_a_record() {
         stats.holds,
         stats.unnamed_errors,
         stats.transient_errors_in_runs,
+        stats.member_runs,
+        stats.member_run_errors,
         stats.taken_after_an_error,
         stats.long_tails,
         stats.eager_reassigns,
@@ -137,6 +139,7 @@ fn the_consumer_never_loses_a_record() {
                 && stats.holds > 0
                 && stats.unnamed_errors > 0
                 && stats.transient_errors_in_runs > 0
+                && stats.member_run_errors > 0
                 && stats.taken_after_an_error > 0
                 && stats.long_tails > 0
                 && stats.eager_reassigns > 0

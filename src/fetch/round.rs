@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 
+use super::PollErrorKind;
 use super::lane::{LanePartition, Polled};
 use crate::store::Record;
 
@@ -78,6 +79,23 @@ impl<K: Ord + Clone> Round<K> {
                 run.extend(records)
             }
             (polled, _) => self.polled.push((key, polled)),
+        }
+    }
+
+    /// An error polled from a consumer queue (`key` `None`: it names no partition) or taken
+    /// in `key`'s run, naming offset `named` there (the batch call moved the position past
+    /// it), as [`classify_poll_error`](super::classify_poll_error) classified it: what it
+    /// means for the lanes ([`Polled::from_error`]) joins the round. Whether it ends the
+    /// queue's turn: an end of partition polled from a consumer queue moved nothing, nor did
+    /// a transient error polled one at a time, and the others may have.
+    pub fn push_error(&mut self, key: Option<K>, kind: PollErrorKind, named: Option<i64>) -> bool {
+        match (key, Polled::from_error(kind, named)) {
+            (None, Some(Polled::EndOfPartition { .. })) => false,
+            (key, Some(polled)) => {
+                self.push(key, polled);
+                true
+            }
+            (_, None) => true,
         }
     }
 
@@ -174,6 +192,45 @@ mod tests {
         round.feed(lanes.iter_mut().map(|(key, lane)| (*key, lane)));
         let now = std::time::Instant::now();
         assert!(lanes.values().all(|lane| lane.poll_watermarks(now)));
+    }
+
+    /// The group member's partitions' queues are taken in runs, and the batch call moves a
+    /// position one past an error taken there (librdkafka issue 4844): a transient error
+    /// breaks its partition's chain, so the position past it proves nothing.
+    #[test]
+    fn an_error_taken_in_a_run_breaks_its_own_chain_past_which_the_position_proves_nothing() {
+        let mut round = Round::new();
+        round.push(Some(0), Polled::Messages(vec![record(0), record(1)]));
+        assert!(round.push_error(Some(0), PollErrorKind::Transient, Some(2)));
+        let mut lanes = lanes(2);
+        round.feed(lanes.iter_mut().map(|(key, lane)| (*key, lane)));
+        if let Some(lane) = lanes.get_mut(&0) {
+            lane.handle_position(3);
+        }
+        assert_eq!(appends(&mut lanes), vec![Some((0, 2)), None]);
+        assert!(lanes[&0].cursor().reposition().is_some(), "moved back");
+        assert!(lanes[&1].cursor().reposition().is_none());
+    }
+
+    #[test]
+    fn an_error_ends_its_queues_turn_unless_it_moved_nothing() {
+        // (where it was taken, what it was, the offset its entry named) -> ends the turn,
+        // joins the round
+        let cases = [
+            (None, PollErrorKind::EndOfPartition, None, false, false),
+            (None, PollErrorKind::Transient, None, true, false),
+            (None, PollErrorKind::BreaksChain, None, true, true),
+            (None, PollErrorKind::OutOfRange, None, true, true),
+            (Some(0), PollErrorKind::EndOfPartition, Some(5), true, true),
+            (Some(0), PollErrorKind::Transient, Some(5), true, true),
+            (Some(0), PollErrorKind::BreaksChain, Some(5), true, true),
+        ];
+        for (key, kind, named, ends_turn, joins) in cases {
+            let mut round: Round<i32> = Round::new();
+            let case = format!("{key:?} {kind:?} {named:?}");
+            assert_eq!(round.push_error(key, kind, named), ends_turn, "{case}");
+            assert_eq!(!round.is_empty(), joins, "{case}");
+        }
     }
 
     #[test]

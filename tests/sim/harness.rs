@@ -327,9 +327,14 @@ pub struct Stats {
     pub holds: u64,
     /// Errors that named no partition and ended every chain of their consumer.
     pub unnamed_errors: u64,
-    /// Transient errors the catch-up consumer took in a run, which moved its position past
-    /// an offset it never fetched.
+    /// Transient errors a consumer took in a run, which moved its position past an offset
+    /// it never fetched.
     pub transient_errors_in_runs: u64,
+    /// Histories whose group member takes its partitions' queues in runs.
+    pub member_runs: u64,
+    /// Errors the group member took in a partition's run, naming it: its position moved
+    /// past them.
+    pub member_run_errors: u64,
     /// Entries the catch-up consumer took in the same run after an error (the batch call
     /// hands out the rest of its run; the error ended the queue's turn).
     pub taken_after_an_error: u64,
@@ -436,6 +441,8 @@ impl std::ops::AddAssign for Stats {
         self.holds += other.holds;
         self.unnamed_errors += other.unnamed_errors;
         self.transient_errors_in_runs += other.transient_errors_in_runs;
+        self.member_runs += other.member_runs;
+        self.member_run_errors += other.member_run_errors;
         self.taken_after_an_error += other.taken_after_an_error;
         self.long_tails += other.long_tails;
         self.eager_reassigns += other.eager_reassigns;
@@ -510,6 +517,10 @@ pub struct Sim {
     /// The group's protocol is eager: a refused seek is followed by an assignment of
     /// everything (the incremental forms are refused outside a rebalance).
     eager: bool,
+    /// The group member takes its partitions' queues in runs (`kafka::live::queues`): its
+    /// errors name their partition and move its position past them. Otherwise it polls one
+    /// queue whose errors name none.
+    member_runs: bool,
     /// Whether the catch-up consumer exists; its creation can fail and is retried after
     /// its hold, its partitions waiting meanwhile.
     catchup_created: bool,
@@ -763,6 +774,8 @@ impl Sim {
                 * RECORD_BYTES as u64,
             lanes: Default::default(),
         };
+        // Half the histories, from the seed's bits too.
+        let member_runs = seed.wrapping_mul(0xD6E8_FEB8_6659_FD93) >> 63 == 1;
         let reader_budget = budget.limit.unwrap_or(READER_BUDGET);
         let shared_queues = u64::from(budget.shared_catchup_queue);
         let mut sim = Self {
@@ -781,6 +794,7 @@ impl Sim {
             idle_clock: Instant::now(),
             rebuilt: Vec::new(),
             eager,
+            member_runs,
             catchup_created: false,
             create_hold: Hold::default(),
             generations: 0,
@@ -796,6 +810,7 @@ impl Sim {
                 shared_queues,
                 memory_tier: u64::from(memory > 0),
                 latest: u64::from(latest),
+                member_runs: u64::from(member_runs),
                 ..Stats::default()
             },
             spilled_from,
@@ -1038,15 +1053,23 @@ impl Sim {
     /// assignment put it (or still where an earlier wait left it).
     fn defer(&mut self, part: usize) {
         self.unreconciled.insert(part);
-        let log = &self.parts[part].log;
-        let faults = self.faults;
-        self.parked
-            .entry(part)
-            .or_insert_with(|| Client::new(log.reported_high(), faults))
-            .set_paused(true);
+        let at_end = self.member_client(self.parts[part].log.reported_high());
+        self.parked.entry(part).or_insert(at_end).set_paused(true);
         // Without a runtime it leaves the budget's round (at the end of the live thread's
         // turn); when it comes back it is set again.
         self.budget.forget(part);
+    }
+
+    /// A client of the group member fetching at `at`: it hands out no end of partition, and
+    /// in the histories whose member takes its partitions' queues in runs (as production's
+    /// does, `kafka::live::queues`) its errors name their partition and move its position
+    /// past them.
+    fn member_client(&self, at: i64) -> Client {
+        let client = Client::new(at, self.faults).without_partition_eof();
+        match self.member_runs {
+            true => client.taking_runs(),
+            false => client,
+        }
     }
 
     /// Whether the catch-up lanes share a queue now: the history shares one (`shared`), and
@@ -1337,7 +1360,7 @@ impl Sim {
                 self.stats.parked_repositioned += 1;
                 parked
             }
-            None => Client::new(state.live.fetched_next, self.faults),
+            None => self.member_client(state.live.fetched_next),
         };
         self.generations += 1;
         self.fetchers.push(Fetcher {
@@ -1670,13 +1693,14 @@ impl Sim {
     }
 
     /// Polls the consumer of `members` (indices of fetchers of one lane) and feeds the round
-    /// to their lanes through the production [`Round`]: the group member's errors name no
-    /// partition and it ignores ends of partition; the catch-up consumer's errors name their
-    /// partition, except those of its main queue. An error the catch-up consumer took from a
+    /// to their lanes through the production [`Round`]: errors taken in a partition's run
+    /// name it (the catch-up consumer's, and the group member's where it takes its
+    /// partitions' queues in runs), those of a consumer's main queue name none, and the
+    /// group member hands out no end of partition. An error the catch-up consumer took from a
     /// partition's queue ends that queue's turn, not the round, and the batch call may have
     /// taken more of the queue after it (pushed after it, as the fetcher pushes them); an
-    /// error of its main queue ends nothing (the partitions' queues go on), and the group
-    /// member's errors end the round. A rebalance inside one of the group member's polls may
+    /// error of its main queue ends nothing (the partitions' queues go on). An error the
+    /// group member took in a run ends nothing; one naming no partition ends its round. A rebalance inside one of the group member's polls may
     /// revoke a partition and assign it again: the round then ends, and what was polled
     /// before reaches only the lanes of the assignments it was polled under (records are
     /// keyed by partition and generation, as the live fetcher keys them). Returns the members
@@ -1780,40 +1804,37 @@ impl Sim {
                 Polled::OutOfRange => PollErrorKind::OutOfRange,
                 Polled::BreaksChain => PollErrorKind::BreaksChain,
             };
-            // As the fetchers read an error: the production decision, with the offset the
-            // entry names when it was taken in a run.
-            let error = LanePolled::from_error(kind, named);
-            if kind == PollErrorKind::EndOfPartition {
-                if let Some(end) = error.filter(|_| lane == Lane::Catchup) {
-                    round.push(Some(key), end);
-                }
+            // The group member hands out no end of partition: one polled moves nothing.
+            if kind == PollErrorKind::EndOfPartition && lane == Lane::Live {
                 continue;
             }
-            // The group member's errors end its round. The catch-up consumer's main queue is
-            // polled apart from its partitions' queues (first, each round), which go on after
-            // an error of it.
-            let ends_round = lane == Lane::Live;
-            let Some(error) = error else {
-                // A transient error from a queue that names no partition: nothing to feed.
-                if ends_round {
-                    break;
-                }
-                continue;
-            };
-            if named.is_some() && kind == PollErrorKind::Transient {
+            // An error taken in a partition's run names it (with the offset of its entry).
+            let keyed = named.is_some();
+            if keyed && kind == PollErrorKind::Transient {
                 self.stats.transient_errors_in_runs += 1;
             }
-            // The catch-up consumer's errors name their partition, but those of its main
-            // queue; the group member's name none.
-            let keyed = lane == Lane::Catchup && named.is_some();
-            if !keyed {
-                self.stats.unnamed_errors += 1;
+            // As the fetchers hand an error to their round: the production decision.
+            let ends_turn = round.push_error(keyed.then_some(key), kind, named);
+            if kind == PollErrorKind::EndOfPartition {
+                continue;
             }
-            round.push(keyed.then_some(key), error);
             if !keyed {
-                if ends_round {
+                if kind != PollErrorKind::Transient {
+                    self.stats.unnamed_errors += 1;
+                }
+                // One that names no partition ends the group member's round (polled from
+                // its consumer queue, it ends that queue's turn, which comes first); the
+                // catch-up consumer's main queue is polled apart from its partitions'
+                // queues (first, each round), which go on after an error of it.
+                if lane == Lane::Live && ends_turn {
                     break;
                 }
+                continue;
+            }
+            if lane == Lane::Live {
+                // The group member's run goes on after an error, as do its queue's turn and
+                // the round (`kafka::live::queues`).
+                self.stats.member_run_errors += 1;
                 continue;
             }
             turn_over.push(member);

@@ -156,6 +156,9 @@ pub(super) struct Client {
     /// Paused by the application (the byte budget, the free-space floor): it hands out
     /// nothing, and librdkafka drops what it prefetched.
     pub(super) paused: bool,
+    /// Ends of partition are handed out (`enable.partition.eof`, the catch-up consumer's);
+    /// the group member's are not: its queue's ends move nothing.
+    pub(super) partition_eof: bool,
 }
 
 impl Client {
@@ -169,6 +172,7 @@ impl Client {
             runs: false,
             told_high: None,
             paused: false,
+            partition_eof: true,
         }
     }
 
@@ -183,6 +187,7 @@ impl Client {
             runs: false,
             told_high: None,
             paused: false,
+            partition_eof: true,
         }
     }
 
@@ -240,6 +245,15 @@ impl Client {
         Self { runs: true, ..self }
     }
 
+    /// The same client, handing out no end of partition, as the group member (which leaves
+    /// `enable.partition.eof` off): taken in runs, an end moves no position.
+    pub(super) fn without_partition_eof(self) -> Self {
+        Self {
+            partition_eof: false,
+            ..self
+        }
+    }
+
     /// Polls once: what came, and the offset the entry names when it is an error taken in a
     /// run from the partition's own queue (the batch call moved the position one past it).
     /// A client taken in runs has its errors from that queue, but for one in two hundred
@@ -268,7 +282,7 @@ impl Client {
         let polled = self.poll_inner(log, rng);
         let named = match (&polled, self.runs) {
             (_, false) | (None | Some(Polled::Message(_)), true) => None,
-            (Some(Polled::EndOfPartition(at)), true) => Some(*at),
+            (Some(Polled::EndOfPartition(at)), true) => Some(*at).filter(|_| self.partition_eof),
             (Some(_), true) => fetching_at.filter(|_| !rng.chance(200)),
         };
         if let Some(at) = named {

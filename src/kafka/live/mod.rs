@@ -36,8 +36,8 @@ use crate::engine::telemetry;
 use crate::engine::types::{Event, Mode};
 use crate::engine::{PartitionId, PartitionRuntime, PendingCommit, Shared, Stopped, key_notes};
 use crate::fetch::{
-    AfterOutOfRange, AppendResult, Facts, FatalKind, PendingAppend, PollErrorKind, Polled, Round,
-    Schedule, TrimWatch, classify_poll_error, fatal_kind,
+    AfterOutOfRange, AppendResult, Facts, FatalKind, PendingAppend, PollErrorKind, Round, Schedule,
+    TrimWatch, classify_poll_error, fatal_kind,
 };
 use crate::plan::{
     CommitCycle, CommitWrites, Committed, Decision, Inputs, LocalStep, MainLogCommit, OffsetReset,

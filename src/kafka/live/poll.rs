@@ -128,18 +128,7 @@ impl LiveRound {
                 });
             }
         }
-        match (key, Polled::from_error(kind, named)) {
-            // Polled from the consumer queue, an end of partition moved nothing: the queue's
-            // turn goes on. (Taken in a run, it bounds what the position, moved past it,
-            // proves.)
-            (None, Some(Polled::EndOfPartition { .. })) => false,
-            (key, Some(polled)) => {
-                self.polled.push(key.cloned(), polled);
-                true
-            }
-            // A transient error polled one at a time: nothing moved.
-            (_, None) => true,
-        }
+        self.polled.push_error(key.cloned(), kind, named)
     }
 }
 
