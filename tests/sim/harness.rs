@@ -351,6 +351,9 @@ pub struct Stats {
     pub failed_yet_written: u64,
     /// Failed creations of the catch-up consumer.
     pub create_failures: u64,
+    /// Assignments of a partition to the catch-up consumer that failed (the consumer's
+    /// `incremental_assign`): when it is tracked, and when it is moved.
+    pub catchup_assign_failures: u64,
     /// Partitions revoked and assigned again inside a poll round of the group member.
     pub rebalances_in_a_round: u64,
     /// Assignments during which the topic's id could not be read.
@@ -450,6 +453,7 @@ impl std::ops::AddAssign for Stats {
         self.assign_deferrals += other.assign_deferrals;
         self.failed_yet_written += other.failed_yet_written;
         self.create_failures += other.create_failures;
+        self.catchup_assign_failures += other.catchup_assign_failures;
         self.rebalances_in_a_round += other.rebalances_in_a_round;
         self.id_failures += other.id_failures;
         self.offsets_unread += other.offsets_unread;
@@ -1332,16 +1336,11 @@ impl Sim {
             });
         }
         if !state.catchup_fetched() {
-            let mut client = Client::unassigned(self.faults).taking_runs();
-            if self.ensure_catchup_consumer() {
-                client.assign(state.catchup.fetched_next, &mut self.rng);
-            }
-            self.generations += 1;
-            self.fetchers.push(Fetcher {
+            let mut fetcher = Fetcher {
                 lane: Lane::Catchup,
                 part,
-                generation: self.generations,
-                client,
+                generation: self.generations + 1,
+                client: Client::unassigned(self.faults).taking_runs(),
                 state: LanePartition::catchup(
                     layout,
                     state.catchup.fetched_next,
@@ -1349,7 +1348,12 @@ impl Sim {
                 ),
                 zombie: false,
                 rebuild: None,
-            });
+            };
+            if self.ensure_catchup_consumer() {
+                self.attach_catchup(&mut fetcher);
+            }
+            self.generations += 1;
+            self.fetchers.push(fetcher);
         }
         let mut live = LanePartition::live(layout, state.live.fetched_next);
         let client = match self.parked.remove(&part) {
@@ -1394,14 +1398,35 @@ impl Sim {
         }
         self.catchup_created = true;
         self.create_hold.release();
-        for fetcher in &mut self.fetchers {
+        let mut fetchers = std::mem::take(&mut self.fetchers);
+        for fetcher in &mut fetchers {
             if fetcher.lane == Lane::Catchup && !fetcher.zombie && fetcher.rebuild.is_none() {
-                fetcher
-                    .client
-                    .assign(fetcher.state.cursor().stored_next(), &mut self.rng);
+                self.attach_catchup(fetcher);
             }
         }
+        self.fetchers = fetchers;
         true
+    }
+
+    /// Assigns a tracked partition to the catch-up consumer at the buffer's position, as the
+    /// catch-up fetcher attaches it; an assignment that fails leaves the partition
+    /// unassigned, its chain broken, to be moved (assigned) by a later round.
+    fn attach_catchup(&mut self, fetcher: &mut Fetcher) {
+        if self.catchup_assign_fails() {
+            fetcher.state.break_chain();
+        } else {
+            fetcher
+                .client
+                .assign(fetcher.state.cursor().stored_next(), &mut self.rng);
+        }
+    }
+
+    /// Whether the catch-up consumer's `incremental_assign` fails now (one in fifty, with
+    /// faults).
+    fn catchup_assign_fails(&mut self) -> bool {
+        let fails = self.faults && self.rng.chance(20);
+        self.stats.catchup_assign_failures += u64::from(fails);
+        fails
     }
 
     /// Runs `steps` steps with faults, then without until everything is delivered and
@@ -1977,10 +2002,17 @@ impl Sim {
         }
         if let Some(at) = fetcher.state.poll_move(now) {
             let moved = match lane {
-                // The catch-up consumer moves by unassign and assign.
+                // The catch-up consumer moves by unassign and assign, which may fail (the
+                // partition then stays unassigned until a later round moves it).
                 Lane::Catchup => {
-                    fetcher.client.assign(at, &mut self.rng);
-                    Ok(())
+                    if self.faults && self.rng.chance(20) {
+                        self.stats.catchup_assign_failures += 1;
+                        fetcher.client.unassign();
+                        Err("assign failed".to_owned())
+                    } else {
+                        fetcher.client.assign(at, &mut self.rng);
+                        Ok(())
+                    }
                 }
                 // The group member seeks; a seek is refused while the partition is stopped
                 // (out of range) and may time out. Under an incremental protocol the adapter

@@ -202,6 +202,13 @@ impl Client {
         self.eof_at = None;
     }
 
+    /// librdkafka's unassign: the partition fetches nothing until it is assigned again (a
+    /// pause is kept). The position it last had may still be reported meanwhile.
+    pub(super) fn unassign(&mut self) {
+        self.fetch_pos = None;
+        self.eof_at = None;
+    }
+
     /// librdkafka's seek: refused unless the partition is fetching; moves the fetch and the
     /// application position at once (the old fetch's messages are dropped by version).
     pub(super) fn seek(&mut self, at: i64, rng: &mut Rng) -> bool {
