@@ -10,46 +10,19 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::thread;
 
-use catchup::store::{Buffer, BufferOptions, Fetched, Lane, PartitionLayout, Record, Timestamp};
+use catchup::store::{Buffer, BufferOptions, Lane, PartitionLayout};
+
+#[path = "live_appends.rs"]
+mod live_appends;
+
+/// The value of a record is its offset's 8 bytes.
+const COPIES: usize = 1;
 
 const TOPIC: &str = "tail";
 /// Chunks the lane held before it was laid out again.
 const OLD_CHUNKS: i64 = 20_000;
 /// Chunks per append, as a catch-up round of 2,000 messages makes of 32 KiB chunks.
 const BATCH_CHUNKS: i64 = 60;
-
-fn record(offset: i64) -> Record {
-    Record {
-        offset,
-        timestamp: Timestamp::CreateTime(offset),
-        key: None,
-        payload: Some(offset.to_be_bytes().to_vec().into()),
-        headers: Vec::new(),
-    }
-}
-
-/// Appends `offsets` as a fetcher would: continuing from where the lane stands, under its
-/// current layout.
-fn append(buffer: &Buffer, offsets: std::ops::Range<i64>) {
-    let layout = buffer
-        .layout_id(TOPIC, 0)
-        .expect("layout id")
-        .expect("laid out");
-    let records: Vec<Record> = offsets.clone().map(record).collect();
-    buffer
-        .append(
-            Lane::Live,
-            TOPIC,
-            0,
-            Fetched {
-                layout,
-                continues_from: offsets.start,
-                records: &records,
-                next: offsets.end,
-            },
-        )
-        .expect("append");
-}
 
 #[test]
 fn tail_reads_hold_exactly_the_offsets_appended() {
@@ -74,7 +47,13 @@ fn tail_reads_hold_exactly_the_offsets_appended() {
             .expect("lay out");
         let old_end = base + OLD_CHUNKS;
         for start in (base..old_end).step_by(1_000) {
-            append(&buffer, start..(start + 1_000).min(old_end));
+            live_appends::append(
+                &buffer,
+                TOPIC,
+                0,
+                start..(start + 1_000).min(old_end),
+                COPIES,
+            );
         }
         buffer
             .reset_partition(TOPIC, 0, PartitionLayout::plain(base))
@@ -95,7 +74,13 @@ fn tail_reads_hold_exactly_the_offsets_appended() {
                     while read_next.load(Ordering::Acquire) < start - BATCH_CHUNKS {
                         thread::yield_now();
                     }
-                    append(&buffer, start..(start + BATCH_CHUNKS).min(old_end));
+                    live_appends::append(
+                        &buffer,
+                        TOPIC,
+                        0,
+                        start..(start + BATCH_CHUNKS).min(old_end),
+                        COPIES,
+                    );
                 }
                 done.store(true, Ordering::Release);
             })

@@ -1,8 +1,8 @@
 //! Reads racing the memory tier's spills and the commits that drop what it holds: a writer
 //! appends to three partitions with room in memory for a few appends only, so nearly every
 //! append spills the largest lane's oldest appends to sled while a reader reads the same lanes
-//! — from sled, then on from memory, the spill free to move records between the two — and a
-//! third thread commits what the reader has read. Every batch the reader takes must hold
+//! at unequal rates — from sled, then on from memory, the spill free to move records between
+//! the two — and a third thread commits what the reader has read. Every batch the reader takes must hold
 //! exactly the offsets of its range: none skipped, none twice. Then the memory is dropped as a
 //! crash drops it, and the buffer opened again must hold a gapless run of each lane from its
 //! commit to the end its state records.
@@ -13,52 +13,24 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::thread;
 
-use catchup::store::{Buffer, BufferOptions, Fetched, Lane, PartitionLayout, Record, Timestamp};
+use catchup::store::{Buffer, BufferOptions, Lane, PartitionLayout};
+
+#[path = "live_appends.rs"]
+mod live_appends;
 
 const TOPIC: &str = "tier";
 const PARTITIONS: i32 = 3;
 /// Records per append, and appends per partition in a round.
 const BATCH: i64 = 40;
 const APPENDS: i64 = 150;
-/// How many appends the writer stays ahead of the reader, per partition: more than memory
-/// holds, so that what the reader takes next is often spilled.
+/// How many appends the writer may run ahead of the reader of partition 0 (of partition p,
+/// p + 1 times as many): more than memory holds, so that what a reader takes next is often
+/// spilled.
 const AHEAD: i64 = 6;
 /// Records a read asks for: not a multiple of an append, so reads stop inside them.
 const READ: usize = 29;
-
-fn record(offset: i64) -> Record {
-    Record {
-        offset,
-        timestamp: Timestamp::CreateTime(offset),
-        key: None,
-        payload: Some(offset.to_be_bytes().repeat(4).into()),
-        headers: Vec::new(),
-    }
-}
-
-/// Appends `offsets` to `partition` as a fetcher would: continuing from where the lane
-/// stands, under its current layout.
-fn append(buffer: &Buffer, partition: i32, offsets: std::ops::Range<i64>) {
-    let layout = buffer
-        .layout_id(TOPIC, partition)
-        .expect("layout id")
-        .expect("laid out");
-    let records: Vec<Record> = offsets.clone().map(record).collect();
-    let outcome = buffer
-        .append(
-            Lane::Live,
-            TOPIC,
-            partition,
-            Fetched {
-                layout,
-                continues_from: offsets.start,
-                records: &records,
-                next: offsets.end,
-            },
-        )
-        .expect("append");
-    assert!(outcome.relief_failed.is_none(), "a spill failed");
-}
+/// A record's value is its offset's 8 bytes four times over.
+const COPIES: usize = 4;
 
 #[test]
 fn reads_racing_spills_and_commits_hold_exactly_the_offsets_appended() {
@@ -96,8 +68,6 @@ fn reads_racing_spills_and_commits_hold_exactly_the_offsets_appended() {
             let (buffer, read_next) = (Arc::clone(&buffer), Arc::clone(&read_next));
             thread::spawn(move || {
                 for start in (base..base + end).step_by(BATCH as usize) {
-                    // Unequal lanes: partition p gets its append only every p + 1 turns
-                    // ahead of the others' reads, so the largest lane changes.
                     for partition in 0..PARTITIONS {
                         let index = partition as usize;
                         while read_next[index].load(Ordering::Acquire)
@@ -105,7 +75,14 @@ fn reads_racing_spills_and_commits_hold_exactly_the_offsets_appended() {
                         {
                             thread::yield_now();
                         }
-                        append(&buffer, partition, start..start + BATCH);
+                        let outcome = live_appends::append(
+                            &buffer,
+                            TOPIC,
+                            partition,
+                            start..start + BATCH,
+                            COPIES,
+                        );
+                        assert!(outcome.relief_failed.is_none(), "a spill failed");
                     }
                 }
             })
@@ -136,8 +113,25 @@ fn reads_racing_spills_and_commits_hold_exactly_the_offsets_appended() {
             })
         };
         let mut next = vec![base; PARTITIONS as usize];
+        // Partition p is read every p + 1 passes, so the lanes wait unequally and the one
+        // the tier spills (the largest) changes.
+        let (mut pass, mut idle_since_writer_ended) = (0u64, 0u32);
         while next.iter().any(|&at| at < base + end) {
+            pass += 1;
+            // Once the writer has ended (a failed append panics it), every pass reads what
+            // it appended: a dozen passes finding nothing (each partition read four times)
+            // end the loop, and the writer is joined below, so that the test fails instead
+            // of waiting for appends that never come.
+            if writer.is_finished() {
+                idle_since_writer_ended += 1;
+                if idle_since_writer_ended > 12 {
+                    break;
+                }
+            }
             for partition in 0..PARTITIONS {
+                if pass % (partition as u64 + 1) != 0 {
+                    continue;
+                }
                 let index = partition as usize;
                 let from = next[index];
                 let batch = buffer
@@ -157,20 +151,29 @@ fn reads_racing_spills_and_commits_hold_exactly_the_offsets_appended() {
                 for record in &batch.records {
                     assert_eq!(
                         record.payload.as_deref(),
-                        record_payload(record.offset).as_deref(),
+                        live_appends::record(record.offset, COPIES)
+                            .payload
+                            .as_deref(),
                         "offset {} holds another record's value",
                         record.offset
                     );
                 }
-                reads_with_records += u64::from(!read.is_empty());
+                if !read.is_empty() {
+                    reads_with_records += 1;
+                    idle_since_writer_ended = 0;
+                }
                 next[index] = batch.next;
                 read_next[index].store(batch.next, Ordering::Release);
             }
         }
-        writer.join().expect("writer");
         done.store(true, Ordering::Release);
+        writer.join().expect("writer");
         committer.join().expect("committer");
-        assert_eq!(next, vec![base + end; PARTITIONS as usize]);
+        assert_eq!(
+            next,
+            vec![base + end; PARTITIONS as usize],
+            "round {round}: the reader stalled"
+        );
         spilled += buffer.spilled_bytes() - spilled_before;
         assert!(
             buffer.spilled_bytes() > spilled_before,
@@ -210,8 +213,4 @@ fn reads_racing_spills_and_commits_hold_exactly_the_offsets_appended() {
          records, {memory_seen} while memory held appends; {spilled} bytes spilled), no offset \
          skipped or repeated"
     );
-}
-
-fn record_payload(offset: i64) -> Option<Vec<u8>> {
-    record(offset).payload.map(|payload| payload.to_vec())
 }

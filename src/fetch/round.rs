@@ -86,8 +86,8 @@ impl<K: Ord + Clone> Round<K> {
     /// in `key`'s run, naming offset `named` there (the batch call moved the position past
     /// it), as [`classify_poll_error`](super::classify_poll_error) classified it: what it
     /// means for the lanes ([`Polled::from_error`]) joins the round. Whether it ends the
-    /// queue's turn: an end of partition polled from a consumer queue moved nothing, nor did
-    /// a transient error polled one at a time, and the others may have.
+    /// queue's turn: every error does but an end of partition polled from a consumer queue,
+    /// which moved nothing.
     pub fn push_error(&mut self, key: Option<K>, kind: PollErrorKind, named: Option<i64>) -> bool {
         match (key, Polled::from_error(kind, named)) {
             (None, Some(Polled::EndOfPartition { .. })) => false,
@@ -213,7 +213,7 @@ mod tests {
     }
 
     #[test]
-    fn an_error_ends_its_queues_turn_unless_it_moved_nothing() {
+    fn every_error_but_an_unnamed_end_of_partition_ends_its_queues_turn() {
         // (where it was taken, what it was, the offset its entry named) -> ends the turn,
         // joins the round
         let cases = [

@@ -252,8 +252,9 @@ impl Client {
         Self { runs: true, ..self }
     }
 
-    /// The same client, handing out no end of partition, as the group member (which leaves
-    /// `enable.partition.eof` off): taken in runs, an end moves no position.
+    /// The same client, handing out no end of partition, as the group member unless the
+    /// user enables them (`enable.partition.eof`): taken in runs, an end moves no position,
+    /// and nothing shows that an assignment's reset of the position has run.
     pub(super) fn without_partition_eof(self) -> Self {
         Self {
             partition_eof: false,
@@ -295,7 +296,12 @@ impl Client {
         if let Some(at) = named {
             self.hand_out(at + 1);
         }
-        if matches!(polled, Some(Polled::Message(_) | Polled::EndOfPartition(_))) {
+        let handed_out = match polled {
+            Some(Polled::Message(_)) => true,
+            Some(Polled::EndOfPartition(_)) => self.partition_eof,
+            _ => false,
+        };
+        if handed_out {
             // librdkafka resets the position when the old fetch stops, on the partition's op
             // queue, before the new fetch starts: anything the new assignment hands out comes
             // after the reset.

@@ -529,17 +529,16 @@ impl Fetcher {
                         // its partition had before it.
                         (Some(origin), Taken::Error { error, at }) => {
                             let key = origin.key();
-                            if let Some(event) = self.partition_error(Some(&key), &error, Some(at))
-                            {
-                                polled.push(Some(key), event);
-                            }
+                            let kind = self.partition_error(Some(&key), &error, Some(at));
+                            polled.push_error(Some(key), kind, Some(at));
                         }
                         // Whichever partition it was, what its lane takes next may not follow
                         // what it took before: every chain ends here.
                         (None, taken) => {
                             if let Taken::Error { error, .. } = taken {
+                                let kind = self.partition_error(None, &error, None);
                                 if let Some(event @ Polled::OutOfRange) =
-                                    self.partition_error(None, &error, None)
+                                    Polled::from_error(kind, None)
                                 {
                                     polled.push(None, event);
                                 }
@@ -572,12 +571,10 @@ impl Fetcher {
             ),
             Some(Err(err)) => {
                 // The main queue does not say which partition an error is about: every
-                // chain that could be affected ends.
-                if let Some(event @ (Polled::OutOfRange | Polled::BreaksChain)) =
-                    self.partition_error(None, &err, None)
-                {
-                    polled.push(None, event);
-                }
+                // chain that could be affected ends (an end of partition or a transient
+                // error polled there moved nothing).
+                let kind = self.partition_error(None, &err, None);
+                polled.push_error(None, kind, None);
             }
         }
     }
@@ -781,15 +778,15 @@ impl Fetcher {
         }
     }
 
-    /// What an error polled for `key` (`None`: the main queue, which names no partition)
-    /// means for the partitions it may be about (`None`: nothing); `named`: the offset it
-    /// names, taken in a run (`Polled::from_error`). A chain it breaks is reported.
+    /// Classifies an error polled for `key` (`None`: the main queue, which names no
+    /// partition), `named`: the offset it names, taken in a run, and reports a chain it
+    /// breaks (what it means for the lanes: `Round::push_error`).
     fn partition_error(
         &self,
         key: Option<&PartitionId>,
         err: &RdError,
         named: Option<i64>,
-    ) -> Option<Polled> {
+    ) -> PollErrorKind {
         let kind = classify_poll_error(err);
         match kind {
             PollErrorKind::EndOfPartition | PollErrorKind::OutOfRange => {}
@@ -817,7 +814,7 @@ impl Fetcher {
                 ));
             }
         }
-        Polled::from_error(kind, named)
+        kind
     }
 }
 
