@@ -1,7 +1,20 @@
 //! Records of a live lane and appends of them as a fetcher makes them, for the tests that
 //! read a buffer while other threads write it (`tail_reads`, `tier_reads`).
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use catchup::store::{AppendOutcome, Buffer, Fetched, Lane, Record, Timestamp};
+
+/// Raises its flag when dropped: a writer thread holds one, so that its reader sees it end
+/// whether it returns or panics (a reader waiting for appends that never come would hang).
+pub struct RaisedWhenDropped(pub Arc<AtomicBool>);
+
+impl Drop for RaisedWhenDropped {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
 
 /// The record at `offset`: its value is the offset's bytes, `copies` times over, so that a
 /// read can tell it from any other.

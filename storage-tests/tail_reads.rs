@@ -70,6 +70,7 @@ fn tail_reads_hold_exactly_the_offsets_appended() {
                 Arc::clone(&read_next),
             );
             thread::spawn(move || {
+                let _ended = live_appends::RaisedWhenDropped(done);
                 for start in (base..old_end).step_by(BATCH_CHUNKS as usize) {
                     while read_next.load(Ordering::Acquire) < start - BATCH_CHUNKS {
                         thread::yield_now();
@@ -82,7 +83,6 @@ fn tail_reads_hold_exactly_the_offsets_appended() {
                         COPIES,
                     );
                 }
-                done.store(true, Ordering::Release);
             })
         };
         let mut next = base;
@@ -104,7 +104,7 @@ fn tail_reads_hold_exactly_the_offsets_appended() {
             }
             assert!(
                 batch.next > next || !finished,
-                "round {round}: the writer is done and the read from {next} stayed there"
+                "round {round}: the writer ended (or failed) and the read from {next} stayed there"
             );
             next = batch.next;
             read_next.store(next, Ordering::Release);

@@ -62,11 +62,17 @@ fn reads_racing_spills_and_commits_hold_exactly_the_offsets_appended() {
                 .expect("lay out");
         }
         let done = Arc::new(AtomicBool::new(false));
+        let writer_ended = Arc::new(AtomicBool::new(false));
         let read_next: Arc<Vec<AtomicI64>> =
             Arc::new((0..PARTITIONS).map(|_| AtomicI64::new(base)).collect());
         let writer = {
-            let (buffer, read_next) = (Arc::clone(&buffer), Arc::clone(&read_next));
+            let (buffer, read_next, ended) = (
+                Arc::clone(&buffer),
+                Arc::clone(&read_next),
+                Arc::clone(&writer_ended),
+            );
             thread::spawn(move || {
+                let _ended = live_appends::RaisedWhenDropped(ended);
                 for start in (base..base + end).step_by(BATCH as usize) {
                     for partition in 0..PARTITIONS {
                         let index = partition as usize;
@@ -122,7 +128,7 @@ fn reads_racing_spills_and_commits_hold_exactly_the_offsets_appended() {
             // it appended: a dozen passes finding nothing (each partition read four times)
             // end the loop, and the writer is joined below, so that the test fails instead
             // of waiting for appends that never come.
-            if writer.is_finished() {
+            if writer_ended.load(Ordering::Acquire) {
                 idle_since_writer_ended += 1;
                 if idle_since_writer_ended > 12 {
                     break;

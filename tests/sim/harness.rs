@@ -1449,9 +1449,9 @@ impl Sim {
         self.faults = false;
         for part in &mut self.parts {
             part.log.lowered_high = None;
-            // One more record, as a live topic brings: the group member has no ends of
-            // partition (it does not enable them), so a live lane repositioned below a
-            // trailing transaction marker proves that marker only with the next record
+            // One more record, as a live topic brings: a group member without ends of
+            // partition (unless the user enables them) proves a trailing transaction marker
+            // below which its live lane was repositioned only with the next record
             // (`docs/design.md`, "Out of range").
             part.log.entries.push(Entry::Record);
         }

@@ -156,8 +156,8 @@ pub(super) struct Client {
     /// Paused by the application (the byte budget, the free-space floor): it hands out
     /// nothing, and librdkafka drops what it prefetched.
     pub(super) paused: bool,
-    /// Ends of partition are handed out (`enable.partition.eof`, the catch-up consumer's);
-    /// the group member's are not: its queue's ends move nothing.
+    /// Ends of partition are handed out (`enable.partition.eof`: the catch-up consumer's,
+    /// and the group member's where the user enables them); otherwise an end moves nothing.
     pub(super) partition_eof: bool,
 }
 
