@@ -2011,17 +2011,17 @@ impl Sim {
                 self.count_append(count);
             }
         }
-        let fetcher = &mut self.fetchers[index];
-        if lane == Lane::Catchup && !zombie && fetcher.state.is_fetched() {
+        if lane == Lane::Catchup && !zombie && self.fetchers[index].state.is_fetched() {
             return Ok(RoundEnd::Remove);
         }
-        if let Some(at) = fetcher.state.poll_move(now) {
+        if let Some(at) = self.fetchers[index].state.poll_move(now) {
+            let assign_fails = lane == Lane::Catchup && self.catchup_assign_fails();
+            let fetcher = &mut self.fetchers[index];
             let moved = match lane {
                 // The catch-up consumer moves by unassign and assign, which may fail (the
                 // partition then stays unassigned until a later round moves it).
                 Lane::Catchup => {
-                    if self.faults && self.rng.chance(20) {
-                        self.stats.catchup_assign_failures += 1;
+                    if assign_fails {
                         fetcher.client.unassign();
                         Err("assign failed".to_owned())
                     } else {
