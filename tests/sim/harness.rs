@@ -417,6 +417,11 @@ pub struct Stats {
     pub memory_tier: u64,
     /// Crashes that lost records the memory tier held.
     pub memory_lost: u64,
+    /// Histories whose restarts may find the buffer lost.
+    pub losing_histories: u64,
+    /// Restarts that found the buffer lost: marked untrusted after a failed write, emptied
+    /// and opened again, as the consumer's start does.
+    pub buffers_lost: u64,
     /// Bytes the memory tier wrote to sled when it held more than its allowance.
     pub spilled_bytes: u64,
     /// Histories in `Latest`.
@@ -482,6 +487,8 @@ impl std::ops::AddAssign for Stats {
         self.short_drains += other.short_drains;
         self.memory_tier += other.memory_tier;
         self.memory_lost += other.memory_lost;
+        self.losing_histories += other.losing_histories;
+        self.buffers_lost += other.buffers_lost;
         self.spilled_bytes += other.spilled_bytes;
         self.latest += other.latest;
         self.superseded += other.superseded;
@@ -549,8 +556,14 @@ pub struct Sim {
     /// The fetchers' pauses, and the byte budget in histories that have one.
     budget: ByteBudget,
     stats: Stats,
-    /// The buffer's spilled bytes when this history began.
+    /// The buffer's spilled bytes when this history began, or when it was last opened again.
     spilled_from: u64,
+    /// Bytes spilled by the buffers this history lost.
+    spilled_by_lost: u64,
+    /// The memory tier's allowance (set again on a buffer opened after a loss).
+    memory: u64,
+    /// Whether a crash may lose the buffer (half the histories).
+    loses_buffers: bool,
     /// Simulated time: a step takes `STEP_TIME`.
     now: Instant,
     /// When the group member commits (the production schedule), with what was acknowledged
@@ -784,6 +797,7 @@ impl Sim {
         // Half the histories, from the seed's bits too.
         let member_runs = seed.wrapping_mul(0xD6E8_FEB8_6659_FD93) >> 63 == 1;
         let member_eof = seed.wrapping_mul(0xA24B_AED4_963E_E407) >> 63 == 1;
+        let loses_buffers = seed.wrapping_mul(0x94D0_49BB_1331_11EB) >> 63 == 1;
         let reader_budget = budget.limit.unwrap_or(READER_BUDGET);
         let shared_queues = u64::from(budget.shared_catchup_queue);
         let mut sim = Self {
@@ -820,9 +834,13 @@ impl Sim {
                 memory_tier: u64::from(memory > 0),
                 latest: u64::from(latest),
                 member_runs: u64::from(member_runs),
+                losing_histories: u64::from(loses_buffers),
                 ..Stats::default()
             },
             spilled_from,
+            spilled_by_lost: 0,
+            memory,
+            loses_buffers,
             now,
             schedule: Schedule::new(now, COMMIT_INTERVAL, reader_budget),
             reader_budget,
@@ -939,6 +957,11 @@ impl Sim {
         if self.buffer()?.forget_memory() > 0 {
             self.stats.memory_lost += 1;
         }
+        // A write failed before the crash (the process marked the buffer untrusted and
+        // stopped fetching), or the disk was replaced: the buffer is lost.
+        if self.loses_buffers && self.faults && self.rng.chance(50) {
+            self.lose_buffer()?;
+        }
         for part in &mut self.parts {
             part.live_handed_here.clear();
             part.live_handed_next = None;
@@ -949,6 +972,32 @@ impl Sim {
         self.catchup_created = false;
         self.create_hold = Hold::default();
         self.assign_all()
+    }
+
+    /// The buffer is lost, as after a failed write: marked untrusted, closed, then emptied and
+    /// opened again as the consumer's start does (`Buffer::empty_if_untrusted`). Everything it
+    /// held is fetched again from Kafka.
+    fn lose_buffer(&mut self) -> Result<(), Failure> {
+        let lost = self
+            .buffer
+            .take()
+            .ok_or_else(|| "buffer closed".to_owned())?;
+        lost.mark_untrusted()
+            .map_err(|e| err("marking untrusted", e))?;
+        self.spilled_by_lost += lost.spilled_bytes() - self.spilled_from;
+        drop(lost);
+        if !Buffer::empty_if_untrusted(&self.dir).map_err(|e| err("emptying", e))? {
+            return Err("a buffer marked untrusted was not emptied at the next start".into());
+        }
+        let buffer =
+            Buffer::open(&self.dir, BufferOptions::default()).map_err(|e| err("reopen", e))?;
+        buffer
+            .set_memory_bytes(self.memory)
+            .map_err(|e| err("memory allowance", e))?;
+        self.spilled_from = buffer.spilled_bytes();
+        self.buffer = Some(buffer);
+        self.stats.buffers_lost += 1;
+        Ok(())
     }
 
     fn assign_all(&mut self) -> Result<(), Failure> {
@@ -3084,7 +3133,7 @@ pub fn run_choices(
     };
     let steps = steps.start + sim.rng.below(steps.end.saturating_sub(steps.start));
     let result = sim.run(steps).and_then(|()| {
-        let spilled = sim.buffer()?.spilled_bytes() - sim.spilled_from;
+        let spilled = sim.buffer()?.spilled_bytes() - sim.spilled_from + sim.spilled_by_lost;
         Ok(Stats {
             spilled_bytes: spilled,
             ..sim.stats
