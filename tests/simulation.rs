@@ -68,7 +68,7 @@ fn the_consumer_never_loses_a_record() {
          {} merges, {} truncations, {} positions held past the log end, {} errors naming no \
          partition, {} transient errors taken in a run, {} histories whose group member takes runs ({} errors in them), {} entries taken after an error in its run ({} of them in a long tail), {} assignments of everything (eager), {} main-log writes refused, {} \
          partitions whose assignment waited for a write to Kafka, {} writes reported failed yet \
-         applied, {} failed creations of the catch-up consumer, {} failed assignments to it, {} topic ids unreadable, {} assignments without \
+         applied, {} failed creations of the catch-up consumer, {} failed assignments to it, {} failed creations of the rebuild consumer, {} topic ids unreadable, {} assignments without \
          the group's offsets, {} partitions waiting for what could not be read, {} reuses refused and laid out afresh, {} partitions reconciled on a retry and moved from the log end, {} crashes inside an assignment's local steps, {} reads finding a partition damaged ({} partitions discarded and reconciled again), {} local steps failing without stopping the consumer, {} histories with a free-space floor ({} stops below it, {} appends refused, {} resumes on a drained buffer, {} live appends refused below it while a backlog waited), {} histories with a byte budget ({} pauses, {} appends counted late ({} after a change of layout), {} reads the reader leaves out ({} finding records whose report was to come), {} partitions held to their read-ahead, {} rounds polling less for it, {} histories sharing one catch-up queue ({} holds paused there), {} drains on a disk with less room than the budget), {} partitions assigned \
          again within a poll round, {} histories with a memory tier ({} crashes losing what it \
          held, {} bytes spilled to sled), {} histories whose restarts may find the buffer lost ({} \
@@ -94,6 +94,7 @@ fn the_consumer_never_loses_a_record() {
         stats.failed_yet_written,
         stats.create_failures,
         stats.catchup_assign_failures,
+        stats.rebuild_create_failures,
         stats.id_failures,
         stats.offsets_unread,
         stats.waited_unread,
@@ -152,6 +153,7 @@ fn the_consumer_never_loses_a_record() {
                 && stats.failed_yet_written > 0
                 && stats.create_failures > 0
                 && stats.catchup_assign_failures > 0
+                && stats.rebuild_create_failures > 0
                 && stats.id_failures > 0
                 && stats.offsets_unread > 0
                 && stats.waited_unread > 0

@@ -130,6 +130,15 @@ impl Reader {
 /// One read in this many finds its partition's records damaged (under faults).
 const DAMAGE_ODDS: u64 = 500;
 
+/// One of the catch-up fetcher's consumers (its catch-up role's or its rebuild role's):
+/// whether it exists. Its creation can fail and is retried after its hold (the production
+/// [`Hold`]), its partitions waiting meanwhile.
+#[derive(Debug, Default)]
+struct FetcherConsumer {
+    created: bool,
+    hold: Hold,
+}
+
 /// Nine in ten of the catch-up consumer's errors are followed by fewer entries of their run
 /// than this (all of them were, before longer tails were drawn).
 const SHORT_TAIL: u64 = 4;
@@ -351,6 +360,8 @@ pub struct Stats {
     pub failed_yet_written: u64,
     /// Failed creations of the catch-up consumer.
     pub create_failures: u64,
+    /// Failed creations of the rebuild consumer (`Latest`).
+    pub rebuild_create_failures: u64,
     /// Assignments of a partition to the catch-up consumer that failed (the consumer's
     /// `incremental_assign`): when it is tracked, and when it is moved.
     pub catchup_assign_failures: u64,
@@ -458,6 +469,7 @@ impl std::ops::AddAssign for Stats {
         self.assign_deferrals += other.assign_deferrals;
         self.failed_yet_written += other.failed_yet_written;
         self.create_failures += other.create_failures;
+        self.rebuild_create_failures += other.rebuild_create_failures;
         self.catchup_assign_failures += other.catchup_assign_failures;
         self.rebalances_in_a_round += other.rebalances_in_a_round;
         self.id_failures += other.id_failures;
@@ -535,10 +547,11 @@ pub struct Sim {
     /// The user enabled ends of partition (`enable.partition.eof`), which the group member
     /// then hands out too (`tests/partition_eof_trickle.rs`).
     member_eof: bool,
-    /// Whether the catch-up consumer exists; its creation can fail and is retried after
-    /// its hold, its partitions waiting meanwhile.
-    catchup_created: bool,
-    create_hold: Hold,
+    /// The catch-up consumer.
+    catchup_consumer: FetcherConsumer,
+    /// `Latest`: the rebuild consumer, reading keys again (the catch-up fetcher's rebuild
+    /// role).
+    rebuild_consumer: FetcherConsumer,
     /// Fetchers created so far: each one's generation.
     generations: u64,
     /// Partitions whose assignment failed: no runtime, no fetchers, retried from the loop.
@@ -818,8 +831,8 @@ impl Sim {
             eager,
             member_runs,
             member_eof,
-            catchup_created: false,
-            create_hold: Hold::default(),
+            catchup_consumer: FetcherConsumer::default(),
+            rebuild_consumer: FetcherConsumer::default(),
             generations: 0,
             unreconciled: BTreeSet::new(),
             parked: BTreeMap::new(),
@@ -969,8 +982,8 @@ impl Sim {
         self.fetchers.clear();
         // A new process: its fetchers' pauses start afresh.
         self.budget.lanes = Default::default();
-        self.catchup_created = false;
-        self.create_hold = Hold::default();
+        self.catchup_consumer = FetcherConsumer::default();
+        self.rebuild_consumer = FetcherConsumer::default();
         self.assign_all()
     }
 
@@ -1392,7 +1405,9 @@ impl Sim {
                 rebuild: Some(left.end),
             };
             // Attached as the catch-up fetcher attaches it (the rebuild role's `add`).
-            self.attach_catchup(&mut fetcher);
+            if self.ensure_consumer(true) {
+                self.attach_catchup(&mut fetcher);
+            }
             self.fetchers.push(fetcher);
         }
         if !state.catchup_fetched() {
@@ -1409,7 +1424,7 @@ impl Sim {
                 zombie: false,
                 rebuild: None,
             };
-            if self.ensure_catchup_consumer() {
+            if self.ensure_consumer(false) {
                 self.attach_catchup(&mut fetcher);
             }
             self.generations += 1;
@@ -1441,31 +1456,65 @@ impl Sim {
         Ok(())
     }
 
-    /// Creates the catch-up consumer unless it exists or a failed creation still holds, as
-    /// the catch-up fetcher does; a consumer created for partitions already waiting assigns
-    /// them at their buffer's position. Whether there is a consumer now.
-    fn ensure_catchup_consumer(&mut self) -> bool {
-        if self.catchup_created {
+    /// The catch-up consumer, or the rebuild consumer (`rebuild`).
+    fn consumer_mut(&mut self, rebuild: bool) -> &mut FetcherConsumer {
+        match rebuild {
+            true => &mut self.rebuild_consumer,
+            false => &mut self.catchup_consumer,
+        }
+    }
+
+    /// Creates the catch-up consumer (the rebuild consumer: `rebuild`) unless it exists or a
+    /// failed creation still holds, as the catch-up fetcher's `ensure_consumer` does in
+    /// either role; a consumer created for partitions already waiting assigns them at their
+    /// position. Whether there is a consumer now.
+    fn ensure_consumer(&mut self, rebuild: bool) -> bool {
+        let now = self.now;
+        let consumer = self.consumer_mut(rebuild);
+        if consumer.created {
             return true;
         }
-        if self.create_hold.holds(self.now) {
+        if consumer.hold.holds(now) {
             return false;
         }
         if self.faults && self.rng.chance(100) {
-            self.stats.create_failures += 1;
-            self.create_hold.hold(self.now);
+            match rebuild {
+                true => self.stats.rebuild_create_failures += 1,
+                false => self.stats.create_failures += 1,
+            }
+            self.consumer_mut(rebuild).hold.hold(now);
             return false;
         }
-        self.catchup_created = true;
-        self.create_hold.release();
+        let consumer = self.consumer_mut(rebuild);
+        consumer.created = true;
+        consumer.hold.release();
         let mut fetchers = std::mem::take(&mut self.fetchers);
         for fetcher in &mut fetchers {
-            if fetcher.lane == Lane::Catchup && !fetcher.zombie && fetcher.rebuild.is_none() {
+            if fetcher.lane == Lane::Catchup
+                && !fetcher.zombie
+                && fetcher.rebuild.is_some() == rebuild
+            {
                 self.attach_catchup(fetcher);
             }
         }
         self.fetchers = fetchers;
         true
+    }
+
+    /// Drops the catch-up and rebuild consumers that have no partition left, as the
+    /// catch-up fetcher drops its consumer when it tracks none (the next partition creates
+    /// one again, which may fail).
+    fn drop_idle_consumers(&mut self) {
+        for rebuild in [false, true] {
+            let tracks = self.fetchers.iter().any(|fetcher| {
+                fetcher.lane == Lane::Catchup
+                    && !fetcher.zombie
+                    && fetcher.rebuild.is_some() == rebuild
+            });
+            if !tracks {
+                *self.consumer_mut(rebuild) = FetcherConsumer::default();
+            }
+        }
     }
 
     /// Assigns a tracked partition to the catch-up consumer at the buffer's position, as the
@@ -1596,7 +1645,7 @@ impl Sim {
             self.ordered,
             self.latest,
             self.eager,
-            self.catchup_created
+            self.catchup_consumer.created
         );
         for fetcher in &self.fetchers {
             text += &format!(
@@ -1737,7 +1786,7 @@ impl Sim {
             return Ok(());
         };
         let (lane, zombie, rebuild) = (chosen.lane, chosen.zombie, chosen.rebuild.is_some());
-        if lane == Lane::Catchup && !zombie && !rebuild && !self.ensure_catchup_consumer() {
+        if lane == Lane::Catchup && !zombie && !self.ensure_consumer(rebuild) {
             return Ok(());
         }
         let members: Vec<usize> = if zombie {
@@ -1780,6 +1829,7 @@ impl Sim {
         for member in leaving.into_iter().rev() {
             self.fetchers.remove(member);
         }
+        self.drop_idle_consumers();
         Ok(())
     }
 
