@@ -998,7 +998,9 @@ impl Sim {
         lost.mark_untrusted()
             .map_err(|e| err("marking untrusted", e))?;
         self.spilled_by_lost += lost.spilled_bytes() - self.spilled_from;
-        drop(lost);
+        // The process dies: its lock goes with it (a buffer merely dropped lets go of it
+        // when sled's threads have ended).
+        lost.close().map_err(|e| err("closing", e))?;
         if !Buffer::empty_if_untrusted(&self.dir).map_err(|e| err("emptying", e))? {
             return Err("a buffer marked untrusted was not emptied at the next start".into());
         }
