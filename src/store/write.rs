@@ -740,21 +740,27 @@ impl Buffer {
             state.lane_mut(lane).fetched_next = committed;
         }
 
-        // Chunks starting at or below the committed offset: all but the last are wholly
-        // committed (the chunks are contiguous); the last one only if it ends there.
+        // Chunks starting below the committed offset: all but the last are wholly committed
+        // (the chunks are contiguous); the last one only if it ends there. A chunk starting
+        // at it holds nothing committed, and is not read.
         let lane_state = *state.lane(lane);
         let from = keys::chunk(lane, part, lane_state.retained_from as u64);
-        let through = keys::chunk(lane, part, committed as u64);
+        let before = keys::chunk(lane, part, committed as u64);
         // Only the last chunk's value is read: a commit far ahead (a reuse at an assignment)
         // must not hold every chunk it deletes in memory at once.
         let mut covered = Vec::new();
         let mut last_value = None;
-        for entry in self.db()?.range(from..=through) {
+        for entry in self.db()?.range(from..before) {
             let (key, value) = entry.map_err(|err| self.sled_error(err))?;
             covered.push((key, value.len()));
             last_value = Some(value);
         }
-        let mut retained_from = lane_state.fetched_next;
+        // Unless a chunk reaches past the commit, the lane's chain goes on at the commit: a
+        // chunk missing there is a hole that the next read must find, not a gap to infer
+        // (invariant 8). Taking the lane's end for it skipped what the lane still held.
+        let mut retained_from = state
+            .normalize(lane, committed)
+            .min(lane_state.fetched_next);
         if let (Some((last_key, _)), Some(last_value)) = (covered.last(), &last_value) {
             let head: super::record::ChunkHead =
                 codec::decode_prefix(last_value).map_err(|err| {
