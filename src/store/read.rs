@@ -345,8 +345,17 @@ impl Buffer {
             batch.records.extend(chunk.records.into_iter().skip(skip));
             batch.next = batch.next.max(state.normalize(lane, next));
             if batch.records.len() >= max_records {
-                break;
+                return Ok(batch);
             }
+        }
+        // The chain must reach the proven end: chunks missing at the lane's end are a hole
+        // like any other (a read that stopped there would wait for ever for records the state
+        // counts as fetched).
+        if reached < proven_end {
+            return Err(self.damaged(format!(
+                "{lane} lane of topic id {} partition {}: offsets {reached}..{proven_end} are missing",
+                part.topic_id, part.partition
+            )));
         }
         Ok(batch)
     }

@@ -906,6 +906,45 @@ fn a_lost_chunk_is_damage_never_a_gap() {
 }
 
 #[test]
+fn a_lost_last_chunk_is_damage_never_the_lane_end() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let buffer = open_plain(&dir);
+    for first in [0, 10, 20] {
+        append(
+            &buffer,
+            Lane::Live,
+            "t",
+            0,
+            &records(first..first + 10),
+            first + 10,
+        )
+        .expect("append");
+    }
+    // The lane's last chunk vanishes while the state still counts it: the chain ends at 20,
+    // short of the fetched end, 30. A read that took the chain's end for the lane's waited
+    // there for ever (found by the simulation, seed 0x2267 of its damaged disks: an
+    // `Ordered` reader stalled before the last chunk of a backlog).
+    let part = buffer.partition_key("t", 0).expect("key").expect("known");
+    buffer
+        .db()
+        .expect("open")
+        .remove(keys::chunk(Lane::Live, part, 20))
+        .expect("remove");
+    for from in [15, 20, 25] {
+        let read = buffer.read(Lane::Live, "t", 0, from, 100);
+        assert!(
+            matches!(&read, Err(StoreError::Damaged { reason, .. }) if reason.contains("missing")),
+            "from {from}: {read:?}"
+        );
+    }
+    // A read that stops before the hole is whole.
+    assert_eq!(
+        offsets(&buffer.read(Lane::Live, "t", 0, 0, 5).expect("read")),
+        (0..10).collect::<Vec<_>>()
+    );
+}
+
+#[test]
 fn a_commit_up_to_a_lost_chunk_keeps_the_hole_for_the_next_read() {
     let dir = tempfile::tempdir().expect("tempdir");
     let buffer = open_plain(&dir);
