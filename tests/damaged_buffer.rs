@@ -1,6 +1,8 @@
 //! A buffer damaged on disk while the consumer was down: one partition holds a chunk whose
 //! bytes no longer match their checksum, another misses a chunk in the middle of its chain (a
-//! hole sled's recovery could leave). The buffer is a cache of Kafka: each damaged partition is
+//! hole sled's recovery could leave), a third its last chunk (the chain ends short of what the
+//! state counts as fetched: a reader took that for the lane's end and waited there for ever,
+//! found by the simulation). The buffer is a cache of Kafka: each damaged partition is
 //! discarded and refetched from the group's committed offset, with an event, while the intact
 //! partition keeps being read from the buffer — nothing is lost and the reader never stops with
 //! an error (store audit R1 and C3; DESIGN invariant 7).
@@ -15,14 +17,16 @@ use catchup::{CatchupConsumer, Event, Mode};
 use support::{Kafka, test_config, unique};
 
 const WAIT: Duration = Duration::from_secs(60);
-const PARTITIONS: i32 = 3;
+const PARTITIONS: i32 = 4;
 const PER_PARTITION: i64 = 600;
 /// Values of 1 KiB: each partition's records span several chunks of the buffer.
 const VALUE_BYTES: usize = 1024;
-/// Partition whose chunk is corrupted, partition whose chunk is removed, and the intact one.
+/// Partition whose chunk is corrupted, partition whose middle chunk is removed, the intact
+/// one, and the partition whose last chunk is removed.
 const CORRUPTED: i32 = 0;
 const HOLED: i32 = 1;
 const INTACT: i32 = 2;
+const CUT: i32 = 3;
 
 fn value(partition: i32, offset: i64) -> String {
     let head = format!("{partition}:{offset}:");
@@ -43,7 +47,7 @@ fn live_chunks(db: &sled::Db) -> BTreeMap<i32, Vec<sled::IVec>> {
 }
 
 /// Opens the directory with sled itself (the crashed consumer's threads may still be
-/// releasing its lock) and damages two partitions.
+/// releasing its lock) and damages three partitions.
 fn damage(dir: &Path) {
     let deadline = Instant::now() + WAIT;
     let db = loop {
@@ -56,7 +60,7 @@ fn damage(dir: &Path) {
         }
     };
     let chunks = live_chunks(&db);
-    for partition in [CORRUPTED, HOLED] {
+    for partition in [CORRUPTED, HOLED, CUT] {
         assert!(
             chunks.get(&partition).is_some_and(|keys| keys.len() >= 3),
             "partition {partition} spans fewer than 3 chunks: {chunks:?}"
@@ -70,6 +74,9 @@ fn damage(dir: &Path) {
     db.insert(key, bytes).expect("insert");
     // A middle chunk gone while the partition's state still counts it.
     db.remove(&chunks[&HOLED][chunks[&HOLED].len() / 2])
+        .expect("remove");
+    // The last chunk gone: the chain ends before the state's fetched end.
+    db.remove(chunks[&CUT].last().expect("chunks"))
         .expect("remove");
     db.flush().expect("flush");
 }
@@ -134,17 +141,19 @@ async fn damaged_partitions_are_refetched_and_the_rest_keeps_flowing() {
         "the intact partition was read from the buffer, not discarded: {discarded:?}"
     );
     assert!(
-        discarded.keys().copied().eq([CORRUPTED, HOLED]),
+        discarded.keys().copied().eq([CORRUPTED, HOLED, CUT]),
         "the damaged partitions were discarded: {discarded:?}"
     );
     assert!(
         discarded[&CORRUPTED].contains("damaged") && discarded[&CORRUPTED].contains("checksum"),
         "{discarded:?}"
     );
-    assert!(
-        discarded[&HOLED].contains("damaged") && discarded[&HOLED].contains("missing"),
-        "{discarded:?}"
-    );
+    for partition in [HOLED, CUT] {
+        assert!(
+            discarded[&partition].contains("damaged") && discarded[&partition].contains("missing"),
+            "{discarded:?}"
+        );
+    }
     second.close().await.expect("close");
     assert_eq!(
         kafka.committed(&group, &topic, PARTITIONS),
