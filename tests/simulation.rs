@@ -72,7 +72,8 @@ fn the_consumer_never_loses_a_record() {
          the group's offsets, {} partitions waiting for what could not be read, {} reuses refused and laid out afresh, {} partitions reconciled on a retry and moved from the log end, {} crashes inside an assignment's local steps, {} reads finding a partition damaged ({} partitions discarded and reconciled again), {} local steps failing without stopping the consumer, {} histories with a free-space floor ({} stops below it, {} appends refused, {} resumes on a drained buffer, {} live appends refused below it while a backlog waited), {} histories with a byte budget ({} pauses, {} appends counted late ({} after a change of layout), {} reads the reader leaves out ({} finding records whose report was to come), {} partitions held to their read-ahead, {} rounds polling less for it, {} histories sharing one catch-up queue ({} holds paused there), {} drains on a disk with less room than the budget), {} partitions assigned \
          again within a poll round, {} histories with a memory tier ({} crashes losing what it \
          held, {} bytes spilled to sled), {} histories whose restarts may find the buffer lost ({} \
-         buffers lost and refetched), {} histories in mode latest ({} records superseded, {} \
+         buffers lost and refetched), {} histories whose restarts may find it damaged ({} chunks \
+         damaged on disk, {} reads finding it, {} reuses and {} commits finding it, {} buffers started empty), {} histories in mode latest ({} records superseded, {} \
          assignments waiting for their keys to be read again), {} reads waiting for commits, {} \
          drains with one partition's every commit failing: no loss, no stall",
         stats.partitions,
@@ -126,6 +127,12 @@ fn the_consumer_never_loses_a_record() {
         stats.spilled_bytes,
         stats.losing_histories,
         stats.buffers_lost,
+        stats.damaging_histories,
+        stats.disk_damages,
+        stats.damage_found,
+        stats.damaged_reuses,
+        stats.damaged_commits,
+        stats.emptied_at_open,
         stats.latest,
         stats.superseded,
         stats.rebuilds,
@@ -181,6 +188,7 @@ fn the_consumer_never_loses_a_record() {
                 && stats.memory_lost > 0
                 && stats.spilled_bytes > 0
                 && stats.buffers_lost > 0
+                && stats.damage_found > 0
                 && stats.latest > 0
                 && stats.superseded > 0
                 && stats.commit_waits > 0

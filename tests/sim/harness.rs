@@ -24,9 +24,13 @@
 //! reading and acking between, as the group member's commit thread sends it — and the real
 //! [`Buffer`] on a temporary directory, read by readers that ack in any order. The process
 //! crashes at any step, between two writes included (to Kafka, or to the buffer at an
-//! assignment); revokes leave stale writers behind. A read may find a partition's records
-//! damaged: its runtime goes at once, and the live thread later discards its records and
-//! reconciles it again from Kafka (`refetch_damaged`). One history in three has a free-space
+//! assignment); revokes leave stale writers behind. In half the histories a crash may lose
+//! the buffer (marked untrusted, then emptied at the next start), in half it may damage one
+//! of its chunks on disk (a byte changed, or the chunk gone). A read may find a partition's
+//! records damaged (injected, or on disk): its runtime goes at once, and the live thread
+//! later discards its records and reconciles it again from Kafka (`refetch_damaged`); a
+//! reuse or a commit that finds the damage is handled as the member handles it. One history
+//! in three has a free-space
 //! floor ([`DiskGuard`] over a simulated disk): below it every append fails, as the fetchers
 //! answer it. Before each round a fetcher pauses and resumes its partitions' clients by the
 //! production decisions ([`WriteStops`] for the floor's stops and for clients that are new or
@@ -137,6 +141,53 @@ const DAMAGE_ODDS: u64 = 500;
 struct FetcherConsumer {
     created: bool,
     hold: Hold,
+}
+
+/// Whether a reuse's move of a lane's cursor (`moved`) found the buffer damaged on disk; any
+/// other failure is a failure of the simulation.
+fn reuse_found_damage(moved: Result<usize, StoreError>) -> Result<bool, Failure> {
+    match moved {
+        Ok(_) => Ok(false),
+        Err(StoreError::Damaged { .. }) => Ok(true),
+        Err(other) => Err(err("reuse", other)),
+    }
+}
+
+/// Where the buffer in `dir` keeps its sled database (in the generation `CURRENT` names),
+/// and the segment size it was made with.
+fn sled_files(dir: &std::path::Path) -> (PathBuf, usize) {
+    let dir = match std::fs::read_to_string(dir.join("CURRENT")) {
+        Ok(name) => dir.join(name.trim()),
+        Err(_) => dir.to_path_buf(),
+    };
+    let conf = std::fs::read(dir.join("conf")).unwrap_or_default();
+    let segment = String::from_utf8_lossy(&conf)
+        .lines()
+        .find_map(|line| line.strip_prefix("segment_size: ")?.trim().parse().ok())
+        .unwrap_or(BufferOptions::default().segment_bytes);
+    (dir, segment)
+}
+
+/// The buffer's sled database in `dir`, opened by sled itself, to damage it as a disk
+/// would.
+fn raw_sled(dir: &std::path::Path) -> sled::Result<sled::Db> {
+    let (dir, segment) = sled_files(dir);
+    sled::Config::new()
+        .path(dir)
+        .segment_size(segment)
+        .flush_every_ms(None)
+        .open()
+}
+
+/// How a process of the simulation opens its buffer: nothing needs durability, so no
+/// periodic flush (closing a buffer waits for sled's flusher to end, up to its period),
+/// at the segment size the buffer in `dir` was made with (the fuzz target's are larger).
+fn reopen_options(dir: &std::path::Path) -> BufferOptions {
+    BufferOptions {
+        flush_every_ms: None,
+        segment_bytes: sled_files(dir).1,
+        ..BufferOptions::default()
+    }
 }
 
 /// Nine in ten of the catch-up consumer's errors are followed by fewer entries of their run
@@ -433,6 +484,18 @@ pub struct Stats {
     /// Restarts that found the buffer lost: marked untrusted after a failed write, emptied
     /// and opened again, as the consumer's start does.
     pub buffers_lost: u64,
+    /// Histories whose restarts may find the buffer damaged on disk.
+    pub damaging_histories: u64,
+    /// Chunks damaged on disk between two processes (a byte changed, or the chunk gone).
+    pub disk_damages: u64,
+    /// Reads that found damage on disk.
+    pub damage_found: u64,
+    /// Buffers damaged beyond sled's recovery at open, started empty.
+    pub emptied_at_open: u64,
+    /// Reuses at an assignment that found the damage, and laid the partition out afresh.
+    pub damaged_reuses: u64,
+    /// Commits whose record in the buffer found the damage.
+    pub damaged_commits: u64,
     /// Bytes the memory tier wrote to sled when it held more than its allowance.
     pub spilled_bytes: u64,
     /// Histories in `Latest`.
@@ -501,6 +564,12 @@ impl std::ops::AddAssign for Stats {
         self.memory_lost += other.memory_lost;
         self.losing_histories += other.losing_histories;
         self.buffers_lost += other.buffers_lost;
+        self.damaging_histories += other.damaging_histories;
+        self.disk_damages += other.disk_damages;
+        self.damage_found += other.damage_found;
+        self.emptied_at_open += other.emptied_at_open;
+        self.damaged_reuses += other.damaged_reuses;
+        self.damaged_commits += other.damaged_commits;
         self.spilled_bytes += other.spilled_bytes;
         self.latest += other.latest;
         self.superseded += other.superseded;
@@ -571,12 +640,14 @@ pub struct Sim {
     stats: Stats,
     /// The buffer's spilled bytes when this history began, or when it was last opened again.
     spilled_from: u64,
-    /// Bytes spilled by the buffers this history lost.
-    spilled_by_lost: u64,
+    /// Bytes spilled by the buffers this history closed (lost or damaged).
+    spilled_by_closed: u64,
     /// The memory tier's allowance (set again on a buffer opened after a loss).
     memory: u64,
     /// Whether a crash may lose the buffer (half the histories).
     loses_buffers: bool,
+    /// Whether a crash may leave the buffer damaged on disk (half the histories).
+    damages_buffers: bool,
     /// Simulated time: a step takes `STEP_TIME`.
     now: Instant,
     /// When the group member commits (the production schedule), with what was acknowledged
@@ -811,6 +882,7 @@ impl Sim {
         let member_runs = seed.wrapping_mul(0xD6E8_FEB8_6659_FD93) >> 63 == 1;
         let member_eof = seed.wrapping_mul(0xA24B_AED4_963E_E407) >> 63 == 1;
         let loses_buffers = seed.wrapping_mul(0x94D0_49BB_1331_11EB) >> 63 == 1;
+        let damages_buffers = seed.wrapping_mul(0xBF58_476D_1CE4_E5B9) >> 63 == 1;
         let reader_budget = budget.limit.unwrap_or(READER_BUDGET);
         let shared_queues = u64::from(budget.shared_catchup_queue);
         let mut sim = Self {
@@ -848,12 +920,14 @@ impl Sim {
                 latest: u64::from(latest),
                 member_runs: u64::from(member_runs),
                 losing_histories: u64::from(loses_buffers),
+                damaging_histories: u64::from(damages_buffers),
                 ..Stats::default()
             },
             spilled_from,
-            spilled_by_lost: 0,
+            spilled_by_closed: 0,
             memory,
             loses_buffers,
+            damages_buffers,
             now,
             schedule: Schedule::new(now, COMMIT_INTERVAL, reader_budget),
             reader_budget,
@@ -972,8 +1046,10 @@ impl Sim {
         }
         // A write failed before the crash (the process marked the buffer untrusted and
         // stopped fetching), or the disk was replaced: the buffer is lost.
-        if self.loses_buffers && self.faults && self.rng.chance(50) {
+        if self.loses_buffers && self.faults && self.rng.chance(12) {
             self.lose_buffer()?;
+        } else if self.damages_buffers && self.faults && self.rng.chance(12) {
+            self.damage_on_disk()?;
         }
         for part in &mut self.parts {
             part.live_handed_here.clear();
@@ -991,27 +1067,90 @@ impl Sim {
     /// opened again as the consumer's start does (`Buffer::empty_if_untrusted`). Everything it
     /// held is fetched again from Kafka.
     fn lose_buffer(&mut self) -> Result<(), Failure> {
-        let lost = self
-            .buffer
-            .take()
-            .ok_or_else(|| "buffer closed".to_owned())?;
-        lost.mark_untrusted()
+        self.buffer()?
+            .mark_untrusted()
             .map_err(|e| err("marking untrusted", e))?;
-        self.spilled_by_lost += lost.spilled_bytes() - self.spilled_from;
-        // The process dies: its lock goes with it (a buffer merely dropped lets go of it
-        // when sled's threads have ended).
-        lost.close().map_err(|e| err("closing", e))?;
+        self.close_buffer()?;
         if !Buffer::empty_if_untrusted(&self.dir).map_err(|e| err("emptying", e))? {
             return Err("a buffer marked untrusted was not emptied at the next start".into());
         }
-        let buffer =
-            Buffer::open(&self.dir, BufferOptions::default()).map_err(|e| err("reopen", e))?;
+        self.open_buffer_again()?;
+        self.stats.buffers_lost += 1;
+        Ok(())
+    }
+
+    /// The disk damages the buffer while no process has it open: one chunk of a lane, drawn
+    /// among those sled holds, has a byte changed (its checksum no longer matches) or is gone
+    /// (a hole in the lane's chain, as sled's recovery could leave). The next process opens it
+    /// as it is; its reads must find the damage (`StoreError::Damaged`) and the partition be
+    /// discarded and fetched again, as `tests/damaged_buffer.rs` has it on the broker.
+    fn damage_on_disk(&mut self) -> Result<(), Failure> {
+        self.close_buffer()?;
+        {
+            let db = raw_sled(&self.dir).map_err(|e| format!("opening sled itself: {e}"))?;
+            let chunks: Vec<sled::IVec> = db
+                .iter()
+                .keys()
+                .filter_map(Result::ok)
+                .filter(|key| matches!(key.first(), Some(b'C' | b'L')))
+                .collect();
+            if !chunks.is_empty() {
+                let key = &chunks[self.rng.below(chunks.len() as u64) as usize];
+                let damage = match self.rng.chance(500) {
+                    true => db.get(key).map(|value| {
+                        let mut bytes = value.map(|value| value.to_vec()).unwrap_or_default();
+                        let middle = bytes.len() / 2;
+                        if let Some(byte) = bytes.get_mut(middle) {
+                            *byte ^= 0x5a;
+                        }
+                        db.insert(key, bytes).map(|_| ())
+                    }),
+                    false => Ok(db.remove(key).map(|_| ())),
+                };
+                damage
+                    .and_then(|written| written)
+                    .and_then(|()| db.flush().map(|_| ()))
+                    .map_err(|e| format!("damaging a chunk: {e}"))?;
+                self.stats.disk_damages += 1;
+            }
+        }
+        self.open_buffer_again()
+    }
+
+    /// The process dies with the buffer open: its lock goes with it (a buffer merely
+    /// dropped lets go of it only once sled's threads have ended).
+    fn close_buffer(&mut self) -> Result<(), Failure> {
+        let closed = self
+            .buffer
+            .take()
+            .ok_or_else(|| "buffer closed".to_owned())?;
+        self.spilled_by_closed += closed.spilled_bytes() - self.spilled_from;
+        closed.close().map_err(|e| err("closing", e))
+    }
+
+    /// The next process opens the buffer, as the consumer's start does: a buffer damaged
+    /// beyond sled's recovery starts empty. Waits (bounded) for a database opened by the
+    /// simulation itself to let go of its lock.
+    fn open_buffer_again(&mut self) -> Result<(), Failure> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let buffer = loop {
+            match Buffer::open(&self.dir, reopen_options(&self.dir)) {
+                Ok(buffer) => break buffer,
+                Err(StoreError::Locked { .. }) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                Err(StoreError::Damaged { .. }) if Buffer::is_marked(&self.dir) => {
+                    self.stats.emptied_at_open += 1;
+                    Buffer::empty(&self.dir).map_err(|e| err("emptying a damaged buffer", e))?;
+                }
+                Err(e) => return Err(err("opening again", e)),
+            }
+        };
         buffer
             .set_memory_bytes(self.memory)
             .map_err(|e| err("memory allowance", e))?;
         self.spilled_from = buffer.spilled_bytes();
         self.buffer = Some(buffer);
-        self.stats.buffers_lost += 1;
         Ok(())
     }
 
@@ -1263,6 +1402,9 @@ impl Sim {
         let reuse_fails = self.faults && self.rng.chance(40);
         let catchup_moved_first = self.rng.chance(2);
         let step = decision.local_step();
+        // A reuse that finds the buffer damaged on disk (a chunk it reads to move a cursor)
+        // is refused as the injected failures are: the partition is laid out afresh.
+        let mut found_damaged = false;
         if let LocalStep::Reuse {
             catchup_committed, ..
         } = step
@@ -1273,28 +1415,40 @@ impl Sim {
             // The member moves the catch-up lane's cursor first; a failed reuse may refuse
             // that one already, or only the live lane's.
             if !reuse_fails || catchup_moved_first {
-                self.buffer()?
-                    .record_resumed(Lane::Catchup, &self.topic, partition, catchup_committed)
-                    .map_err(|e| err("reuse", e))?;
-                if self.crashes_here() {
+                let moved = self.buffer()?.record_resumed(
+                    Lane::Catchup,
+                    &self.topic,
+                    partition,
+                    catchup_committed,
+                );
+                found_damaged = reuse_found_damage(moved)?;
+                if !found_damaged && self.crashes_here() {
                     self.stats.local_step_crashes += 1;
                     self.crash()?;
                     return Ok(Applied::Crashed);
                 }
             }
         }
+        if let LocalStep::Reuse { live_committed, .. } = step {
+            if !reuse_fails && !found_damaged {
+                let moved = self.buffer()?.record_resumed(
+                    Lane::Live,
+                    &self.topic,
+                    partition,
+                    live_committed,
+                );
+                found_damaged = reuse_found_damage(moved)?;
+            }
+        }
+        self.stats.damaged_reuses += u64::from(found_damaged);
         let buffer = self.buffer()?;
         match step {
-            LocalStep::Reuse { .. } if reuse_fails => {
+            LocalStep::Reuse { .. } if reuse_fails || found_damaged => {
                 buffer
                     .reset_partition(&self.topic, partition, decision.layout.clone())
                     .map_err(|e| err("layout after a failed reuse", e))?;
             }
-            LocalStep::Reuse { live_committed, .. } => {
-                buffer
-                    .record_resumed(Lane::Live, &self.topic, partition, live_committed)
-                    .map_err(|e| err("reuse", e))?;
-            }
+            LocalStep::Reuse { .. } => {}
             LocalStep::Reset { layout, .. } => {
                 buffer
                     .reset_partition(&self.topic, partition, layout.clone())
@@ -2572,19 +2726,28 @@ impl Sim {
         let idle_clock = self.idle_clock;
         let worth = self.parts[part].idle.worth_reading(slot, idle_clock);
         let appends = self.parts[part].idle.appends();
-        let (lane, batch, from) = if self.ordered {
+        let (from, read) = if self.ordered {
             let from = self.parts[part].ordered_next;
-            let batch = buffer
-                .read_ordered(&self.topic, id(part), from, max)
-                .map_err(|e| err("ordered read", e))?;
-            self.parts[part].ordered_next = batch.next;
-            (batch.lane, batch, from)
+            (from, buffer.read_ordered(&self.topic, id(part), from, max))
         } else {
-            let next = self.parts[part].readers[lane_index(lane)].next;
-            let batch = buffer
-                .read(lane, &self.topic, id(part), next, max)
-                .map_err(|e| err("read", e))?;
-            (lane, batch, next)
+            let from = self.parts[part].readers[lane_index(lane)].next;
+            (from, buffer.read(lane, &self.topic, id(part), from, max))
+        };
+        let batch = match read {
+            Ok(batch) => batch,
+            // As the engine's reader: the partition is taken off and fetched again.
+            Err(StoreError::Damaged { .. }) => {
+                self.stats.damage_found += 1;
+                self.damaged_on_read(part);
+                return Ok(());
+            }
+            Err(e) => return Err(err("read", e)),
+        };
+        let lane = if self.ordered {
+            self.parts[part].ordered_next = batch.next;
+            batch.lane
+        } else {
+            lane
         };
         if !worth {
             self.stats.reads_left_out += 1;
@@ -3008,11 +3171,19 @@ impl Sim {
     ) -> Result<(), Failure> {
         let buffer = self.buffer.as_ref().ok_or("buffer closed")?;
         let (topic, partition) = (&self.topic, id(part));
-        let record = |lane: Lane, offset: i64| -> Result<(), Failure> {
-            buffer
-                .record_committed(lane, topic, partition, offset)
-                .map(|_| ())
-                .map_err(|e| err("record_committed", e))
+        // Whether the buffer recorded it: a chunk it reads to delete what the commit covers
+        // may be damaged on disk, and the engine then reports the error and records nothing
+        // more of this partition's cycle (the next read of it finds the damage).
+        let mut damaged = false;
+        let mut record = |lane: Lane, offset: i64| -> Result<bool, Failure> {
+            match buffer.record_committed(lane, topic, partition, offset) {
+                Ok(_) => Ok(true),
+                Err(StoreError::Damaged { .. }) => {
+                    damaged = true;
+                    Ok(false)
+                }
+                Err(e) => Err(err("record_committed", e)),
+            }
         };
         let state = &mut self.parts[part];
         match plan {
@@ -3022,13 +3193,16 @@ impl Sim {
                 record(Lane::Live, *offset)?;
             }
             CommitPlan::Split { main, side } => {
-                if let Some(main) = main {
-                    state.main_committed = *main;
-                    record(Lane::Catchup, *main)?;
-                }
-                if let Some(side) = side {
-                    record(Lane::Live, side.live_next)?;
+                let recorded = match main {
+                    Some(main) => {
+                        state.main_committed = *main;
+                        record(Lane::Catchup, *main)?
+                    }
+                    None => true,
+                };
+                if let Some(side) = side.as_ref().filter(|_| recorded) {
                     state.side_entry = Some(side.clone());
+                    record(Lane::Live, side.live_next)?;
                 }
             }
             CommitPlan::Merge { offset } => {
@@ -3036,10 +3210,12 @@ impl Sim {
                 state.main_committed = *offset;
                 state.token = None;
                 state.side_entry = None;
-                record(Lane::Catchup, catchup_processed)?;
-                record(Lane::Live, *offset)?;
+                if record(Lane::Catchup, catchup_processed)? {
+                    record(Lane::Live, *offset)?;
+                }
             }
         }
+        self.stats.damaged_commits += u64::from(damaged);
         Ok(())
     }
 
@@ -3185,7 +3361,7 @@ pub fn run_choices(
     };
     let steps = steps.start + sim.rng.below(steps.end.saturating_sub(steps.start));
     let result = sim.run(steps).and_then(|()| {
-        let spilled = sim.buffer()?.spilled_bytes() - sim.spilled_from + sim.spilled_by_lost;
+        let spilled = sim.buffer()?.spilled_bytes() - sim.spilled_from + sim.spilled_by_closed;
         Ok(Stats {
             spilled_bytes: spilled,
             ..sim.stats
