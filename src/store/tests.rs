@@ -865,13 +865,11 @@ fn an_untrusted_buffer_starts_empty() {
     );
 }
 
-#[test]
-fn a_lost_chunk_is_damage_never_a_gap() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let buffer = open_plain(&dir);
+/// Appends offsets 0..30 of `t`/0's live lane as three chunks, at 0, 10 and 20.
+fn append_three_live_chunks(buffer: &Buffer) {
     for first in [0, 10, 20] {
         append(
-            &buffer,
+            buffer,
             Lane::Live,
             "t",
             0,
@@ -880,17 +878,30 @@ fn a_lost_chunk_is_damage_never_a_gap() {
         )
         .expect("append");
     }
+}
+
+/// Removes the chunk at `first` of `t`/0's live lane, as a damaged disk loses it while the
+/// state still counts it.
+fn lose_live_chunk(buffer: &Buffer, first: u64) {
+    let part = buffer.partition_key("t", 0).expect("key").expect("known");
+    buffer
+        .db()
+        .expect("open")
+        .remove(keys::chunk(Lane::Live, part, first))
+        .expect("remove");
+}
+
+#[test]
+fn a_lost_chunk_is_damage_never_a_gap() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let buffer = open_plain(&dir);
+    append_three_live_chunks(&buffer);
     assert_eq!(
         offsets(&buffer.read(Lane::Live, "t", 0, 0, 100).expect("read")),
         (0..30).collect::<Vec<_>>()
     );
     // The middle chunk vanishes while the state still counts it (a torn sled state).
-    let part = buffer.partition_key("t", 0).expect("key").expect("known");
-    buffer
-        .db()
-        .expect("open")
-        .remove(keys::chunk(Lane::Live, part, 10))
-        .expect("remove");
+    lose_live_chunk(&buffer, 10);
     for from in [0, 5, 10, 15] {
         let read = buffer.read(Lane::Live, "t", 0, from, 100);
         assert!(
@@ -909,27 +920,12 @@ fn a_lost_chunk_is_damage_never_a_gap() {
 fn a_lost_last_chunk_is_damage_never_the_lane_end() {
     let dir = tempfile::tempdir().expect("tempdir");
     let buffer = open_plain(&dir);
-    for first in [0, 10, 20] {
-        append(
-            &buffer,
-            Lane::Live,
-            "t",
-            0,
-            &records(first..first + 10),
-            first + 10,
-        )
-        .expect("append");
-    }
+    append_three_live_chunks(&buffer);
     // The lane's last chunk vanishes while the state still counts it: the chain ends at 20,
     // short of the fetched end, 30. A read that took the chain's end for the lane's waited
     // there for ever (found by the simulation, seed 0x2267 of its damaged disks: an
     // `Ordered` reader stalled before the last chunk of a backlog).
-    let part = buffer.partition_key("t", 0).expect("key").expect("known");
-    buffer
-        .db()
-        .expect("open")
-        .remove(keys::chunk(Lane::Live, part, 20))
-        .expect("remove");
+    lose_live_chunk(&buffer, 20);
     for from in [15, 20, 25] {
         let read = buffer.read(Lane::Live, "t", 0, from, 100);
         assert!(
@@ -948,28 +944,13 @@ fn a_lost_last_chunk_is_damage_never_the_lane_end() {
 fn a_commit_up_to_a_lost_chunk_keeps_the_hole_for_the_next_read() {
     let dir = tempfile::tempdir().expect("tempdir");
     let buffer = open_plain(&dir);
-    for first in [0, 10, 20] {
-        append(
-            &buffer,
-            Lane::Live,
-            "t",
-            0,
-            &records(first..first + 10),
-            first + 10,
-        )
-        .expect("append");
-    }
+    append_three_live_chunks(&buffer);
     // The chunk a commit ends at vanishes (the disk lost it while no process ran): no chunk
     // at or below the commit reaches past it, and the commit must not take that for the
     // end of what the lane holds (found by the simulation, seed 0x176 of its damaged disks:
     // the lane's retained offsets moved to its fetched end, and 200 offsets were skipped
     // without a read ever finding the hole).
-    let part = buffer.partition_key("t", 0).expect("key").expect("known");
-    buffer
-        .db()
-        .expect("open")
-        .remove(keys::chunk(Lane::Live, part, 10))
-        .expect("remove");
+    lose_live_chunk(&buffer, 10);
     buffer
         .record_committed(Lane::Live, "t", 0, 10)
         .expect("commit");

@@ -143,16 +143,6 @@ struct FetcherConsumer {
     hold: Hold,
 }
 
-/// Whether a reuse's move of a lane's cursor (`moved`) found the buffer damaged on disk; any
-/// other failure is a failure of the simulation.
-fn reuse_found_damage(moved: Result<usize, StoreError>) -> Result<bool, Failure> {
-    match moved {
-        Ok(_) => Ok(false),
-        Err(StoreError::Damaged { .. }) => Ok(true),
-        Err(other) => Err(err("reuse", other)),
-    }
-}
-
 /// Where the buffer in `dir` keeps its sled database (in the generation `CURRENT` names),
 /// and the segment size it was made with.
 fn sled_files(dir: &std::path::Path) -> (PathBuf, usize) {
@@ -1394,6 +1384,25 @@ impl Sim {
     /// runtime, readers and fetchers from the buffer (`apply_locally`). The process may die
     /// between the step's two buffer writes (killed, or stopped by the second write failing:
     /// a failed write to the buffer stops the consumer).
+    /// Moves `lane`'s cursors of `part` up to `committed` for a reuse (`record_resumed`);
+    /// whether that found the buffer damaged on disk. Any other failure is a failure of the
+    /// simulation.
+    fn resume_finds_damage(
+        &self,
+        lane: Lane,
+        part: usize,
+        committed: i64,
+    ) -> Result<bool, Failure> {
+        match self
+            .buffer()?
+            .record_resumed(lane, &self.topic, id(part), committed)
+        {
+            Ok(_) => Ok(false),
+            Err(StoreError::Damaged { .. }) => Ok(true),
+            Err(other) => Err(err("reuse", other)),
+        }
+    }
+
     fn apply_locally(&mut self, part: usize, decision: &Decision) -> Result<Applied, Failure> {
         let partition = id(part);
         // The buffer refusing to move its cursors (one in forty, under faults): the member
@@ -1415,13 +1424,7 @@ impl Sim {
             // The member moves the catch-up lane's cursor first; a failed reuse may refuse
             // that one already, or only the live lane's.
             if !reuse_fails || catchup_moved_first {
-                let moved = self.buffer()?.record_resumed(
-                    Lane::Catchup,
-                    &self.topic,
-                    partition,
-                    catchup_committed,
-                );
-                found_damaged = reuse_found_damage(moved)?;
+                found_damaged = self.resume_finds_damage(Lane::Catchup, part, catchup_committed)?;
                 if !found_damaged && self.crashes_here() {
                     self.stats.local_step_crashes += 1;
                     self.crash()?;
@@ -1431,13 +1434,7 @@ impl Sim {
         }
         if let LocalStep::Reuse { live_committed, .. } = step {
             if !reuse_fails && !found_damaged {
-                let moved = self.buffer()?.record_resumed(
-                    Lane::Live,
-                    &self.topic,
-                    partition,
-                    live_committed,
-                );
-                found_damaged = reuse_found_damage(moved)?;
+                found_damaged = self.resume_finds_damage(Lane::Live, part, live_committed)?;
             }
         }
         self.stats.damaged_reuses += u64::from(found_damaged);
