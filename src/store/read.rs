@@ -65,6 +65,11 @@ pub struct BufferStats {
     pub disk_bytes: u64,
 }
 
+/// How many times a read of sled is made again because commits moved the lane's cursors
+/// while it read ([`Buffer::read_lane`]): commits come a few per second, so more than one in
+/// a row is already unlikely.
+const RACED_COMMIT_REREADS: u32 = 4;
+
 impl Buffer {
     /// The state of `topic`/`partition`, `None` if it is not laid out.
     /// The lanes count as fetched up to what the buffer proves, in sled or in memory.
@@ -81,7 +86,7 @@ impl Buffer {
 
     /// The state the buffer proves of `part` and, per lane, where its chunks in sled end
     /// (the memory tier holds the rest).
-    fn read_state(
+    pub(super) fn read_state(
         &self,
         part: PartitionKey,
     ) -> Result<Option<(PartitionState, [i64; 2])>, StoreError> {
@@ -207,7 +212,13 @@ impl Buffer {
 
     /// Reads `lane` from sled up to `sled_end` (where its chunks end when `state` was
     /// taken), then on from the memory tier.
-    fn read_lane(
+    ///
+    /// A commit may delete chunks between the state's load and the read of sled: the live
+    /// thread commits past empty chunks the reader has not read yet (`skip_trailing_gap`).
+    /// The read then finds them missing. So damage found in sled is damage only under the
+    /// lane's cursors as they are now: if a commit moved them meanwhile, the read is made
+    /// again under the new state.
+    pub(super) fn read_lane(
         &self,
         lane: Lane,
         part: PartitionKey,
@@ -216,14 +227,35 @@ impl Buffer {
         from: i64,
         max_records: usize,
     ) -> Result<ReadBatch, StoreError> {
-        let sled_end = sled_end[super::tail::index(lane)];
-        let mut batch = self.read_sled(lane, part, state, sled_end, from, max_records)?;
+        let mut state = std::borrow::Cow::Borrowed(state);
+        let mut sled_end = sled_end[super::tail::index(lane)];
+        let mut rereads = 0;
+        let mut batch = loop {
+            let err = match self.read_sled(lane, part, &state, sled_end, from, max_records) {
+                Err(err @ StoreError::Damaged { .. }) => err,
+                other => break other?,
+            };
+            let Some((now, now_end)) = self.read_state(part)? else {
+                return Err(err);
+            };
+            let moved = |state: &PartitionState| {
+                let cursors = state.lane(lane);
+                (cursors.retained_from, cursors.committed_next)
+            };
+            if moved(&now) == moved(&state) || rereads == RACED_COMMIT_REREADS {
+                return Err(err);
+            }
+            rereads += 1;
+            sled_end = now_end[super::tail::index(lane)];
+            state = std::borrow::Cow::Owned(now);
+        };
         if batch.records.len() >= max_records || batch.next < sled_end {
             return Ok(batch);
         }
         // Sled read through: the rest is in memory, chained on from its end (unless a spill
         // moved it to sled meanwhile — the next read finds it there, and this one is not
         // exhausted: the lane's end lies past it).
+        let state = state.as_ref();
         let from = state.normalize(lane, batch.next);
         let mut shard = self.partition_lock(part);
         if let Some(tail) = self.tail_in(&mut shard, part)? {

@@ -941,6 +941,28 @@ fn a_lost_last_chunk_is_damage_never_the_lane_end() {
 }
 
 #[test]
+fn a_read_racing_a_commit_past_unread_chunks_is_no_damage() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let buffer = open_plain(&dir);
+    append_three_live_chunks(&buffer);
+    let part = buffer.partition_key("t", 0).expect("key").expect("known");
+    // A read loads the lane's state, then the live thread commits past chunks the reader has
+    // not read (empty ones, in `skip_trailing_gap`) before the read gets to sled: the chunks
+    // the loaded state counts are gone, and that is no damage.
+    for (from, committed, after) in [(10, 20, 20..30), (20, 30, 30..30)] {
+        let (loaded, sled_end) = buffer.read_state(part).expect("state").expect("laid out");
+        buffer
+            .record_committed(Lane::Live, "t", 0, committed)
+            .expect("commit");
+        let batch = buffer
+            .read_lane(Lane::Live, part, &loaded, sled_end, from, 100)
+            .expect("read again under the commit");
+        assert_eq!(offsets(&batch), after.clone().collect::<Vec<_>>());
+        assert_eq!(batch.next, 30);
+    }
+}
+
+#[test]
 fn a_commit_up_to_a_lost_chunk_keeps_the_hole_for_the_next_read() {
     let dir = tempfile::tempdir().expect("tempdir");
     let buffer = open_plain(&dir);

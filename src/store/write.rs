@@ -758,9 +758,9 @@ impl Buffer {
         // Unless a chunk reaches past the commit, the lane's chain goes on at the commit: a
         // chunk missing there is a hole that the next read must find, not a gap to infer
         // (invariant 8). Taking the lane's end for it skipped what the lane still held.
-        let mut retained_from = state
-            .normalize(lane, committed)
-            .min(lane_state.fetched_next);
+        // (`committed` is normalized by `plan_commit`, and the lane's `fetched_next` was
+        // raised to it above.)
+        let mut retained_from = committed;
         if let (Some((last_key, _)), Some(last_value)) = (covered.last(), &last_value) {
             let head: super::record::ChunkHead =
                 codec::decode_prefix(last_value).map_err(|err| {

@@ -1380,10 +1380,6 @@ impl Sim {
         Ok(kept)
     }
 
-    /// A decision's local step, once its writes to Kafka happened, then the partition's
-    /// runtime, readers and fetchers from the buffer (`apply_locally`). The process may die
-    /// between the step's two buffer writes (killed, or stopped by the second write failing:
-    /// a failed write to the buffer stops the consumer).
     /// Moves `lane`'s cursors of `part` up to `committed` for a reuse (`record_resumed`);
     /// whether that found the buffer damaged on disk. Any other failure is a failure of the
     /// simulation.
@@ -1403,6 +1399,10 @@ impl Sim {
         }
     }
 
+    /// A decision's local step, once its writes to Kafka happened, then the partition's
+    /// runtime, readers and fetchers from the buffer (`apply_locally`). The process may die
+    /// between the step's two buffer writes (killed, or stopped by the second write failing:
+    /// a failed write to the buffer stops the consumer).
     fn apply_locally(&mut self, part: usize, decision: &Decision) -> Result<Applied, Failure> {
         let partition = id(part);
         // The buffer refusing to move its cursors (one in forty, under faults): the member
@@ -3170,7 +3170,8 @@ impl Sim {
         let (topic, partition) = (&self.topic, id(part));
         // Whether the buffer recorded it: a chunk it reads to delete what the commit covers
         // may be damaged on disk, and the engine then reports the error and records nothing
-        // more of this partition's cycle (the next read of it finds the damage).
+        // more of this partition's cycle (the damaged chunk holds committed offsets: a later
+        // commit deletes it unread, or the next reuse finds it).
         let mut damaged = false;
         let mut record = |lane: Lane, offset: i64| -> Result<bool, Failure> {
             match buffer.record_committed(lane, topic, partition, offset) {
