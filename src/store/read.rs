@@ -235,7 +235,8 @@ impl Buffer {
                 Err(err @ StoreError::Damaged { .. }) => err,
                 other => break other?,
             };
-            let Some((now, now_end)) = self.read_state(part)? else {
+            // A reload that fails reports the damage found, not its own failure.
+            let Ok(Some((now, now_end))) = self.read_state(part) else {
                 return Err(err);
             };
             let moved = |state: &PartitionState| {

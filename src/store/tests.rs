@@ -946,9 +946,10 @@ fn a_read_racing_a_commit_past_unread_chunks_is_no_damage() {
     let buffer = open_plain(&dir);
     append_three_live_chunks(&buffer);
     let part = buffer.partition_key("t", 0).expect("key").expect("known");
-    // A read loads the lane's state, then the live thread commits past chunks the reader has
-    // not read (empty ones, in `skip_trailing_gap`) before the read gets to sled: the chunks
-    // the loaded state counts are gone, and that is no damage.
+    // A read loads the lane's state, then a commit passes chunks the reader has not read
+    // before the read gets to sled (the live thread does it past chunks that hold no record,
+    // in `skip_trailing_gap`; here they hold records, which the buffer cannot tell apart):
+    // the chunks the loaded state counts are gone, and that is no damage.
     for (from, committed, after) in [(10, 20, 20..30), (20, 30, 30..30)] {
         let (loaded, sled_end) = buffer.read_state(part).expect("state").expect("laid out");
         buffer
@@ -960,6 +961,25 @@ fn a_read_racing_a_commit_past_unread_chunks_is_no_damage() {
         assert_eq!(offsets(&batch), after.clone().collect::<Vec<_>>());
         assert_eq!(batch.next, 30);
     }
+}
+
+#[test]
+fn a_commit_racing_a_read_hides_no_lost_chunk_above_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let buffer = open_plain(&dir);
+    append_three_live_chunks(&buffer);
+    let part = buffer.partition_key("t", 0).expect("key").expect("known");
+    lose_live_chunk(&buffer, 20);
+    let (loaded, sled_end) = buffer.read_state(part).expect("state").expect("laid out");
+    buffer
+        .record_committed(Lane::Live, "t", 0, 10)
+        .expect("commit");
+    // Read again under the commit, the read still finds the chunk lost above it.
+    let read = buffer.read_lane(Lane::Live, part, &loaded, sled_end, 0, 100);
+    assert!(
+        matches!(&read, Err(StoreError::Damaged { reason, .. }) if reason.contains("missing")),
+        "{read:?}"
+    );
 }
 
 #[test]

@@ -3170,8 +3170,8 @@ impl Sim {
         let (topic, partition) = (&self.topic, id(part));
         // Whether the buffer recorded it: a chunk it reads to delete what the commit covers
         // may be damaged on disk, and the engine then reports the error and records nothing
-        // more of this partition's cycle (the damaged chunk holds committed offsets: a later
-        // commit deletes it unread, or the next reuse finds it).
+        // more of this partition's cycle (the damaged chunk starts below the commit: a later
+        // commit past its end deletes it, a read from the commit finds it, or the next reuse).
         let mut damaged = false;
         let mut record = |lane: Lane, offset: i64| -> Result<bool, Failure> {
             match buffer.record_committed(lane, topic, partition, offset) {
