@@ -73,7 +73,7 @@ fn the_consumer_never_loses_a_record() {
          again within a poll round, {} histories with a memory tier ({} crashes losing what it \
          held, {} bytes spilled to sled), {} histories whose restarts may find the buffer lost ({} \
          buffers lost and refetched), {} histories whose restarts may find it damaged ({} chunks \
-         damaged on disk, {} reads finding it, {} reuses and {} commits finding it, {} buffers started empty), {} histories in mode latest ({} records superseded, {} \
+         damaged on disk, {} reads finding it, {} reuses and {} commits finding it), {} histories in mode latest ({} records superseded, {} \
          assignments waiting for their keys to be read again), {} reads waiting for commits, {} \
          drains with one partition's every commit failing: no loss, no stall",
         stats.partitions,
@@ -132,7 +132,6 @@ fn the_consumer_never_loses_a_record() {
         stats.damage_found,
         stats.damaged_reuses,
         stats.damaged_commits,
-        stats.emptied_at_open,
         stats.latest,
         stats.superseded,
         stats.rebuilds,

@@ -239,11 +239,12 @@ impl Buffer {
             let Ok(Some((now, now_end))) = self.read_state(part) else {
                 return Err(err);
             };
-            let moved = |state: &PartitionState| {
+            // What a commit moves.
+            let committed = |state: &PartitionState| {
                 let cursors = state.lane(lane);
                 (cursors.retained_from, cursors.committed_next)
             };
-            if moved(&now) == moved(&state) || rereads == RACED_COMMIT_REREADS {
+            if committed(&now) == committed(&state) || rereads == RACED_COMMIT_REREADS {
                 return Err(err);
             }
             rereads += 1;

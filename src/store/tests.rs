@@ -880,6 +880,14 @@ fn append_three_live_chunks(buffer: &Buffer) {
     }
 }
 
+/// Asserts that `read`, from `from`, found chunks missing: damage, never a gap.
+fn assert_chunks_missing(read: &Result<ReadBatch, StoreError>, from: i64) {
+    assert!(
+        matches!(read, Err(StoreError::Damaged { reason, .. }) if reason.contains("missing")),
+        "from {from}: {read:?}"
+    );
+}
+
 /// Removes the chunk at `first` of `t`/0's live lane, as a damaged disk loses it while the
 /// state still counts it.
 fn lose_live_chunk(buffer: &Buffer, first: u64) {
@@ -903,11 +911,7 @@ fn a_lost_chunk_is_damage_never_a_gap() {
     // The middle chunk vanishes while the state still counts it (a torn sled state).
     lose_live_chunk(&buffer, 10);
     for from in [0, 5, 10, 15] {
-        let read = buffer.read(Lane::Live, "t", 0, from, 100);
-        assert!(
-            matches!(&read, Err(StoreError::Damaged { reason, .. }) if reason.contains("missing")),
-            "from {from}: {read:?}"
-        );
+        assert_chunks_missing(&buffer.read(Lane::Live, "t", 0, from, 100), from);
     }
     // Past the hole the chain holds again.
     assert_eq!(
@@ -927,11 +931,7 @@ fn a_lost_last_chunk_is_damage_never_the_lane_end() {
     // `Ordered` reader stalled before the last chunk of a backlog).
     lose_live_chunk(&buffer, 20);
     for from in [15, 20, 25] {
-        let read = buffer.read(Lane::Live, "t", 0, from, 100);
-        assert!(
-            matches!(&read, Err(StoreError::Damaged { reason, .. }) if reason.contains("missing")),
-            "from {from}: {read:?}"
-        );
+        assert_chunks_missing(&buffer.read(Lane::Live, "t", 0, from, 100), from);
     }
     // A read that stops before the hole is whole.
     assert_eq!(
@@ -975,10 +975,9 @@ fn a_commit_racing_a_read_hides_no_lost_chunk_above_it() {
         .record_committed(Lane::Live, "t", 0, 10)
         .expect("commit");
     // Read again under the commit, the read still finds the chunk lost above it.
-    let read = buffer.read_lane(Lane::Live, part, &loaded, sled_end, 0, 100);
-    assert!(
-        matches!(&read, Err(StoreError::Damaged { reason, .. }) if reason.contains("missing")),
-        "{read:?}"
+    assert_chunks_missing(
+        &buffer.read_lane(Lane::Live, part, &loaded, sled_end, 0, 100),
+        0,
     );
 }
 
@@ -1001,11 +1000,7 @@ fn a_commit_up_to_a_lost_chunk_keeps_the_hole_for_the_next_read() {
         .expect("state")
         .expect("laid out");
     assert_eq!(state.live.retained_from, 10, "{state:?}");
-    let read = buffer.read(Lane::Live, "t", 0, 10, 100);
-    assert!(
-        matches!(&read, Err(StoreError::Damaged { reason, .. }) if reason.contains("missing")),
-        "{read:?}"
-    );
+    assert_chunks_missing(&buffer.read(Lane::Live, "t", 0, 10, 100), 10);
 }
 
 #[test]
