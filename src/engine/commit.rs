@@ -30,6 +30,7 @@ impl Shared {
     pub fn pending_commits(&self, only: Option<&[PartitionId]>) -> Vec<PendingCommit> {
         let mut partitions = self.partitions();
         let mut lag = [0i64; 2];
+        let mut damaged = Vec::new();
         for (key, runtime) in partitions.iter_mut() {
             let state = match self.buffer.partition_state(&key.0, key.1) {
                 Ok(Some(state)) => state,
@@ -43,15 +44,19 @@ impl Shared {
             };
             for lane in Lane::ALL {
                 let fetched_next = state.lane(lane).fetched_next;
-                self.skip_trailing_gap(
-                    key,
-                    lane,
-                    runtime.lanes_mut()[lane_index(lane)],
-                    fetched_next,
-                );
+                let account = &mut *runtime.lanes_mut()[lane_index(lane)];
+                if let Err(reason) = self.skip_trailing_gap(key, lane, account, fetched_next) {
+                    damaged.push((key.clone(), reason));
+                    break;
+                }
                 let processed = runtime.acks(lane_index(lane)).committable();
                 lag[lane_index(lane)] += (fetched_next - processed).max(0);
             }
+        }
+        // Taken off as the reader takes off a partition whose read finds damage: refetched,
+        // and neither committed nor read again meanwhile.
+        for (key, _) in &damaged {
+            partitions.remove(key);
         }
         for lane in Lane::ALL {
             // Offsets fetched into the buffer and not yet processed.
@@ -96,34 +101,42 @@ impl Shared {
             self.awaiting_commits(&partitions);
             self.notify.notify_waiters();
         }
+        drop(partitions);
+        for (key, reason) in damaged {
+            self.damaged_on_read(&key, reason);
+        }
         pending
     }
 
     /// Offsets past the last delivered record that hold no record (transaction markers,
     /// compaction) count as processed once everything delivered is acknowledged — even when
-    /// the reader has not been asked for more since.
+    /// the reader has not been asked for more since. The damage its read finds, if any, for
+    /// the caller to discard the partition as the reader would (reported once, not once a
+    /// cycle until the reader reads there).
     pub(super) fn skip_trailing_gap(
         &self,
         key: &PartitionId,
         lane: Lane,
         account: &mut LaneAccount,
         fetched_next: i64,
-    ) {
+    ) -> Result<(), String> {
         let from = account.acks().delivered_next();
         // Only a lane read through everything it delivered, with fetched offsets beyond, can
         // have such a gap; anything else needs no read.
         if account.acks().unacked() > 0 || from >= fetched_next {
-            return;
+            return Ok(());
         }
         match self.buffer.read(lane, &key.0, key.1, from, 1) {
             Ok(batch) if batch.records.is_empty() && batch.next > from => {
                 account.read_through(batch.next)
             }
             Ok(_) => {}
+            Err(StoreError::Damaged { reason, .. }) => return Err(reason),
             Err(err) => self.emit(Event::Error {
                 message: err.to_string(),
             }),
         }
+        Ok(())
     }
 
     /// After a commit cycle's commits were recorded: whether the reader still holds back for

@@ -463,7 +463,8 @@ mod tests {
             .reset_partition(TOPIC, 0, PartitionLayout::split(1, 0, 10))
             .expect("lay out");
         let (state, layout) = laid_out(&shared);
-        let runtime = PartitionRuntime::new(TOPIC, 1, &state, layout, None, None, 0);
+        let generation = shared.next_generation(&key());
+        let runtime = PartitionRuntime::new(TOPIC, generation, &state, layout, None, None, 0);
         shared.partitions().insert(key(), runtime);
         shared
     }
@@ -561,6 +562,44 @@ mod tests {
             fill(&shared, now),
             vec![10, 11, 12],
             "then on into the live lane"
+        );
+    }
+
+    #[test]
+    fn damage_found_past_what_was_acknowledged_is_discarded_once() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let shared = split_consumer(dir.path());
+        let mut events = shared.subscribe_events();
+        let now = Instant::now();
+        append(&shared, Lane::Catchup, 0..5, 5, true);
+        let mut queues = [VecDeque::new(), VecDeque::new()];
+        shared
+            .fill_at(&mut queues, 256, &[Lane::Live, Lane::Catchup], now)
+            .expect("fill");
+        for delivery in queues.iter().flatten() {
+            shared.ack(delivery.ack_token());
+        }
+        // More of the backlog is fetched, not read yet, and its chunk is lost on disk: the
+        // commit cycle's look past what was acknowledged (for offsets that hold no record)
+        // is the first read to get there.
+        append(&shared, Lane::Catchup, 5..8, 8, false);
+        shared.buffer.lose_chunk(Lane::Catchup, TOPIC, 0, 5);
+        for cycle in 0..3 {
+            let pending = shared.pending_commits(None);
+            assert!(pending.is_empty(), "cycle {cycle}: {pending:?}");
+        }
+        assert!(
+            !shared.partitions().contains_key(&key()),
+            "taken off the reader, as a read's damage takes it"
+        );
+        assert_eq!(shared.take_damaged(), BTreeSet::from([key()]));
+        let mut reported = Vec::new();
+        while let Ok(event) = events.try_recv() {
+            reported.push(event);
+        }
+        assert!(
+            matches!(reported.as_slice(), [Event::LocalDiscarded { reason, .. }] if reason.contains("missing")),
+            "reported once, as a discard: {reported:?}"
         );
     }
 

@@ -888,15 +888,9 @@ fn assert_chunks_missing(read: &Result<ReadBatch, StoreError>, from: i64) {
     );
 }
 
-/// Removes the chunk at `first` of `t`/0's live lane, as a damaged disk loses it while the
-/// state still counts it.
+/// Removes the chunk at `first` of `t`/0's live lane.
 fn lose_live_chunk(buffer: &Buffer, first: u64) {
-    let part = buffer.partition_key("t", 0).expect("key").expect("known");
-    buffer
-        .db()
-        .expect("open")
-        .remove(keys::chunk(Lane::Live, part, first))
-        .expect("remove");
+    buffer.lose_chunk(Lane::Live, "t", 0, first);
 }
 
 #[test]

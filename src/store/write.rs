@@ -129,6 +129,22 @@ impl Buffer {
     fn injected_spill_failure(&self) -> Option<StoreError> {
         None
     }
+
+    /// Removes the chunk at `first` of `topic`/`partition`'s `lane` from sled, as a damaged
+    /// disk loses it while the partition's state still counts it.
+    #[cfg(test)]
+    pub(crate) fn lose_chunk(&self, lane: Lane, topic: &str, partition: i32, first: u64) {
+        let part = self
+            .partition_key(topic, partition)
+            .expect("partition key")
+            .expect("a known partition");
+        let removed = self
+            .db()
+            .expect("open")
+            .remove(keys::chunk(lane, part, first))
+            .expect("remove");
+        assert!(removed.is_some(), "no chunk at {first} to lose");
+    }
 }
 
 impl Buffer {
