@@ -53,11 +53,6 @@ impl Shared {
                 lag[lane_index(lane)] += (fetched_next - processed).max(0);
             }
         }
-        // Taken off as the reader takes off a partition whose read finds damage: refetched,
-        // and neither committed nor read again meanwhile.
-        for (key, _) in &damaged {
-            partitions.remove(key);
-        }
         for lane in Lane::ALL {
             // Offsets fetched into the buffer and not yet processed.
             let bytes: u64 = partitions.values().map(|r| r.buffered(lane)).sum();
@@ -96,6 +91,12 @@ impl Shared {
                 })
             })
             .collect();
+        // Taken off as the reader takes off a partition whose read finds damage, once what
+        // was acknowledged of it is planned above (those records were verified when read):
+        // read no more, and refetched by the live thread once this cycle is recorded.
+        for (key, _) in &damaged {
+            partitions.remove(key);
+        }
         if woken {
             // A reader holding back for commits may read this partition again.
             self.awaiting_commits(&partitions);

@@ -464,7 +464,14 @@ mod tests {
             .expect("lay out");
         let (state, layout) = laid_out(&shared);
         let generation = shared.next_generation(&key());
-        let runtime = PartitionRuntime::new(TOPIC, generation, &state, layout, None, None, 0);
+        let token = SplitToken {
+            epoch: 1,
+            from: 0,
+            boundary: 10,
+            secret: crate::plan::SplitSecret::from_bytes([42; 16]),
+        };
+        let runtime =
+            PartitionRuntime::new(TOPIC, generation, &state, layout, Some(token), None, 0);
         shared.partitions().insert(key(), runtime);
         shared
     }
@@ -584,7 +591,18 @@ mod tests {
         // is the first read to get there.
         append(&shared, Lane::Catchup, 5..8, 8, false);
         shared.buffer.lose_chunk(Lane::Catchup, TOPIC, 0, 5);
-        for cycle in 0..3 {
+        let pending = shared.pending_commits(None);
+        assert!(
+            matches!(
+                pending.as_slice(),
+                [PendingCommit {
+                    plan: CommitPlan::Split { main: Some(5), .. },
+                    ..
+                }]
+            ),
+            "what was acknowledged is committed: {pending:?}"
+        );
+        for cycle in 1..3 {
             let pending = shared.pending_commits(None);
             assert!(pending.is_empty(), "cycle {cycle}: {pending:?}");
         }
