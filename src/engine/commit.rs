@@ -46,7 +46,10 @@ impl Shared {
                 let fetched_next = state.lane(lane).fetched_next;
                 let account = &mut *runtime.lanes_mut()[lane_index(lane)];
                 if let Err(reason) = self.skip_trailing_gap(key, lane, account, fetched_next) {
-                    damaged.push((key.clone(), reason));
+                    // Outside `only` nothing is planned now: the next cycle finds it again.
+                    if only.is_none_or(|only| only.contains(key)) {
+                        damaged.push((key.clone(), reason));
+                    }
                     break;
                 }
                 let processed = runtime.acks(lane_index(lane)).committable();

@@ -591,6 +591,12 @@ mod tests {
         // is the first read to get there.
         append(&shared, Lane::Catchup, 5..8, 8, false);
         shared.buffer.lose_chunk(Lane::Catchup, TOPIC, 0, 5);
+        // A commit of other partitions (a revoke's) plans nothing for this one: it stays.
+        assert!(shared.pending_commits(Some(&[][..])).is_empty());
+        assert!(
+            shared.partitions().contains_key(&key()),
+            "left for a full cycle"
+        );
         let pending = shared.pending_commits(None);
         assert!(
             matches!(

@@ -51,7 +51,7 @@ pub struct RunArgs {
     pub commit_interval_ms: u64,
     /// Bytes (MiB) of unprocessed records the buffer may hold, shared by the lanes being
     /// fetched: a lane pauses above its share. (256 by default, the library's: the process
-    /// peaked at 218 MiB at most with it; 128 read 1 KiB records up to 15 % slower;
+    /// peaked at 218 MiB at most with it; 128 took 12–19 % longer over 1 KiB records;
     /// docs/performance.md.)
     #[arg(long, default_value_t = 256)]
     pub budget_mib: u64,
