@@ -617,10 +617,7 @@ mod tests {
             "taken off the reader, as a read's damage takes it"
         );
         assert_eq!(shared.take_damaged(), BTreeSet::from([key()]));
-        let mut reported = Vec::new();
-        while let Ok(event) = events.try_recv() {
-            reported.push(event);
-        }
+        let reported: Vec<Event> = std::iter::from_fn(|| events.try_recv().ok()).collect();
         assert!(
             matches!(reported.as_slice(), [Event::LocalDiscarded { reason, .. }] if reason.contains("missing")),
             "reported once, as a discard: {reported:?}"

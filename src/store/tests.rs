@@ -865,11 +865,13 @@ fn an_untrusted_buffer_starts_empty() {
     );
 }
 
-/// Appends offsets 0..30 of `t`/0's live lane as three chunks, at 0, 10 and 20.
-fn append_three_live_chunks(buffer: &Buffer) {
+/// A buffer with `t`/0 laid out plain and offsets 0..30 of its live lane appended as three
+/// chunks, at 0, 10 and 20; and the partition's key.
+fn three_live_chunks(dir: &tempfile::TempDir) -> (Buffer, PartitionKey) {
+    let buffer = open_plain(dir);
     for first in [0, 10, 20] {
         append(
-            buffer,
+            &buffer,
             Lane::Live,
             "t",
             0,
@@ -878,6 +880,8 @@ fn append_three_live_chunks(buffer: &Buffer) {
         )
         .expect("append");
     }
+    let part = buffer.partition_key("t", 0).expect("key").expect("known");
+    (buffer, part)
 }
 
 /// Asserts that `read`, from `from`, found chunks missing: damage, never a gap.
@@ -896,8 +900,7 @@ fn lose_live_chunk(buffer: &Buffer, first: u64) {
 #[test]
 fn a_lost_chunk_is_damage_never_a_gap() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let buffer = open_plain(&dir);
-    append_three_live_chunks(&buffer);
+    let (buffer, _) = three_live_chunks(&dir);
     assert_eq!(
         offsets(&buffer.read(Lane::Live, "t", 0, 0, 100).expect("read")),
         (0..30).collect::<Vec<_>>()
@@ -917,8 +920,7 @@ fn a_lost_chunk_is_damage_never_a_gap() {
 #[test]
 fn a_lost_last_chunk_is_damage_never_the_lane_end() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let buffer = open_plain(&dir);
-    append_three_live_chunks(&buffer);
+    let (buffer, _) = three_live_chunks(&dir);
     // The lane's last chunk vanishes while the state still counts it: the chain ends at 20,
     // short of the fetched end, 30. A read that took the chain's end for the lane's waited
     // there for ever (found by the simulation, seed 0x2267 of its damaged disks: an
@@ -937,9 +939,7 @@ fn a_lost_last_chunk_is_damage_never_the_lane_end() {
 #[test]
 fn a_read_racing_a_commit_past_unread_chunks_is_no_damage() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let buffer = open_plain(&dir);
-    append_three_live_chunks(&buffer);
-    let part = buffer.partition_key("t", 0).expect("key").expect("known");
+    let (buffer, part) = three_live_chunks(&dir);
     // A read loads the lane's state, then a commit passes chunks the reader has not read
     // before the read gets to sled (the live thread does it past chunks that hold no record,
     // in `skip_trailing_gap`; here they hold records, which the buffer cannot tell apart):
@@ -960,9 +960,7 @@ fn a_read_racing_a_commit_past_unread_chunks_is_no_damage() {
 #[test]
 fn a_commit_racing_a_read_hides_no_lost_chunk_above_it() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let buffer = open_plain(&dir);
-    append_three_live_chunks(&buffer);
-    let part = buffer.partition_key("t", 0).expect("key").expect("known");
+    let (buffer, part) = three_live_chunks(&dir);
     lose_live_chunk(&buffer, 20);
     let (loaded, sled_end) = buffer.read_state(part).expect("state").expect("laid out");
     buffer
@@ -978,8 +976,7 @@ fn a_commit_racing_a_read_hides_no_lost_chunk_above_it() {
 #[test]
 fn a_commit_up_to_a_lost_chunk_keeps_the_hole_for_the_next_read() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let buffer = open_plain(&dir);
-    append_three_live_chunks(&buffer);
+    let (buffer, _) = three_live_chunks(&dir);
     // The chunk a commit ends at vanishes (the disk lost it while no process ran): no chunk
     // at or below the commit reaches past it, and the commit must not take that for the
     // end of what the lane holds (found by the simulation, seed 0x176 of its damaged disks:
